@@ -1,0 +1,229 @@
+"""Control messages of wire protocol v1: JSON objects with a schema version.
+
+Every message is one flat JSON object::
+
+    {"schema": 1, "type": "<type>", "msg_id": "<hex>", "sent_at": <unix seconds>, ...fields}
+
+``decode`` validates the envelope and every field before anything else sees the message,
+so the rest of the code only ever handles well-formed messages. Invalid input raises
+``ProtocolError`` with a code the receiver sends back in an ``Error`` message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import types
+import typing
+import uuid
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+from .errors import ProtocolError
+
+SCHEMA_VERSION = 1
+MAX_CONTROL_BYTES = 64 * 1024  # a control message larger than this is rejected unread
+MAX_STRING = 4096
+
+
+def new_id() -> str:
+    """A random 32-hex-digit id for messages and tasks."""
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """Names a blob: its sha256 (the id), its size in bytes and what it holds.
+
+    kind: "weights" (safetensors) or "program" (a runtime's training program).
+    format: "safetensors", "torchspec/1", later "pte", "ort-training", ...
+    """
+
+    id: str
+    size: int
+    kind: str
+    format: str
+
+    def __post_init__(self) -> None:
+        if len(self.id) != 64 or any(c not in "0123456789abcdef" for c in self.id):
+            raise ProtocolError("invalid_field", f"blob id must be 64 lowercase hex: {self.id!r}")
+        if self.size < 0:
+            raise ProtocolError("invalid_field", f"blob size must be >= 0, got {self.size}")
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of all control messages; subclasses set ``TYPE``."""
+
+    TYPE: ClassVar[str] = ""
+    msg_id: str = field(default_factory=new_id, kw_only=True)
+    sent_at: float = field(default_factory=time.time, kw_only=True)
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """Device -> server when the agent starts: who it is and what it can run."""
+
+    TYPE: ClassVar[str] = "hello"
+    device_id: str
+    runtimes: list[str]
+    num_samples: int
+    profile: dict
+
+
+@dataclass(frozen=True)
+class Task(Message):
+    """Server -> device: train ``weights`` with one of ``programs`` following ``recipe``.
+
+    deadline: unix seconds after which the server no longer accepts the result.
+    recipe: {"epochs", "batch_size", "optimizer", "lr", ...}; see sdk_device.runtimes.recipe.
+    """
+
+    TYPE: ClassVar[str] = "task"
+    task_id: str
+    round: int
+    programs: list[BlobRef]
+    weights: BlobRef
+    recipe: dict
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Result(Message):
+    """Device -> server: the trained weights (a blob the server pulls) and metrics.
+
+    metrics: samples, loss, accuracy, wall_time_s, peak_rss_mb, runtime.
+    """
+
+    TYPE: ClassVar[str] = "result"
+    task_id: str
+    round: int
+    weights: BlobRef
+    metrics: dict
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    """Either way: ``ref`` (a task id) was accepted and persisted."""
+
+    TYPE: ClassVar[str] = "ack"
+    ref: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """Either way: something the peer sent was rejected; ``ref`` names it when known."""
+
+    TYPE: ClassVar[str] = "error"
+    code: str
+    detail: str
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """Device -> server: liveness and progress (0..1) of the current task."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+    state: str
+    task_id: str | None = None
+    progress: float = 0.0
+
+
+@dataclass(frozen=True)
+class BlobRequest(Message):
+    """Either way: please publish these chunks of blob ``blob`` (chunk size in bytes)."""
+
+    TYPE: ClassVar[str] = "blob_request"
+    blob: str
+    indices: list[int]
+    chunk_bytes: int
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls for cls in (Hello, Task, Result, Ack, Error, Heartbeat, BlobRequest)
+}
+
+
+def encode(message: Message) -> bytes:
+    """Serialise a message to its JSON bytes (the MQTT payload)."""
+    body = {"schema": SCHEMA_VERSION, "type": message.TYPE, **asdict(message)}
+    data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > MAX_CONTROL_BYTES:
+        raise ProtocolError("too_large", f"{message.TYPE} message is {len(data)} bytes")
+    return data
+
+
+def decode(payload: bytes) -> Message:
+    """Parse and validate one control message; raises ProtocolError on anything wrong."""
+    if len(payload) > MAX_CONTROL_BYTES:
+        raise ProtocolError(
+            "too_large", f"control message of {len(payload)} bytes > {MAX_CONTROL_BYTES}"
+        )
+    try:
+        obj = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise ProtocolError("malformed", f"not a JSON object: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("malformed", "a control message must be a JSON object")
+    schema = obj.pop("schema", None)
+    if schema != SCHEMA_VERSION:
+        raise ProtocolError(
+            "schema_version", f"schema {schema!r} is not supported (this side speaks {SCHEMA_VERSION})"
+        )
+    kind = obj.pop("type", None)
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
+    return _build(cls, obj, kind)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _build(cls: type, obj: dict, where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in fields(cls):
+        if f.name not in obj:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ProtocolError("invalid_field", f"{where}: missing field {f.name!r}")
+            continue
+        values[f.name] = _check(hints[f.name], obj[f.name], f"{where}.{f.name}")
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ProtocolError("invalid_field", f"{where}: {exc}") from None
+
+
+def _check(hint: Any, value: Any, where: str) -> Any:
+    """Check ``value`` against a field's type hint; return it (BlobRefs are built)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        hint = next(h for h in options if h is not type(None))
+        origin = typing.get_origin(hint)
+    if hint is BlobRef:
+        if not isinstance(value, dict):
+            raise ProtocolError("invalid_field", f"{where}: expected a blob reference object")
+        return _build(BlobRef, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError("invalid_field", f"{where}: expected a list")
+        (item,) = typing.get_args(hint)
+        return [_check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    ok = {
+        str: lambda v: isinstance(v, str) and len(v) <= MAX_STRING,
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+        bool: lambda v: isinstance(v, bool),
+        dict: lambda v: isinstance(v, dict),
+    }[hint](value)
+    if not ok:
+        raise ProtocolError("invalid_field", f"{where}: expected {hint.__name__}, got {value!r:.80}")
+    return float(value) if hint is float else value

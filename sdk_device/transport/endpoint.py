@@ -1,0 +1,317 @@
+"""One side of the fedsdk conversation: an MQTT link, a blob store and blob transfer.
+
+The server has one ``Endpoint`` for its whole fleet (peers are device ids); a device has
+one whose only peer is ``"server"``. The endpoint
+
+* routes incoming traffic: control messages go to ``inbox`` (already validated), chunk
+  frames go to the transfer waiting for them, blob requests go to a serving thread;
+* answers every malformed or refused message with an ``Error`` to its sender and logs it;
+* moves blobs by *pull*: the receiver asks for a window of chunks (``BlobRequest``), the
+  holder publishes them, the receiver writes each verified chunk to disk, asks for more,
+  and checks the whole blob's sha256 at the end. Interrupted fetches resume from disk.
+  A peer may only pull blobs that were offered to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..protocol import messages as msgs
+from ..protocol.blobs import (
+    DEFAULT_CHUNK_BYTES,
+    MAX_CHUNK_BYTES,
+    Chunk,
+    chunk_count,
+    decode_chunk,
+    encode_chunk,
+)
+from ..protocol.errors import ProtocolError
+from ..protocol.topics import FleetTopics
+from .blob_store import BlobStore
+from .mqtt_link import BrokerAddress, MqttLink
+
+log = logging.getLogger(__name__)
+
+SERVER = "server"  # the peer name a device uses for the server
+DEFAULT_MAX_BLOB_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """Something that arrived from ``peer``: a valid message, a status, or a rejection."""
+
+    peer: str
+    message: msgs.Message | None = None
+    status: str | None = None
+    rejected: ProtocolError | None = None
+
+
+class Endpoint:
+    """Send messages and blobs to peers, receive theirs. See the module docstring."""
+
+    def __init__(
+        self,
+        broker: BrokerAddress,
+        topics: FleetTopics,
+        store: BlobStore,
+        *,
+        device_id: str | None = None,
+        is_known_peer: Callable[[str], bool] = lambda peer: True,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        window: int = 16,
+        max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+        username: str | None = None,
+        password: str | None = None,
+        ca_file: str | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
+            raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
+        self.topics = topics
+        self.store = store
+        self.device_id = device_id
+        self.is_known_peer = is_known_peer
+        self.chunk_bytes = chunk_bytes
+        self.window = max(1, window)
+        self.max_blob_bytes = max_blob_bytes
+        self.inbox: queue.Queue[Incoming] = queue.Queue()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.corrupt_chunks = 0
+        self._lock = threading.Lock()
+        self._transfers: dict[tuple[str, str], queue.Queue[Chunk]] = {}
+        self._offered: dict[str, set[str]] = {}
+        self._serve_queue: queue.Queue[tuple[str, msgs.BlobRequest] | None] = queue.Queue()
+        self._server_thread = threading.Thread(target=self._serve_loop, daemon=True)
+        if device_id is None:
+            status_topic, subscriptions = topics.server_status, topics.server_subscriptions
+            client_id = client_id or f"fedsdk-server-{topics.fleet}"
+        else:
+            status_topic = topics.device_status(device_id)
+            subscriptions = topics.device_subscriptions(device_id)
+            client_id = client_id or f"fedsdk-dev-{topics.fleet}-{device_id}"
+        self.link = MqttLink(
+            broker,
+            client_id,
+            self._on_message,
+            status_topic=status_topic,
+            subscriptions=subscriptions,
+            username=username,
+            password=password,
+            ca_file=ca_file,
+            max_payload=max(MAX_CHUNK_BYTES + 4096, msgs.MAX_CONTROL_BYTES),
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self, timeout_s: float = 15.0) -> Endpoint:
+        self.link.connect(timeout_s)
+        self._server_thread.start()
+        return self
+
+    def close(self) -> None:
+        self._serve_queue.put(None)
+        self.link.close()
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, peer: str, message: msgs.Message) -> None:
+        """Publish a control message to ``peer`` (a device id, or SERVER on a device)."""
+        self.link.publish(self._control_topic(peer), msgs.encode(message))
+
+    def offer(self, peer: str, data: bytes, kind: str, fmt: str) -> msgs.BlobRef:
+        """Store ``data`` and allow ``peer`` to pull it; returns the reference to send."""
+        blob_id = self.store.put(data)
+        with self._lock:
+            self._offered.setdefault(peer, set()).add(blob_id)
+        return msgs.BlobRef(id=blob_id, size=len(data), kind=kind, format=fmt)
+
+    def withdraw(self, peer: str) -> None:
+        """Forget every blob offered to ``peer``."""
+        with self._lock:
+            self._offered.pop(peer, None)
+
+    # -- receiving blobs -----------------------------------------------------------------
+    def fetch(
+        self,
+        peer: str,
+        ref: msgs.BlobRef,
+        *,
+        timeout_s: float = 120.0,
+        idle_s: float = 5.0,
+        durable: bool = False,
+    ) -> bytes:
+        """Pull blob ``ref`` from ``peer``; returns its verified bytes.
+
+        Raises ProtocolError ("too_large" before anything is allocated, "checksum_mismatch",
+        "chunk_checksum" after repeated corrupt chunks) or TimeoutError.
+        """
+        if ref.size > self.max_blob_bytes:
+            raise ProtocolError(
+                "too_large", f"blob {ref.id[:12]} is {ref.size} bytes; limit {self.max_blob_bytes}"
+            )
+        if self.store.has(ref.id):
+            return self.store.get(ref.id)
+        part = self.store.partial(ref.id, ref.size, self.chunk_bytes)
+        arrivals: queue.Queue[Chunk] = queue.Queue()
+        key = (peer, ref.id)
+        with self._lock:
+            self._transfers[key] = arrivals
+        try:
+            self._pull(peer, ref, part, arrivals, time.monotonic() + timeout_s, idle_s)
+            return part.complete(durable=durable)
+        finally:
+            part.close()
+            with self._lock:
+                self._transfers.pop(key, None)
+
+    def _pull(self, peer, ref, part, arrivals, deadline: float, idle_s: float) -> None:
+        missing = deque(part.missing())
+        outstanding: set[int] = set()
+        corrupt: dict[int, int] = {}
+        idle_rounds = 0
+        while missing or outstanding:
+            if missing and len(outstanding) <= self.window // 2:
+                batch = [missing.popleft() for _ in range(min(len(missing), self.window - len(outstanding)))]
+                outstanding.update(batch)
+                self.send(peer, msgs.BlobRequest(blob=ref.id, indices=batch, chunk_bytes=self.chunk_bytes))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"blob {ref.id[:12]} from {peer}: deadline passed")
+            try:
+                chunk = arrivals.get(timeout=min(idle_s, remaining))
+            except queue.Empty:
+                idle_rounds += 1
+                if idle_rounds > 4:
+                    raise TimeoutError(f"blob {ref.id[:12]} from {peer}: no chunk for {idle_rounds * idle_s:.0f} s") from None
+                log.info("blob %s from %s stalled; asking again for %d chunks", ref.id[:12], peer, len(outstanding))
+                missing.extendleft(sorted(outstanding, reverse=True))
+                outstanding.clear()
+                continue
+            idle_rounds = 0
+            if chunk.index not in outstanding or chunk.size != ref.size or chunk.chunk_bytes != self.chunk_bytes:
+                continue  # a duplicate after a re-request, or not what we asked for
+            outstanding.discard(chunk.index)
+            if not chunk.intact:
+                self.corrupt_chunks += 1
+                corrupt[chunk.index] = corrupt.get(chunk.index, 0) + 1
+                log.warning("rejected chunk %d of blob %s from %s: sha256 mismatch (try %d)",
+                            chunk.index, ref.id[:12], peer, corrupt[chunk.index])
+                if corrupt[chunk.index] >= 3:
+                    raise ProtocolError("chunk_checksum", f"chunk {chunk.index} of {ref.id[:12]} corrupt 3 times")
+                missing.appendleft(chunk.index)
+                continue
+            part.write(chunk.index, chunk.data)
+            self.bytes_received += len(chunk.data)
+
+    # -- serving blobs (own thread) ------------------------------------------------------
+    def _serve_loop(self) -> None:
+        while (item := self._serve_queue.get()) is not None:
+            peer, request = item
+            try:
+                self._serve(peer, request)
+            except ProtocolError as err:
+                log.warning("blob request from %s refused: %s", peer, err)
+                self._reply_error(peer, err, ref=request.blob)
+            except Exception:
+                log.exception("serving blob %s to %s failed", request.blob[:12], peer)
+
+    def _serve(self, peer: str, request: msgs.BlobRequest) -> None:
+        with self._lock:
+            allowed = request.blob in self._offered.get(peer, ())
+        if not allowed or not self.store.has(request.blob):
+            raise ProtocolError("not_offered", f"blob {request.blob[:12]} was not offered to {peer}")
+        if not 0 < request.chunk_bytes <= MAX_CHUNK_BYTES:
+            raise ProtocolError("invalid_field", f"chunk_bytes {request.chunk_bytes} out of range")
+        size = self.store.size(request.blob)
+        count = chunk_count(size, request.chunk_bytes)
+        topic = self._chunk_topic(peer)
+        for index in request.indices:
+            if not 0 <= index < count:
+                raise ProtocolError("invalid_field", f"chunk index {index} not in 0..{count - 1}")
+            data = self.store.read_range(request.blob, index * request.chunk_bytes, request.chunk_bytes)
+            self.link.publish(topic, self.frame_chunk(request.blob, index, size, request.chunk_bytes, data))
+            self.bytes_sent += len(data)
+
+    def frame_chunk(self, blob: str, index: int, size: int, chunk_bytes: int, data: bytes) -> bytes:
+        """Frame one outgoing chunk (a seam for fault-injection tests)."""
+        return encode_chunk(blob, index, size, chunk_bytes, data)
+
+    # -- routing (paho's network thread: parse and enqueue only) -------------------------
+    def _on_message(self, topic: str, payload: bytes) -> None:
+        try:
+            peer, kind = self._classify(topic)
+        except ValueError:
+            log.debug("ignoring message on unexpected topic %s", topic)
+            return
+        if kind == "status":
+            if peer == SERVER or self.is_known_peer(peer):
+                self.inbox.put(Incoming(peer, status=payload.decode("utf-8", "replace")))
+            return
+        if not self.is_known_peer(peer):
+            err = ProtocolError("unknown_device", f"device {peer!r} is not in this fleet")
+            log.warning("rejected %s traffic from %s", kind, err.detail)
+            if kind == "control":
+                self._reply_error(peer, err)
+                self.inbox.put(Incoming(peer, rejected=err))
+            return
+        if kind == "chunk":
+            self._on_chunk(peer, payload)
+            return
+        try:
+            message = msgs.decode(payload)
+        except ProtocolError as err:
+            log.warning("rejected message from %s: %s", peer, err)
+            self._reply_error(peer, err)
+            self.inbox.put(Incoming(peer, rejected=err))
+            return
+        if isinstance(message, msgs.BlobRequest):
+            self._serve_queue.put((peer, message))
+        else:
+            self.inbox.put(Incoming(peer, message=message))
+
+    def _on_chunk(self, peer: str, payload: bytes) -> None:
+        try:
+            chunk = decode_chunk(payload)
+        except ProtocolError as err:
+            log.warning("rejected chunk frame from %s: %s", peer, err)
+            return
+        with self._lock:
+            arrivals = self._transfers.get((peer, chunk.blob))
+        if arrivals is not None:
+            arrivals.put(chunk)
+
+    def _classify(self, topic: str) -> tuple[str, str]:
+        """Return (peer, "control" | "chunk" | "status") for an incoming topic."""
+        t = self.topics
+        if self.device_id is not None:
+            kinds = {t.down(self.device_id): "control", t.down_chunk(self.device_id): "chunk",
+                     t.server_status: "status"}
+            if topic not in kinds:
+                raise ValueError(topic)
+            return SERVER, kinds[topic]
+        peer, rest = t.parse_device_topic(topic)
+        kind = {"up": "control", "up/chunk": "chunk", "status": "status"}.get(rest)
+        if kind is None:
+            raise ValueError(topic)
+        return peer, kind
+
+    def _control_topic(self, peer: str) -> str:
+        if self.device_id is not None:
+            return self.topics.up(self.device_id)
+        return self.topics.down(peer)
+
+    def _chunk_topic(self, peer: str) -> str:
+        if self.device_id is not None:
+            return self.topics.up_chunk(self.device_id)
+        return self.topics.down_chunk(peer)
+
+    def _reply_error(self, peer: str, err: ProtocolError, ref: str | None = None) -> None:
+        try:
+            self.send(peer, msgs.Error(code=err.code, detail=err.detail[:500], ref=ref))
+        except Exception:
+            log.exception("could not send error to %s", peer)

@@ -1,0 +1,107 @@
+"""Run a real mosquitto broker as a child process (tests, benchmarks, ``fedsdk-server broker``).
+
+mosquitto is the production broker. Debian/Ubuntu: ``apt-get install -y mosquitto``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from sdk_device.transport.mqtt_link import BrokerAddress
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An unused TCP port on ``host`` (racy by nature, fine for loopback tests)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until something accepts TCP connections on host:port."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"broker process exited with code {proc.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listened on {host}:{port} within {timeout_s} s")
+
+
+class MosquittoBroker:
+    """A mosquitto process on a loopback port, with persistence in its own directory.
+
+    Use as a context manager, or ``start()`` / ``stop()``.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        workdir: str | Path | None = None,
+        extra_config: str = "",
+        executable: str | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedsdk-mosquitto-"))
+        self.extra_config = extra_config
+        self.executable = executable or shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> BrokerAddress:
+        return BrokerAddress(self.host, self.port)
+
+    @property
+    def url(self) -> str:
+        return self.address.url
+
+    def config_text(self) -> str:
+        return "\n".join([
+            f"listener {self.port} {self.host}",
+            "allow_anonymous true",
+            "persistence true",
+            f"persistence_location {self.workdir}/",
+            "max_queued_messages 10000",
+            "max_inflight_messages 20",
+            "message_size_limit 0",
+            "set_tcp_nodelay true",
+            self.extra_config,
+            "",
+        ])
+
+    def start(self, timeout_s: float = 10.0) -> MosquittoBroker:
+        if not Path(self.executable).exists():
+            raise FileNotFoundError(
+                "mosquitto not found: install it (Debian/Ubuntu: apt-get install -y mosquitto)"
+            )
+        conf = self.workdir / "mosquitto.conf"
+        conf.write_text(self.config_text())
+        self.proc = subprocess.Popen(
+            [self.executable, "-c", str(conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.workdir / "mosquitto.log", "ab"),  # noqa: SIM115
+        )
+        wait_for_port(self.host, self.port, timeout_s, self.proc)
+        return self
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def __enter__(self) -> MosquittoBroker:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
