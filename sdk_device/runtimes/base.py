@@ -1,0 +1,45 @@
+"""The runtime interface: what the device agent needs from any training engine.
+
+A runtime loads a *program* (a blob in one of its formats), takes weights as named numpy
+arrays, trains on local numpy data following a ``Recipe``, evaluates, and hands the
+weights back. The agent never sees which engine does the work, so ExecuTorch and ONNX
+Runtime slot in by implementing this protocol and registering in ``runtimes.registry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .recipe import Recipe
+
+Progress = Callable[[float], None]  # called with the fraction done, 0..1
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What a training or evaluation pass measured. loss: mean per sample (summed over
+    outputs when training a multi-exit model); accuracy: of the final output, 0..1."""
+
+    samples: int
+    loss: float
+    accuracy: float
+
+
+class Runtime(Protocol):
+    name: str
+    formats: tuple[str, ...]  # program formats this runtime can execute, best first
+
+    def load_program(self, program: bytes, fmt: str) -> None: ...
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None: ...
+
+    def get_weights(self) -> dict[str, np.ndarray]: ...
+
+    def train(self, x: np.ndarray, y: np.ndarray, recipe: Recipe,
+              progress: Progress | None = None) -> StepStats: ...
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> StepStats: ...

@@ -1,0 +1,51 @@
+"""Which runtimes exist, which are installed here, and how the agent picks one.
+
+Runtimes are imported lazily: ``import sdk_device`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+from .base import Runtime
+
+
+def _torch() -> Runtime:
+    from .torch_runtime import TorchRuntime
+
+    return TorchRuntime(threads=1)
+
+
+# name -> (python module that must be importable, factory); preference order = dict order.
+RUNTIMES: dict[str, tuple[str, Callable[[], Runtime]]] = {
+    "torch": ("torch", _torch),
+}
+FORMATS: dict[str, tuple[str, ...]] = {"torch": ("torchspec/1",)}
+
+
+def available_runtimes() -> list[str]:
+    """Names of the runtimes whose engine is installed on this machine."""
+    return [name for name, (module, _) in RUNTIMES.items() if importlib.util.find_spec(module)]
+
+
+def pick_runtime(offered_formats: list[str], allowed: list[str] | None = None) -> tuple[str, str]:
+    """Choose (runtime, format) for a task offering programs in ``offered_formats``.
+
+    Takes the first runtime in preference order that is installed (and in ``allowed``
+    when given) and can run one of the offered formats. ValueError says why none fits.
+    """
+    names = [n for n in available_runtimes() if allowed is None or n in allowed]
+    for name in names:
+        for fmt in FORMATS[name]:
+            if fmt in offered_formats:
+                return name, fmt
+    raise ValueError(
+        f"no runtime here runs any of {offered_formats}: installed runtimes {names or 'none'}"
+    )
+
+
+def create_runtime(name: str) -> Runtime:
+    if name not in RUNTIMES:
+        raise ValueError(f"unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
+    return RUNTIMES[name][1]()

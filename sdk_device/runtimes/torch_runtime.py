@@ -1,0 +1,85 @@
+"""Torch eager runtime: trains torchspec/1 programs with PyTorch (imports torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..protocol import modelspec
+from .base import Progress, StepStats
+from .recipe import Recipe
+from .torch_model import SpecModel, build_model, load_numpy, state_numpy
+
+
+class TorchRuntime:
+    """Runs the model a torchspec/1 program describes, in torch eager mode on the CPU."""
+
+    name = "torch"
+    formats = (modelspec.FORMAT,)
+
+    def __init__(self, threads: int | None = None) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        self.model: SpecModel | None = None
+
+    def load_program(self, program: bytes, fmt: str) -> None:
+        if fmt not in self.formats:
+            raise ValueError(f"torch runtime cannot run {fmt!r} programs")
+        self.model = build_model(modelspec.loads(program))
+
+    def _require_model(self) -> SpecModel:
+        if self.model is None:
+            raise RuntimeError("load_program() first")
+        return self.model
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        load_numpy(self._require_model(), weights)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return state_numpy(self._require_model())
+
+    def train(self, x: np.ndarray, y: np.ndarray, recipe: Recipe,
+              progress: Progress | None = None) -> StepStats:
+        """``recipe.epochs`` passes of mini-batch training; loss = sum of CE over outputs."""
+        model = self._require_model()
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        if recipe.optimizer == "adam":
+            opt = torch.optim.Adam(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+        else:
+            opt = torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum,
+                                  weight_decay=recipe.weight_decay)
+        xt, yt = torch.from_numpy(np.ascontiguousarray(x, np.float32)), torch.from_numpy(y.astype(np.int64))
+        gen = torch.Generator().manual_seed(recipe.seed)
+        n, steps_per_epoch = len(yt), -(-len(yt) // recipe.batch_size)
+        total_loss = correct = seen = 0.0
+        for epoch in range(recipe.epochs):
+            order = torch.randperm(n, generator=gen)
+            for step in range(steps_per_epoch):
+                idx = order[step * recipe.batch_size:(step + 1) * recipe.batch_size]
+                outputs = model(xt[idx])
+                loss = sum(F.cross_entropy(out, yt[idx]) for out in outputs)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if epoch == recipe.epochs - 1:  # report the last epoch
+                    total_loss += float(loss) * len(idx)
+                    correct += float((outputs[-1].argmax(1) == yt[idx]).sum())
+                    seen += len(idx)
+                if progress:
+                    progress((epoch * steps_per_epoch + step + 1) / (recipe.epochs * steps_per_epoch))
+        return StepStats(int(seen), total_loss / max(seen, 1), correct / max(seen, 1))
+
+    @torch.no_grad()
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> StepStats:
+        model = self._require_model()
+        model.eval()
+        xt, yt = torch.from_numpy(np.ascontiguousarray(x, np.float32)), torch.from_numpy(y.astype(np.int64))
+        total_loss = correct = 0.0
+        for start in range(0, len(yt), batch_size):
+            out = model(xt[start:start + batch_size])[-1]
+            total_loss += float(F.cross_entropy(out, yt[start:start + batch_size], reduction="sum"))
+            correct += float((out.argmax(1) == yt[start:start + batch_size]).sum())
+        n = max(len(yt), 1)
+        return StepStats(len(yt), total_loss / n, correct / n)
