@@ -1,0 +1,172 @@
+"""The device agent: receive task -> pull blobs -> train -> upload -> wait.
+
+Training happens on the agent's own thread, never inside an MQTT callback (paho only
+acknowledges a message after its callback returns).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .data.npz import load_npz
+from .profile import device_profile, peak_rss_mb
+from .protocol import messages as msgs
+from .protocol.blobs import DEFAULT_CHUNK_BYTES, decode_tensors, encode_tensors
+from .protocol.errors import ProtocolError
+from .protocol.topics import FleetTopics
+from .runtimes.recipe import Recipe
+from .runtimes.registry import available_runtimes, create_runtime, pick_runtime
+from .transport.blob_store import BlobStore
+from .transport.endpoint import SERVER, Endpoint
+from .transport.mqtt_link import BrokerAddress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentConfig:
+    """Everything a device agent needs to run."""
+
+    broker_url: str
+    fleet: str
+    device_id: str
+    data_path: Path
+    work_dir: Path
+    runtimes: list[str] | None = None  # allowed runtimes; None = all installed
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    heartbeat_s: float = 10.0
+    extra_profile: dict = field(default_factory=dict)
+
+
+class DeviceAgent:
+    """Runs tasks from the server until ``stop()`` (or ``max_tasks`` tasks are done)."""
+
+    def __init__(self, config: AgentConfig, endpoint: Endpoint | None = None) -> None:
+        self.config = config
+        self.x, self.y = load_npz(config.data_path)
+        self.endpoint = endpoint or Endpoint(
+            BrokerAddress.parse(config.broker_url),
+            FleetTopics(config.fleet),
+            BlobStore(Path(config.work_dir) / "blobs"),
+            device_id=config.device_id,
+            chunk_bytes=config.chunk_bytes,
+            username=config.username,
+            password=config.password,
+            ca_file=config.ca_file,
+        )
+        self._stop = threading.Event()
+        self._runtimes: dict[str, object] = {}
+        self._loaded_program: dict[str, str] = {}  # runtime -> program blob id loaded
+        self._last_beat = 0.0
+        self.tasks_done = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, max_tasks: int | None = None) -> None:
+        """Connect, say hello, then serve tasks. Returns after stop() or max_tasks."""
+        runtimes = [r for r in available_runtimes()
+                    if self.config.runtimes is None or r in self.config.runtimes]
+        if not runtimes:
+            raise RuntimeError("no training runtime is installed here: pip install 'fedsdk[torch]'")
+        self.endpoint.start()
+        log.info("device %s connected to %s (runtimes: %s, %d samples)", self.config.device_id,
+                 self.config.broker_url, ", ".join(runtimes), len(self.y))
+        profile = {**device_profile(runtimes), **self.config.extra_profile}
+        self.endpoint.send(SERVER, msgs.Hello(device_id=self.config.device_id, runtimes=runtimes,
+                                              num_samples=len(self.y), profile=profile))
+        try:
+            while not self._stop.is_set() and (max_tasks is None or self.tasks_done < max_tasks):
+                try:
+                    incoming = self.endpoint.inbox.get(timeout=0.5)
+                except queue.Empty:
+                    self._heartbeat("idle")
+                    continue
+                self._handle(incoming)
+        finally:
+            self.endpoint.close()
+
+    # -- messages --------------------------------------------------------------------------
+    def _handle(self, incoming) -> None:
+        message = incoming.message
+        if incoming.status is not None:
+            log.info("server is %s", incoming.status)
+        elif isinstance(message, msgs.Task):
+            self._run_task(message)
+        elif isinstance(message, msgs.Ack):
+            log.info("server accepted the result of task %s", message.ref[:8])
+            self.tasks_done += 1
+        elif isinstance(message, msgs.Error):
+            log.warning("server reports %s: %s (ref %s)", message.code, message.detail, message.ref)
+            if message.code in ("update_rejected", "round_closed"):
+                self.tasks_done += 1
+
+    def _run_task(self, task: msgs.Task) -> None:
+        started = time.time()
+        if task.deadline < started:
+            self._refuse(task, "deadline_passed", "the task arrived after its deadline")
+            return
+        try:
+            recipe = Recipe.from_dict(task.recipe)
+            runtime_name, fmt = pick_runtime([p.format for p in task.programs], self.config.runtimes)
+        except ValueError as exc:
+            self._refuse(task, "unsupported_task", str(exc))
+            return
+        program_ref = next(p for p in task.programs if p.format == fmt)
+        log.info("round %d: task %s with %s (%s)", task.round, task.task_id[:8], runtime_name, fmt)
+        try:
+            runtime = self._runtime(runtime_name)
+            fetch_started = time.perf_counter()
+            if self._loaded_program.get(runtime_name) != program_ref.id:
+                runtime.load_program(self.endpoint.fetch(SERVER, program_ref), fmt)
+                self._loaded_program[runtime_name] = program_ref.id
+            weights = decode_tensors(self.endpoint.fetch(SERVER, task.weights))
+            fetch_s = time.perf_counter() - fetch_started
+            runtime.set_weights(weights)
+        except (ProtocolError, TimeoutError, ValueError, KeyError, RuntimeError) as exc:
+            self._refuse(task, "bad_task", f"could not load the task: {exc}")
+            return
+        train_started = time.perf_counter()
+        stats = runtime.train(self.x, self.y, recipe,
+                              progress=lambda f: self._heartbeat("training", task.task_id, f))
+        train_s = time.perf_counter() - train_started
+        trained = runtime.get_weights()
+        if not all(np.isfinite(v).all() for v in trained.values() if v.dtype.kind == "f"):
+            log.warning("training diverged (NaN/Inf); reporting it instead of uploading")
+        blob_ref = self.endpoint.offer(SERVER, encode_tensors(trained), "weights", "safetensors")
+        metrics = {"samples": stats.samples, "loss": stats.loss, "accuracy": stats.accuracy,
+                   "wall_time_s": train_s, "fetch_s": fetch_s, "peak_rss_mb": peak_rss_mb(),
+                   "runtime": runtime_name}
+        self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round,
+                                               weights=blob_ref, metrics=metrics))
+        log.info("round %d: trained %d samples in %.2f s, loss %.4f, acc %.3f", task.round,
+                 stats.samples, train_s, stats.loss, stats.accuracy)
+
+    def _runtime(self, name: str):
+        if name not in self._runtimes:
+            self._runtimes[name] = create_runtime(name)
+        return self._runtimes[name]
+
+    def _refuse(self, task: msgs.Task, code: str, detail: str) -> None:
+        log.warning("refusing task %s: %s", task.task_id[:8], detail)
+        self.endpoint.send(SERVER, msgs.Error(code=code, detail=detail[:500], ref=task.task_id))
+
+    def _heartbeat(self, state: str, task_id: str | None = None, progress: float = 0.0) -> None:
+        now = time.monotonic()
+        if now - self._last_beat < self.config.heartbeat_s and progress < 1.0:
+            return
+        self._last_beat = now
+        try:
+            self.endpoint.send(SERVER, msgs.Heartbeat(state=state, task_id=task_id, progress=progress))
+        except Exception:  # a heartbeat is never worth dying for
+            log.debug("heartbeat not sent", exc_info=True)

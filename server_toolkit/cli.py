@@ -1,0 +1,255 @@
+"""``fedsdk-server``: the server-side command line."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sdk_device.runtimes.recipe import Recipe
+
+console = Console()
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """fedsdk server: cut models for a fleet of unlike devices and run federated rounds."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _recipe_options(f):
+    for opt in reversed([
+        click.option("--local-epochs", default=2, show_default=True, help="Local epochs per round."),
+        click.option("--batch-size", default=32, show_default=True),
+        click.option("--lr", default=0.05, show_default=True, help="Client learning rate."),
+        click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True),
+    ]):
+        f = opt(f)
+    return f
+
+
+@main.command()
+@click.option("--method", default="fedavg", show_default=True, help="Federated method.")
+@click.option("--dataset", default="digits", show_default=True,
+              help="digits (bundled), mnist (needs --data-dir) or npz:<path>.")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Where a local MNIST copy lives.")
+@click.option("--model", default="small_cnn", show_default=True,
+              help="small_cnn, lenet5, vgg_multi_exit or resnet_small.")
+@click.option("--devices", default=8, show_default=True, help="Device processes to start (<= 10 here).")
+@click.option("--rounds", default=20, show_default=True)
+@click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
+@click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
+@click.option("--partition", default="dirichlet", show_default=True,
+              type=click.Choice(["iid", "dirichlet", "k-classes", "quantity-skew"]))
+@click.option("--alpha", default=0.5, show_default=True, help="Dirichlet concentration.")
+@click.option("--classes-per-client", default=2, show_default=True, help="For k-classes.")
+@click.option("--num-strong", default=1, show_default=True, help="For quantity-skew: strong devices.")
+@click.option("--strong-share", default=0.5, show_default=True, help="For quantity-skew: their data share.")
+@_recipe_options
+@click.option("--seed", default=0, show_default=True)
+@click.option("--round-timeout", default=120.0, show_default=True, help="Seconds per round at most.")
+@click.option("--broker", "broker_url", default=None,
+              help="mqtt://host:port of an existing broker (default: start the embedded one on 127.0.0.1).")
+@click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
+              show_default=True)
+@click.option("--resume", "resume_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Continue the run in this directory from its last checkpoint.")
+def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_round, over_select, partition,
+             alpha, classes_per_client, num_strong, strong_share, local_epochs, batch_size, lr, optimizer,
+             seed, round_timeout, broker_url, runs_dir, resume_dir) -> None:
+    """Run a whole federation here: broker, server and N real device processes over MQTT."""
+    import json
+
+    from .report.run_report import final_accuracy
+    from .sim.simulate import Simulation, SimulationConfig, new_run_dir
+
+    if resume_dir:
+        config = SimulationConfig(**json.loads((resume_dir / "config.json").read_text()))
+        config.rounds = max(config.rounds, rounds)
+        run_dir = resume_dir
+    else:
+        recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+        config = SimulationConfig(
+            method=method, dataset=dataset, data_dir=data_dir, model=model, devices=devices, rounds=rounds,
+            clients_per_round=clients_per_round, over_select=over_select, partition=partition, alpha=alpha,
+            classes_per_client=classes_per_client, num_strong=num_strong, strong_share=strong_share,
+            recipe=recipe.to_dict(), seed=seed, round_timeout_s=round_timeout, broker_url=broker_url)
+        run_dir = new_run_dir(runs_dir)
+    console.print(f"[bold]fedsdk simulate[/]: {config.method} on {config.dataset} ({config.model}), "
+                  f"{config.devices} devices, {config.rounds} rounds, {config.partition} partition "
+                  f"-> {run_dir}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        bar = progress.add_task("starting broker and devices", total=config.rounds)
+
+        def on_event(kind: str, data: dict) -> None:
+            if kind == "broker":
+                kind_name = "embedded amqtt" if data["embedded"] else "external"
+                progress.console.print(f"broker: {data['url']} ({kind_name})")
+            elif kind == "devices":
+                progress.console.print(f"devices online: {data['online']}/{data['expected']}")
+            elif kind == "round":
+                acc = data.get("accuracy")
+                progress.update(bar, completed=data["round"],
+                                description=f"round {data['round']}: accuracy {acc:.3f}, "
+                                            f"{data['accepted']}/{data['selected']} updates")
+
+        from .sim.datasets import DatasetError
+        from .sim.partition import PartitionError
+
+        try:
+            report = Simulation(config, run_dir, resume=resume_dir is not None, on_event=on_event).run()
+        except (DatasetError, PartitionError, ValueError, RuntimeError, ConnectionError) as exc:
+            raise click.ClickException(str(exc)) from None
+    console.print(report.summary_table(f"{config.method} on {config.dataset}"))
+    acc = final_accuracy(report.rows)
+    console.print(f"final accuracy {acc:.3f}; metrics in {run_dir}/metrics.jsonl, plot {run_dir}/accuracy.png"
+                  if acc is not None else f"no rounds completed; see {run_dir}")
+
+
+@main.command()
+@click.option("--broker", "broker_url", default=None,
+              help="mqtt[s]://host:port of the fleet's broker (default: embedded, loopback only).")
+@click.option("--insecure-embedded-broker", is_flag=True,
+              help="Let the embedded broker bind a non-loopback --host (no auth, no limits).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Embedded broker address.")
+@click.option("--port", default=1883, show_default=True, help="Embedded broker port.")
+@click.option("--fleet", required=True, help="Fleet name (devices use the same).")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Where the registry, blobs, checkpoints and metrics live.")
+@click.option("--method", default="fedavg", show_default=True)
+@click.option("--model", default="small_cnn", show_default=True)
+@click.option("--dataset", default="digits", show_default=True,
+              help="Defines the model's input/classes; its test split evaluates the global model.")
+@click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option("--rounds", default=20, show_default=True)
+@click.option("--min-devices", default=1, show_default=True, help="Wait for this many devices first.")
+@click.option("--clients-per-round", type=int, default=None)
+@click.option("--over-select", default=0.0, show_default=True)
+@click.option("--round-timeout", default=300.0, show_default=True)
+@_recipe_options
+@click.option("--seed", default=0, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
+def run(broker_url, insecure_embedded_broker, host, port, fleet, run_dir, method, model, dataset, data_dir,
+        rounds, min_devices, clients_per_round, over_select, round_timeout, local_epochs, batch_size, lr,
+        optimizer, seed, resume) -> None:
+    """Serve a real fleet: devices run `fedsdk run --broker ... --fleet ... --device-id ...`."""
+    from sdk_device.protocol.topics import FleetTopics
+    from sdk_device.transport.blob_store import BlobStore
+    from sdk_device.transport.endpoint import Endpoint
+    from sdk_device.transport.mqtt_link import BrokerAddress
+
+    from .broker.embedded import EmbeddedBroker
+    from .fleet.registry import FleetRegistry
+    from .methods import method_class
+    from .models.zoo import model_spec
+    from .orchestrator.server import Orchestrator, OrchestratorConfig
+    from .report.run_report import RunReport
+    from .sim.datasets import load_dataset
+
+    data = load_dataset(dataset, data_dir, seed=seed)
+    spec = model_spec(model, data.input_shape, data.num_classes)
+    recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    registry = FleetRegistry(run_dir / "registry.sqlite")
+    if not registry.devices():
+        raise click.ClickException(f"no devices registered in {run_dir}: add them with "
+                                   f"`fedsdk-server devices add --run-dir {run_dir} DEVICE_ID`")
+    broker = None
+    try:
+        if broker_url:
+            address = BrokerAddress.parse(broker_url)
+        else:
+            broker = EmbeddedBroker(host, port, allow_remote=insecure_embedded_broker).start()
+            address = broker.address
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    endpoint = Endpoint(address, FleetTopics(fleet), BlobStore(run_dir / "blobs"), is_known_peer=registry.is_known)
+    report = RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
+    orchestrator = Orchestrator(method_class(method)(spec, recipe), endpoint, registry, run_dir,
+                                OrchestratorConfig(rounds=rounds, clients_per_round=clients_per_round,
+                                                   over_select=over_select, round_timeout_s=round_timeout,
+                                                   seed=seed),
+                                test_data=(data.x_test, data.y_test),
+                                on_round=lambda row: (report.add_round(row), console.print(row)))
+    try:
+        endpoint.start()
+        orchestrator.start(resume=resume)
+        console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
+        while orchestrator.wait_for_devices(min_devices, timeout_s=30) < min_devices:
+            console.print(f"{len(orchestrator.online)}/{min_devices} devices online, still waiting")
+        orchestrator.run()
+    finally:
+        orchestrator.close()
+        endpoint.close()
+        if broker:
+            broker.stop()
+    report.write_plot()
+    console.print(report.summary_table(f"{method} on fleet {fleet}"))
+
+
+@main.group()
+def devices() -> None:
+    """Manage the fleet registry of a run directory."""
+
+
+@devices.command("add")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--tier", default=None)
+@click.argument("device_ids", nargs=-1, required=True)
+def devices_add(run_dir, tier, device_ids) -> None:
+    """Register devices so the server accepts them (pairing will automate this)."""
+    from sdk_device.protocol.topics import check_name
+
+    from .fleet.registry import FleetRegistry
+
+    registry = FleetRegistry(run_dir / "registry.sqlite")
+    for dev in device_ids:
+        try:
+            registry.add_device(check_name("device id", dev), tier=tier)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        console.print(f"registered {dev}")
+
+
+@devices.command("list")
+@click.option("--run-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
+def devices_list(run_dir) -> None:
+    """Show the registered devices and what they reported."""
+    from rich.table import Table
+
+    from .fleet.registry import FleetRegistry
+
+    table = Table("device", "status", "tier", "samples", "runtimes", "arch")
+    for d in FleetRegistry(run_dir / "registry.sqlite").devices():
+        table.add_row(d["device_id"], d["status"], d["tier"] or "-", str(d["num_samples"] or "-"),
+                      ",".join(d["runtimes"] or []), (d["profile"] or {}).get("arch", "-"))
+    console.print(table)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=1883, show_default=True)
+@click.option("--insecure-embedded-broker", is_flag=True, help="Allow a non-loopback --host.")
+def broker(host, port, insecure_embedded_broker) -> None:
+    """Run the embedded (amqtt) broker in the foreground, for trying devices on one machine."""
+    import time
+
+    from .broker.embedded import EmbeddedBroker
+
+    try:
+        b = EmbeddedBroker(host, port, allow_remote=insecure_embedded_broker).start()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(f"embedded broker on {b.address.url}; Ctrl-C stops it")
+    try:
+        while b.proc and b.proc.poll() is None:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        b.stop()

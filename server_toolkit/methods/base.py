@@ -1,0 +1,105 @@
+"""The method interface, in the spirit of Flower's Strategy.
+
+A method decides *what* each device trains and *how* results become the new global
+model; it never touches MQTT, blobs or the registry (the orchestrator does). Four small
+methods: ``configure_train``, ``aggregate_train``, ``evaluate`` (central, on server-held
+test data) and ``aggregate_evaluate`` (the devices' own reported metrics).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sdk_device.runtimes.recipe import Recipe
+
+Weights = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the server knows of a selected device (never its data)."""
+
+    device_id: str
+    num_samples: int
+    tier: str | None = None
+    runtimes: tuple[str, ...] = ("torch",)
+    profile: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainInstruction:
+    """What one device is asked to do: train ``weights`` of model ``spec`` by ``recipe``."""
+
+    device_id: str
+    spec: dict
+    weights: Weights
+    recipe: Recipe
+    index_map: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """An accepted result: the weights a device returned (same names/shapes as sent)."""
+
+    device_id: str
+    num_samples: int
+    weights: Weights
+    metrics: dict
+    instruction: TrainInstruction
+
+
+class Method(ABC):
+    """A federated method. Subclasses set ``name`` and implement the two train methods."""
+
+    name: str = ""
+
+    def __init__(self, global_spec: dict, recipe: Recipe) -> None:
+        self.global_spec = global_spec
+        self.recipe = recipe
+
+    def initial_weights(self, seed: int) -> Weights:
+        """Fresh global weights for round 1 (seeded)."""
+        from sdk_device.runtimes.torch_model import build_model, state_numpy
+
+        return state_numpy(build_model(self.global_spec, seed=seed))
+
+    @abstractmethod
+    def configure_train(self, round_number: int, global_weights: Weights,
+                        devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        """One instruction per selected device."""
+
+    @abstractmethod
+    def aggregate_train(self, round_number: int, global_weights: Weights,
+                        updates: list[ClientUpdate]) -> Weights:
+        """The next global weights from this round's accepted updates (at least one)."""
+
+    def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
+        """Central evaluation of the global model (final output) on server-held data."""
+        from sdk_device.protocol import modelspec
+        from sdk_device.runtimes.torch_runtime import TorchRuntime
+
+        runtime = TorchRuntime()
+        runtime.load_program(modelspec.dumps(self.global_spec), modelspec.FORMAT)
+        runtime.set_weights(global_weights)
+        stats = runtime.evaluate(x, y)
+        return {"accuracy": stats.accuracy, "loss": stats.loss}
+
+    def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
+        """Sample-weighted mean of the devices' reported training loss and accuracy."""
+        total = sum(u.num_samples for u in updates) or 1
+        out = {}
+        for key in ("loss", "accuracy"):
+            values = [(u.metrics.get(key), u.num_samples) for u in updates]
+            if values and all(isinstance(v, int | float) for v, _ in values):
+                out[f"device_{key}"] = sum(v * n for v, n in values) / total
+        return out
+
+    def state_dict(self) -> dict:
+        """JSON-ready method state saved with each checkpoint (for ``--resume``)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned."""

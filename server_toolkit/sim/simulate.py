@@ -1,0 +1,179 @@
+"""The main job: a real federation on one machine.
+
+Starts a broker (the embedded one unless ``broker_url`` is given), the server, and N
+device agent *processes* (the same ``sdk_device`` code a Raspberry Pi runs) that talk
+over MQTT; each device gets its own partition of the dataset as a local npz file.
+Writes ``runs/<id>/metrics.jsonl``, ``metrics.csv``, ``accuracy.png``, ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sdk_device.data.npz import save_npz
+from sdk_device.protocol.topics import FleetTopics
+from sdk_device.runtimes.recipe import Recipe
+from sdk_device.transport.blob_store import BlobStore
+from sdk_device.transport.endpoint import Endpoint
+from sdk_device.transport.mqtt_link import BrokerAddress
+
+from ..broker.embedded import EmbeddedBroker
+from ..fleet.registry import FleetRegistry
+from ..methods import method_class
+from ..models.zoo import model_spec
+from ..orchestrator.server import Orchestrator, OrchestratorConfig
+from ..report.run_report import RunReport
+from .datasets import load_dataset
+from .partition import partition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SimulationConfig:
+    """Everything that defines a simulated run (saved as ``config.json``)."""
+
+    method: str = "fedavg"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    model: str = "small_cnn"
+    devices: int = 8
+    rounds: int = 20
+    clients_per_round: int | None = None
+    over_select: float = 0.0
+    partition: str = "dirichlet"
+    alpha: float = 0.5
+    min_size: int = 10
+    classes_per_client: int = 2
+    num_strong: int = 1
+    strong_share: float = 0.5
+    recipe: dict = field(default_factory=lambda: Recipe(epochs=2, batch_size=32, lr=0.05).to_dict())
+    seed: int = 0
+    round_timeout_s: float = 120.0
+    broker_url: str | None = None
+    fleet: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def new_run_dir(root: Path = Path("runs")) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = root / stamp
+    n = 1
+    while run_dir.exists():
+        n += 1
+        run_dir = root / f"{stamp}-{n}"
+    return run_dir
+
+
+class Simulation:
+    """One simulated federation; use ``run()``. ``on_event`` receives progress events."""
+
+    def __init__(self, config: SimulationConfig, run_dir: Path, resume: bool = False,
+                 on_event: Callable[[str, dict], None] | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.on_event = on_event or (lambda kind, data: None)
+        self.device_procs: list[subprocess.Popen] = []
+        if not config.fleet:
+            config.fleet = "sim-" + self.run_dir.name
+
+    def device_ids(self) -> list[str]:
+        return [f"dev{i:03d}" for i in range(self.config.devices)]
+
+    def prepare_data(self):
+        """Load the dataset, partition the training set, write each device's npz."""
+        c = self.config
+        data = load_dataset(c.dataset, c.data_dir, seed=c.seed)
+        parts = partition(data.y_train, c.devices, c.partition, seed=c.seed, alpha=c.alpha,
+                          min_size=c.min_size, classes_per_client=c.classes_per_client,
+                          num_strong=c.num_strong, strong_share=c.strong_share)
+        for dev, idx in zip(self.device_ids(), parts, strict=True):
+            save_npz(self.run_dir / "devices" / dev / "data.npz", data.x_train[idx], data.y_train[idx])
+        return data
+
+    def start_devices(self, broker: BrokerAddress) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        for dev in self.device_ids():
+            dev_dir = self.run_dir / "devices" / dev
+            cmd = [sys.executable, "-m", "sdk_device.cli", "run", "--broker", broker.url,
+                   "--fleet", self.config.fleet, "--device-id", dev, "--data", str(dev_dir / "data.npz"),
+                   "--work-dir", str(dev_dir / "work")]
+            with open(dev_dir / "agent.log", "ab") as log_file:
+                self.device_procs.append(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                                          env=env))
+
+    def stop_devices(self) -> None:
+        for proc in self.device_procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.device_procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.device_procs = []
+
+    def run(self) -> RunReport:
+        c = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(c.to_json())
+        data = self.prepare_data()
+        spec = model_spec(c.model, data.input_shape, data.num_classes)
+        method = method_class(c.method)(spec, Recipe.from_dict(c.recipe))
+        report = RunReport.load(self.run_dir) if self.resume else RunReport(self.run_dir)
+        registry = FleetRegistry(self.run_dir / "registry.sqlite")
+        for dev in self.device_ids():
+            registry.add_device(dev)
+        broker = None
+        if c.broker_url:
+            address = BrokerAddress.parse(c.broker_url)
+        else:
+            broker = EmbeddedBroker().start()
+            address = broker.address
+        self.on_event("broker", {"url": address.url, "embedded": broker is not None})
+        endpoint = Endpoint(address, FleetTopics(c.fleet), BlobStore(self.run_dir / "blobs"),
+                            is_known_peer=registry.is_known)
+        orchestrator = None
+        try:
+            endpoint.start()
+            self.start_devices(address)
+
+            def on_round(row: dict) -> None:
+                report.add_round(row)
+                self.on_event("round", row)
+
+            orchestrator = Orchestrator(
+                method, endpoint, registry, self.run_dir,
+                OrchestratorConfig(rounds=c.rounds, clients_per_round=c.clients_per_round,
+                                   over_select=c.over_select, round_timeout_s=c.round_timeout_s,
+                                   seed=c.seed),
+                test_data=(data.x_test, data.y_test), on_round=on_round)
+            orchestrator.start(resume=self.resume)
+            online = orchestrator.wait_for_devices(c.devices, timeout_s=180)
+            self.on_event("devices", {"online": online, "expected": c.devices})
+            if online == 0:
+                raise RuntimeError(f"no device came online; see {self.run_dir}/devices/*/agent.log")
+            orchestrator.run()
+        finally:
+            if orchestrator:
+                orchestrator.close()
+            self.stop_devices()
+            endpoint.close()
+            registry.close()
+            if broker:
+                broker.stop()
+        if report.rows:
+            report.write_plot()
+        report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices})
+        return report
