@@ -79,6 +79,7 @@ class DeviceAgent:
                     if self.config.runtimes is None or r in self.config.runtimes]
         if not runtimes:
             raise RuntimeError("no training runtime is installed here: pip install 'fedsdk[torch]'")
+        self._runtime(runtimes[0])  # import the engine now, not in the first round
         self.endpoint.start()
         log.info("device %s connected to %s (runtimes: %s, %d samples)", self.config.device_id,
                  self.config.broker_url, ", ".join(runtimes), len(self.y))

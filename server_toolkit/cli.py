@@ -24,8 +24,8 @@ def main(verbose: int) -> None:
 
 def _recipe_options(f):
     for opt in reversed([
-        click.option("--local-epochs", default=2, show_default=True, help="Local epochs per round."),
-        click.option("--batch-size", default=32, show_default=True),
+        click.option("--local-epochs", default=5, show_default=True, help="Local epochs per round."),
+        click.option("--batch-size", default=16, show_default=True),
         click.option("--lr", default=0.05, show_default=True, help="Client learning rate."),
         click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True),
     ]):

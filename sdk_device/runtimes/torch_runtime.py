@@ -64,7 +64,7 @@ class TorchRuntime:
                 loss.backward()
                 opt.step()
                 if epoch == recipe.epochs - 1:  # report the last epoch
-                    total_loss += float(loss) * len(idx)
+                    total_loss += float(loss.detach()) * len(idx)
                     correct += float((outputs[-1].argmax(1) == yt[idx]).sum())
                     seen += len(idx)
                 if progress:

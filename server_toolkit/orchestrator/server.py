@@ -84,6 +84,7 @@ class Orchestrator:
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
         self._fetches: list[Future] = []
         self._progress: dict[str, float] = {}
+        self._resolved: set[str] = set()  # devices of the open round accepted or rejected
 
     # -- set-up ------------------------------------------------------------------------------
     def start(self, resume: bool = False) -> None:
@@ -126,13 +127,16 @@ class Orchestrator:
         global_blob = encode_tensors(self.global_weights)
         self.registry.open_round(rnd, sorted(already | {d.device_id for d in selected}),
                                  _sha(global_blob))
+        asked = already | {d.device_id for d in selected}
         with self._lock:
             self._open_round = rnd
+            self._resolved = set(already)
         for instruction in self.method.configure_train(rnd, self.global_weights, selected):
             self._send_task(rnd, instruction, deadline)
         if already:
             log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
-        while self.registry.count_updates(rnd) < quorum and time.time() < deadline:
+        while (self.registry.count_updates(rnd) < quorum and not asked <= self._resolved
+               and time.time() < deadline):
             self._pump(timeout_s=0.1)
         with self._lock:
             self._open_round = None  # late results are now rejected as round_closed
@@ -210,6 +214,8 @@ class Orchestrator:
             self._progress[dev] = message.progress
         elif isinstance(message, msgs.Error):
             log.warning("device %s reports %s: %s", dev, message.code, message.detail)
+            if message.ref in self._pending:
+                self._resolved.add(dev)  # it refused its task
             self.registry.add_rejection(self._open_round, dev, message.ref, f"device:{message.code}",
                                         message.detail)
 
@@ -259,6 +265,7 @@ class Orchestrator:
                 return
             self.registry.add_update(pending.round, dev, result.task_id, result.weights.id,
                                      result.metrics["samples"], result.metrics)
+            self._resolved.add(dev)
         self.endpoint.send(dev, msgs.Ack(ref=result.task_id, detail="persisted"))
         self.endpoint.withdraw(dev)
         log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
@@ -266,6 +273,7 @@ class Orchestrator:
 
     def _reject(self, dev: str, task_id: str | None, err: ProtocolError) -> None:
         log.warning("rejected result from %s: %s", dev, err)
+        self._resolved.add(dev)
         self.registry.add_rejection(self._open_round, dev, task_id, err.code, err.detail)
         self.endpoint.send(dev, msgs.Error(code="update_rejected", detail=str(err)[:500], ref=task_id))
 

@@ -36,6 +36,10 @@ from .partition import partition
 
 log = logging.getLogger(__name__)
 
+# Chosen on digits with small_cnn, IID, 5 devices, 3 rounds: final accuracy 0.947-0.964
+# over seeds 0-3 (adam lr 3e-3 gave 0.894-0.922; sgd lr 0.1 x 3 epochs 0.763-0.900).
+DEFAULT_RECIPE = Recipe(epochs=5, batch_size=16, optimizer="sgd", lr=0.05, momentum=0.9)
+
 
 @dataclass
 class SimulationConfig:
@@ -55,7 +59,7 @@ class SimulationConfig:
     classes_per_client: int = 2
     num_strong: int = 1
     strong_share: float = 0.5
-    recipe: dict = field(default_factory=lambda: Recipe(epochs=2, batch_size=32, lr=0.05).to_dict())
+    recipe: dict = field(default_factory=lambda: DEFAULT_RECIPE.to_dict())
     seed: int = 0
     round_timeout_s: float = 120.0
     broker_url: str | None = None
