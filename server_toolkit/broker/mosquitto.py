@@ -53,6 +53,7 @@ class MosquittoBroker:
         self.host = host
         self.port = port or free_port(host)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedsdk-mosquitto-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.extra_config = extra_config
         self.executable = executable or shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         self.proc: subprocess.Popen | None = None

@@ -199,6 +199,7 @@ class Orchestrator:
     def _handle(self, incoming: Incoming) -> None:
         dev, message = incoming.peer, incoming.message
         if incoming.rejected is not None:
+            self._resolved.add(dev)  # nothing more is expected from a device sending garbage
             self.registry.add_rejection(self._open_round, dev, None, incoming.rejected.code,
                                         incoming.rejected.detail)
         elif incoming.status is not None:

@@ -1,0 +1,99 @@
+"""A small fleet for integration tests: server endpoint + orchestrator in this process,
+device agents as real processes (or threads, for misbehaving test devices)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sdk_device.agent import AgentConfig, DeviceAgent
+from sdk_device.data.npz import save_npz
+from sdk_device.protocol.topics import FleetTopics
+from sdk_device.runtimes.recipe import Recipe
+from sdk_device.transport.blob_store import BlobStore
+from sdk_device.transport.endpoint import Endpoint
+from sdk_device.transport.mqtt_link import BrokerAddress
+from server_toolkit.fleet.registry import FleetRegistry
+from server_toolkit.methods.fedavg import FedAvg
+from server_toolkit.models.zoo import model_spec
+from server_toolkit.orchestrator.server import Orchestrator, OrchestratorConfig
+from server_toolkit.sim.datasets import load_dataset
+from server_toolkit.sim.partition import partition
+
+RECIPE = Recipe(epochs=5, batch_size=16, lr=0.05)
+
+
+@dataclass
+class Fleet:
+    broker: BrokerAddress
+    root: Path
+    fleet: str = "test"
+    registry: FleetRegistry = field(init=False)
+    endpoint: Endpoint = field(init=False)
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    threads: list[tuple[DeviceAgent, threading.Thread]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.data = load_dataset("digits", seed=0)
+        self.registry = FleetRegistry(self.root / "server" / "registry.sqlite")
+        self.endpoint = Endpoint(self.broker, FleetTopics(self.fleet), BlobStore(self.root / "server" / "blobs"),
+                                 is_known_peer=self.registry.is_known).start()
+
+    def write_data(self, device_ids: list[str], scheme: str = "iid") -> dict[str, Path]:
+        parts = partition(self.data.y_train, len(device_ids), scheme, seed=0)
+        paths = {}
+        for dev, idx in zip(device_ids, parts, strict=True):
+            paths[dev] = self.root / dev / "data.npz"
+            save_npz(paths[dev], self.data.x_train[idx], self.data.y_train[idx])
+        return paths
+
+    def agent_config(self, dev: str, data_path: Path) -> AgentConfig:
+        return AgentConfig(broker_url=self.broker.url, fleet=self.fleet, device_id=dev, data_path=data_path,
+                           work_dir=self.root / dev / "work", heartbeat_s=1.0)
+
+    def start_process(self, dev: str, data_path: Path, register: bool = True) -> None:
+        if register:
+            self.registry.add_device(dev)
+        cmd = [sys.executable, "-m", "sdk_device.cli", "run", "--broker", self.broker.url, "--fleet",
+               self.fleet, "--device-id", dev, "--data", str(data_path), "--work-dir",
+               str(self.root / dev / "work")]
+        log = open(self.root / f"{dev}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                           env={"OMP_NUM_THREADS": "1", **_env()}))
+
+    def start_thread(self, agent: DeviceAgent, register: bool = True) -> DeviceAgent:
+        if register:
+            self.registry.add_device(agent.config.device_id)
+        thread = threading.Thread(target=agent.run, daemon=True)
+        thread.start()
+        self.threads.append((agent, thread))
+        return agent
+
+    def orchestrator(self, rounds: int, run_dir: Path | None = None, **config) -> Orchestrator:
+        spec = model_spec("small_cnn", self.data.input_shape, self.data.num_classes)
+        return Orchestrator(FedAvg(spec, RECIPE), self.endpoint, self.registry, run_dir or self.root / "server",
+                            OrchestratorConfig(rounds=rounds, **config),
+                            test_data=(self.data.x_test, self.data.y_test))
+
+    def close(self) -> None:
+        for agent, _ in self.threads:
+            agent.stop()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for _, thread in self.threads:
+            thread.join(timeout=10)
+        self.endpoint.close()  # the registry stays open for the test's assertions
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
