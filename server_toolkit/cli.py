@@ -253,3 +253,7 @@ def broker(host, port, insecure_embedded_broker) -> None:
         pass
     finally:
         b.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -85,7 +85,7 @@ class Endpoint:
         self.bytes_received = 0
         self.corrupt_chunks = 0
         self._lock = threading.Lock()
-        self._transfers: dict[tuple[str, str], queue.Queue[Chunk]] = {}
+        self._transfers: dict[tuple[str, str], queue.Queue[Chunk | ProtocolError]] = {}
         self._offered: dict[str, set[str]] = {}
         self._serve_queue: queue.Queue[tuple[str, msgs.BlobRequest] | None] = queue.Queue()
         self._server_thread = threading.Thread(target=self._serve_loop, daemon=True)
@@ -148,7 +148,8 @@ class Endpoint:
         """Pull blob ``ref`` from ``peer``; returns its verified bytes.
 
         Raises ProtocolError ("too_large" before anything is allocated, "checksum_mismatch",
-        "chunk_checksum" after repeated corrupt chunks) or TimeoutError.
+        "chunk_checksum" after repeated corrupt chunks, or the holder's refusal such as
+        "not_offered") or TimeoutError.
         """
         if ref.size > self.max_blob_bytes:
             raise ProtocolError(
@@ -157,7 +158,7 @@ class Endpoint:
         if self.store.has(ref.id):
             return self.store.get(ref.id)
         part = self.store.partial(ref.id, ref.size, self.chunk_bytes)
-        arrivals: queue.Queue[Chunk] = queue.Queue()
+        arrivals: queue.Queue[Chunk | ProtocolError] = queue.Queue()
         key = (peer, ref.id)
         with self._lock:
             self._transfers[key] = arrivals
@@ -192,6 +193,8 @@ class Endpoint:
                 missing.extendleft(sorted(outstanding, reverse=True))
                 outstanding.clear()
                 continue
+            if isinstance(chunk, ProtocolError):
+                raise chunk
             idle_rounds = 0
             if chunk.index not in outstanding or chunk.size != ref.size or chunk.chunk_bytes != self.chunk_bytes:
                 continue  # a duplicate after a re-request, or not what we asked for
@@ -271,8 +274,13 @@ class Endpoint:
             return
         if isinstance(message, msgs.BlobRequest):
             self._serve_queue.put((peer, message))
-        else:
-            self.inbox.put(Incoming(peer, message=message))
+            return
+        if isinstance(message, msgs.Error) and message.ref:
+            with self._lock:
+                arrivals = self._transfers.get((peer, message.ref))
+            if arrivals is not None:  # the holder refused a blob we are fetching: stop now
+                arrivals.put(ProtocolError(message.code, message.detail))
+        self.inbox.put(Incoming(peer, message=message))
 
     def _on_chunk(self, peer: str, payload: bytes) -> None:
         try:
