@@ -1,0 +1,34 @@
+# The two set-up commands of the README:
+#   make demo   - install into .venv and run a real federated simulation (embedded broker, digits)
+#   make test   - install into .venv (+ mosquitto) and run the test suite
+# Versions come from constraints.txt (torch 2.13.0 CPU etc.); override PYTHON to pick another interpreter.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.fedsdk-installed
+
+.PHONY: demo test lint bench mosquitto clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fedsdk-server simulate
+
+test: $(STAMP) mosquitto
+	$(BIN)/pytest -q
+
+mosquitto:
+	@sh scripts/ensure-mosquitto.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP) mosquitto
+	$(BIN)/python bench/transport.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
