@@ -9,7 +9,7 @@ and labels shaped (N,) int64.  Known names:
   (Keras layout) or the four IDX files (optionally gzipped).
 * ``"npz:<path>"``: any npz file with arrays ``x`` and ``y``, split like digits.
 
-A device's own local data lives in a small npz written by :func:`save_client_npz`.
+A device's own local data is an npz read by ``sdk_device.data.npz.load_npz``.
 """
 
 from __future__ import annotations
@@ -274,34 +274,3 @@ def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise DatasetError(f"{path}: cannot read as npz without pickles: {exc}") from exc
-
-
-def save_client_npz(path: str | Path, x: np.ndarray, y: np.ndarray) -> Path:
-    """Write a device's local data: x as float32 (N, ...), y as int64 (N,). Returns the path."""
-    path = Path(path)
-    x = np.asarray(x)
-    y = np.asarray(y)
-    if len(x) != len(y):
-        raise DatasetError(f"x has {len(x)} samples but y has {len(y)}")
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-        raise DatasetError(f"y must be a 1-D integer array, got shape {y.shape} dtype {y.dtype}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:  # a file object keeps np.savez from appending ".npz"
-        np.savez(f, x=x.astype(np.float32), y=y.astype(np.int64))
-    return path
-
-
-def load_client_npz(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """Read a device's local data file; returns x float32 (N, ...) and y int64 (N,)."""
-    path = Path(path)
-    arrays = _read_npz(path, ("x", "y"))
-    x, y = arrays["x"], arrays["y"]
-    if x.ndim < 1 or not np.issubdtype(x.dtype, np.floating):
-        raise DatasetError(f"{path}: x must be a float array, got shape {x.shape} dtype {x.dtype}")
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-        raise DatasetError(
-            f"{path}: y must be a 1-D integer array, got shape {y.shape} dtype {y.dtype}"
-        )
-    if len(x) != len(y):
-        raise DatasetError(f"{path}: x has {len(x)} samples but y has {len(y)}")
-    return x.astype(np.float32), y.astype(np.int64)

@@ -12,10 +12,8 @@ from server_toolkit.sim.datasets import (
     MNIST_IDX_FILES,
     Dataset,
     DatasetError,
-    load_client_npz,
     load_dataset,
     read_idx,
-    save_client_npz,
 )
 
 
@@ -220,52 +218,3 @@ def test_generic_npz_errors(tmp_path: Path) -> None:
     np.savez(path, x=np.zeros((4, 2)))
     with pytest.raises(DatasetError, match="missing array"):
         load_dataset(f"npz:{path}")
-
-
-# --------------------------------------------------------------------------- client npz
-
-
-def test_client_npz_round_trip(tmp_path: Path) -> None:
-    x = np.random.default_rng(1).random((7, 1, 8, 8))
-    y = np.array([0, 1, 2, 3, 4, 5, 6], dtype=np.int32)
-    path = save_client_npz(tmp_path / "dev000" / "data.npz", x, y)
-    assert path == tmp_path / "dev000" / "data.npz" and path.is_file()
-    x2, y2 = load_client_npz(path)
-    assert x2.dtype == np.float32 and y2.dtype == np.int64
-    np.testing.assert_allclose(x2, x.astype(np.float32))
-    np.testing.assert_array_equal(y2, y)
-
-
-def test_client_npz_keeps_exact_file_name(tmp_path: Path) -> None:
-    path = save_client_npz(tmp_path / "local.data", np.zeros((2, 3)), np.array([0, 1]))
-    assert path.is_file() and not (tmp_path / "local.data.npz").exists()
-
-
-def test_save_client_npz_rejects_mismatch(tmp_path: Path) -> None:
-    with pytest.raises(DatasetError, match="3 samples but y has 2"):
-        save_client_npz(tmp_path / "d.npz", np.zeros((3, 4)), np.array([0, 1]))
-
-
-@pytest.mark.parametrize(
-    ("arrays", "message"),
-    [
-        ({"x": np.zeros((3, 2), np.float32), "y": np.zeros(2, np.int64)}, "3 samples"),
-        ({"x": np.zeros((3, 2), np.float32), "y": np.zeros(3, np.float32)}, "integer"),
-        ({"x": np.zeros((3, 2), np.float32), "y": np.zeros((3, 1), np.int64)}, "1-D"),
-        ({"x": np.zeros((3, 2), np.int64), "y": np.zeros(3, np.int64)}, "float"),
-        ({"x": np.zeros((3, 2), np.float32)}, "missing array"),
-        ({"x": np.array([{"a": 1}] * 3, dtype=object), "y": np.zeros(3, np.int64)}, "pickle"),
-    ],
-)
-def test_load_client_npz_rejects_malformed(tmp_path: Path, arrays: dict, message: str) -> None:
-    path = tmp_path / "bad.npz"
-    np.savez(path, **arrays)
-    with pytest.raises(DatasetError, match=message):
-        load_client_npz(path)
-
-
-def test_load_client_npz_rejects_non_npz(tmp_path: Path) -> None:
-    path = tmp_path / "garbage.npz"
-    path.write_bytes(b"this is not a zip archive")
-    with pytest.raises(DatasetError, match="cannot read"):
-        load_client_npz(path)
