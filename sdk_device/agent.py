@@ -83,9 +83,9 @@ class DeviceAgent:
         self.endpoint.start()
         log.info("device %s connected to %s (runtimes: %s, %d samples)", self.config.device_id,
                  self.config.broker_url, ", ".join(runtimes), len(self.y))
-        profile = {**device_profile(runtimes), **self.config.extra_profile}
-        self.endpoint.send(SERVER, msgs.Hello(device_id=self.config.device_id, runtimes=runtimes,
-                                              num_samples=len(self.y), profile=profile))
+        self._hello = msgs.Hello(device_id=self.config.device_id, runtimes=runtimes, num_samples=len(self.y),
+                                 profile={**device_profile(runtimes), **self.config.extra_profile})
+        self.endpoint.send(SERVER, self._hello)
         try:
             while not self._stop.is_set() and (max_tasks is None or self.tasks_done < max_tasks):
                 try:
@@ -102,6 +102,8 @@ class DeviceAgent:
         message = incoming.message
         if incoming.status is not None:
             log.info("server is %s", incoming.status)
+            if incoming.status == "online":  # a (re)started server learns who is here
+                self.endpoint.send(SERVER, self._hello)
         elif isinstance(message, msgs.Task):
             self._run_task(message)
         elif isinstance(message, msgs.Ack):

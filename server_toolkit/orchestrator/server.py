@@ -203,10 +203,7 @@ class Orchestrator:
             self.registry.add_rejection(self._open_round, dev, None, incoming.rejected.code,
                                         incoming.rejected.detail)
         elif incoming.status is not None:
-            if incoming.status == "offline" and dev in self.online:
-                log.warning("device %s went offline", dev)
-                self.online.pop(dev, None)
-                self.registry.set_status(dev, "offline")
+            self._on_status(dev, incoming.status)
         elif isinstance(message, msgs.Hello):
             self._on_hello(dev, message)
         elif isinstance(message, msgs.Result):
@@ -219,6 +216,21 @@ class Orchestrator:
                 self._resolved.add(dev)  # it refused its task
             self.registry.add_rejection(self._open_round, dev, message.ref, f"device:{message.code}",
                                         message.detail)
+
+    def _on_status(self, dev: str, status: str) -> None:
+        """Last will / reconnect of a device: leave or rejoin the pool of selectable devices."""
+        if status == "offline" and dev in self.online:
+            log.warning("device %s went offline", dev)
+            self.online.pop(dev, None)
+            self._resolved.add(dev)  # do not hold the round for it
+            self.registry.set_status(dev, "offline")
+        elif status == "online" and dev not in self.online:
+            known = self.registry.device(dev)
+            if known and known["num_samples"]:  # it said hello before: it is back
+                self.online[dev] = DeviceInfo(dev, known["num_samples"], known["tier"],
+                                              tuple(known["runtimes"] or ()), known["profile"] or {})
+                self.registry.set_status(dev, "online")
+                log.info("device %s is back online", dev)
 
     def _on_hello(self, dev: str, hello: msgs.Hello) -> None:
         if hello.device_id != dev:
