@@ -43,6 +43,7 @@ def _recipe_options(f):
 @click.option("--devices", default=8, show_default=True, help="Device processes to start (<= 10 here).")
 @click.option("--rounds", default=20, show_default=True)
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
+@click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
 @click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
 @click.option("--partition", default="dirichlet", show_default=True,
               type=click.Choice(["iid", "dirichlet", "k-classes", "quantity-skew"]))
@@ -59,7 +60,8 @@ def _recipe_options(f):
               show_default=True)
 @click.option("--resume", "resume_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Continue the run in this directory from its last checkpoint.")
-def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_round, over_select, partition,
+def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_round, fraction, over_select,
+             partition,
              alpha, classes_per_client, num_strong, strong_share, local_epochs, batch_size, lr, optimizer,
              seed, round_timeout, broker_url, runs_dir, resume_dir) -> None:
     """Run a whole federation here: broker, server and N real device processes over MQTT."""
@@ -76,7 +78,8 @@ def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_roun
         recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
         config = SimulationConfig(
             method=method, dataset=dataset, data_dir=data_dir, model=model, devices=devices, rounds=rounds,
-            clients_per_round=clients_per_round, over_select=over_select, partition=partition, alpha=alpha,
+            clients_per_round=clients_per_round, fraction=fraction, over_select=over_select,
+            partition=partition, alpha=alpha,
             classes_per_client=classes_per_client, num_strong=num_strong, strong_share=strong_share,
             recipe=recipe.to_dict(), seed=seed, round_timeout_s=round_timeout, broker_url=broker_url)
         run_dir = new_run_dir(runs_dir)
@@ -129,14 +132,15 @@ def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_roun
 @click.option("--data-dir", type=click.Path(file_okay=False))
 @click.option("--rounds", default=20, show_default=True)
 @click.option("--min-devices", default=1, show_default=True, help="Wait for this many devices first.")
-@click.option("--clients-per-round", type=int, default=None)
-@click.option("--over-select", default=0.0, show_default=True)
+@click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
+@click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
+@click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
 @click.option("--round-timeout", default=300.0, show_default=True)
 @_recipe_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 def run(broker_url, insecure_embedded_broker, host, port, fleet, run_dir, method, model, dataset, data_dir,
-        rounds, min_devices, clients_per_round, over_select, round_timeout, local_epochs, batch_size, lr,
+        rounds, min_devices, clients_per_round, fraction, over_select, round_timeout, local_epochs, batch_size, lr,
         optimizer, seed, resume) -> None:
     """Serve a real fleet: devices run `fedsdk run --broker ... --fleet ... --device-id ...`."""
     from sdk_device.protocol.topics import FleetTopics
@@ -172,7 +176,7 @@ def run(broker_url, insecure_embedded_broker, host, port, fleet, run_dir, method
     report = RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
     orchestrator = Orchestrator(method_class(method)(spec, recipe), endpoint, registry, run_dir,
                                 OrchestratorConfig(rounds=rounds, clients_per_round=clients_per_round,
-                                                   over_select=over_select, round_timeout_s=round_timeout,
+                                                   fraction=fraction, over_select=over_select, round_timeout_s=round_timeout,
                                                    seed=seed),
                                 test_data=(data.x_test, data.y_test),
                                 on_round=lambda row: (report.add_round(row), console.print(row)))

@@ -37,11 +37,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class OrchestratorConfig:
-    """Round settings. ``clients_per_round`` = quorum (None: every online device);
+    """Round settings. ``clients_per_round`` = quorum (or ``fraction`` of the online devices;
+    neither: every online device);
     ``over_select`` = extra fraction of devices asked, to absorb dropouts."""
 
     rounds: int = 20
     clients_per_round: int | None = None
+    fraction: float | None = None  # quorum as a fraction of online devices (if no count given)
     over_select: float = 0.0
     round_timeout_s: float = 120.0
     seed: int = 0
@@ -166,14 +168,21 @@ class Orchestrator:
     def _select(self, exclude: set[str]) -> list[DeviceInfo]:
         candidates = sorted((d for d in self.online.values() if d.device_id not in exclude),
                             key=lambda d: d.device_id)
-        want = self.config.clients_per_round
+        want = self._wanted()
         if want is None:
             return candidates
         count = min(len(candidates), math.ceil(want * (1 + self.config.over_select)))
         return self._rng.sample(candidates, count)
 
+    def _wanted(self) -> int | None:
+        if self.config.clients_per_round is not None:
+            return self.config.clients_per_round
+        if self.config.fraction is not None:
+            return max(1, math.ceil(self.config.fraction * len(self.online)))
+        return None
+
     def _quorum(self, asked: int) -> int:
-        want = self.config.clients_per_round
+        want = self._wanted()
         return asked if want is None else min(want, asked)
 
     def _send_task(self, rnd: int, instruction: TrainInstruction, deadline: float) -> None:
@@ -287,7 +296,9 @@ class Orchestrator:
     def _reject(self, dev: str, task_id: str | None, err: ProtocolError) -> None:
         log.warning("rejected result from %s: %s", dev, err)
         self._resolved.add(dev)
-        self.registry.add_rejection(self._open_round, dev, task_id, err.code, err.detail)
+        task = self._pending.get(task_id or "")
+        self.registry.add_rejection(task.round if task else self._open_round, dev, task_id, err.code,
+                                    err.detail)
         self.endpoint.send(dev, msgs.Error(code="update_rejected", detail=str(err)[:500], ref=task_id))
 
     def _load_update(self, row: dict) -> ClientUpdate:

@@ -52,6 +52,7 @@ class SimulationConfig:
     devices: int = 8
     rounds: int = 20
     clients_per_round: int | None = None
+    fraction: float | None = None
     over_select: float = 0.0
     partition: str = "dirichlet"
     alpha: float = 0.5
@@ -159,7 +160,7 @@ class Simulation:
 
             orchestrator = Orchestrator(
                 method, endpoint, registry, self.run_dir,
-                OrchestratorConfig(rounds=c.rounds, clients_per_round=c.clients_per_round,
+                OrchestratorConfig(rounds=c.rounds, clients_per_round=c.clients_per_round, fraction=c.fraction,
                                    over_select=c.over_select, round_timeout_s=c.round_timeout_s,
                                    seed=c.seed),
                 test_data=(data.x_test, data.y_test), on_round=on_round)

@@ -63,3 +63,31 @@ def test_a_blob_not_offered_to_a_device_is_refused(pair):
         device.fetch(SERVER, secret, timeout_s=30)
     refusals = [i.message for i in list(device.inbox.queue) if i.message is not None]
     assert any(m.code == "not_offered" for m in refusals)
+
+
+def test_fetch_survives_a_broker_restart(mosquitto, tmp_path):
+    """The broker goes down mid-transfer; both sides reconnect and the fetch completes."""
+    import threading
+    import time
+
+    topics = FleetTopics("restart")
+    server = Endpoint(mosquitto.address, topics, BlobStore(tmp_path / "s"), chunk_bytes=16 * 1024,
+                      window=2).start()
+    device = Endpoint(mosquitto.address, topics, BlobStore(tmp_path / "d"), device_id="d1",
+                      chunk_bytes=16 * 1024, window=2).start()
+    data = os.urandom(4 * 1024 * 1024)  # 256 chunks, two in flight at a time
+    ref = server.offer("d1", data, "weights", "safetensors")
+    result = {}
+    fetcher = threading.Thread(target=lambda: result.setdefault("data", device.fetch(
+        SERVER, ref, timeout_s=60, idle_s=2)))
+    fetcher.start()
+    while server.bytes_sent < 256 * 1024:  # let some chunks through, then pull the plug
+        time.sleep(0.005)
+    mosquitto.stop()
+    time.sleep(1.0)
+    mosquitto.start()
+    fetcher.join(timeout=60)
+    device.close()
+    server.close()
+    assert result.get("data") == data
+    assert server.bytes_sent < 2 * len(data)  # resumed, not restarted from zero
