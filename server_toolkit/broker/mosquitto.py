@@ -5,6 +5,7 @@ mosquitto is the production broker. Debian/Ubuntu: ``apt-get install -y mosquitt
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -67,7 +68,11 @@ class MosquittoBroker:
         return self.address.url
 
     def config_text(self) -> str:
+        # Run as root (CI), mosquitto would switch to user "mosquitto" and then fail to read
+        # certificates or write persistence in our private work directory: keep the user.
+        user = ["user root"] if os.geteuid() == 0 else []
         return "\n".join([
+            *user,
             f"listener {self.port} {self.host}",
             "allow_anonymous true",
             "persistence true",
