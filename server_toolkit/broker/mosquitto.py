@@ -79,7 +79,7 @@ class MosquittoBroker:
             f"persistence_location {self.workdir}/",
             "max_queued_messages 10000",
             "max_inflight_messages 20",
-            "message_size_limit 0",
+            "max_packet_size 16777216",  # bytes; fedsdk chunks are <= 4 MiB + header
             "set_tcp_nodelay true",
             self.extra_config,
             "",
