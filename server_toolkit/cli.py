@@ -33,6 +33,22 @@ def _recipe_options(f):
     return f
 
 
+def parse_options(pairs: tuple[str, ...]) -> dict:
+    """``("k=v", ...)`` -> dict; values are JSON when they parse (numbers, lists, true), else strings."""
+    import json
+
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--method-option")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
 @main.command()
 @click.option("--method", default="fedavg", show_default=True, help="Federated method.")
 @click.option("--dataset", default="digits", show_default=True,
@@ -51,6 +67,10 @@ def _recipe_options(f):
 @click.option("--classes-per-client", default=2, show_default=True, help="For k-classes.")
 @click.option("--num-strong", default=1, show_default=True, help="For quantity-skew: strong devices.")
 @click.option("--strong-share", default=0.5, show_default=True, help="For quantity-skew: their data share.")
+@click.option("--tiers", default=None,
+              help="Comma-separated tier names given to devices round-robin, e.g. 1.0,0.75,0.5,0.25.")
+@click.option("--method-option", "method_options", multiple=True, metavar="KEY=VALUE",
+              help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.")
 @_recipe_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--round-timeout", default=120.0, show_default=True, help="Seconds per round at most.")
@@ -62,8 +82,8 @@ def _recipe_options(f):
               help="Continue the run in this directory from its last checkpoint.")
 def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_round, fraction, over_select,
              partition,
-             alpha, classes_per_client, num_strong, strong_share, local_epochs, batch_size, lr, optimizer,
-             seed, round_timeout, broker_url, runs_dir, resume_dir) -> None:
+             alpha, classes_per_client, num_strong, strong_share, tiers, method_options, local_epochs,
+             batch_size, lr, optimizer, seed, round_timeout, broker_url, runs_dir, resume_dir) -> None:
     """Run a whole federation here: broker, server and N real device processes over MQTT."""
     import json
 
@@ -81,7 +101,9 @@ def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_roun
             clients_per_round=clients_per_round, fraction=fraction, over_select=over_select,
             partition=partition, alpha=alpha,
             classes_per_client=classes_per_client, num_strong=num_strong, strong_share=strong_share,
-            recipe=recipe.to_dict(), seed=seed, round_timeout_s=round_timeout, broker_url=broker_url)
+            recipe=recipe.to_dict(), seed=seed, round_timeout_s=round_timeout, broker_url=broker_url,
+            tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
+            method_options=parse_options(method_options))
         run_dir = new_run_dir(runs_dir)
     console.print(f"[bold]fedsdk simulate[/]: {config.method} on {config.dataset} ({config.model}), "
                   f"{config.devices} devices, {config.rounds} rounds, {config.partition} partition "
@@ -107,7 +129,7 @@ def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_roun
 
         try:
             report = Simulation(config, run_dir, resume=resume_dir is not None, on_event=on_event).run()
-        except (DatasetError, PartitionError, ValueError, RuntimeError, ConnectionError) as exc:
+        except (DatasetError, PartitionError, ValueError, TypeError, RuntimeError, ConnectionError) as exc:
             raise click.ClickException(str(exc)) from None
     console.print(report.summary_table(f"{config.method} on {config.dataset}"))
     acc = final_accuracy(report.rows)

@@ -52,11 +52,17 @@ class ClientUpdate:
 
 
 class Method(ABC):
-    """A federated method. Subclasses set ``name`` and implement the two train methods."""
+    """A federated method. Subclasses set ``name`` and implement the two train methods.
+
+    ``global_spec`` is the server's model (torchspec/1), ``recipe`` the devices' default
+    training recipe; method-specific keyword options are documented by each method.
+    """
 
     name: str = ""
 
-    def __init__(self, global_spec: dict, recipe: Recipe) -> None:
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        if options:
+            raise TypeError(f"method {self.name!r} takes no options, got {sorted(options)}")
         self.global_spec = global_spec
         self.recipe = recipe
 

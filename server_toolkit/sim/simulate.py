@@ -65,6 +65,8 @@ class SimulationConfig:
     round_timeout_s: float = 120.0
     broker_url: str | None = None
     fleet: str = ""
+    tiers: list[str] | None = None  # tier names given to devices round-robin (dev000 -> tiers[0], ...)
+    method_options: dict = field(default_factory=dict)  # extra keyword arguments of the method
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -95,6 +97,11 @@ class Simulation:
 
     def device_ids(self) -> list[str]:
         return [f"dev{i:03d}" for i in range(self.config.devices)]
+
+    def device_tier(self, index: int) -> str | None:
+        """Tier of the ``index``-th device: the tiers list, assigned round-robin."""
+        tiers = self.config.tiers
+        return tiers[index % len(tiers)] if tiers else None
 
     def prepare_data(self):
         """Load the dataset, partition the training set, write each device's npz."""
@@ -135,11 +142,11 @@ class Simulation:
         (self.run_dir / "config.json").write_text(c.to_json())
         data = self.prepare_data()
         spec = model_spec(c.model, data.input_shape, data.num_classes)
-        method = method_class(c.method)(spec, Recipe.from_dict(c.recipe))
+        method = method_class(c.method)(spec, Recipe.from_dict(c.recipe), **c.method_options)
         report = RunReport.load(self.run_dir) if self.resume else RunReport(self.run_dir)
         registry = FleetRegistry(self.run_dir / "registry.sqlite")
-        for dev in self.device_ids():
-            registry.add_device(dev)
+        for i, dev in enumerate(self.device_ids()):
+            registry.add_device(dev, tier=self.device_tier(i))
         broker = None
         if c.broker_url:
             address = BrokerAddress.parse(c.broker_url)
