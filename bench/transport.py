@@ -256,13 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     if not sizes_mb or min(sizes_mb) <= 0 or args.repeats < 1:
         parser.error("--sizes must list positive numbers and --repeats must be >= 1")
 
-    with tempfile.TemporaryDirectory(prefix="fedsdk-bench-") as tmp, \
-            MosquittoBroker(workdir=Path(tmp) / "broker") as broker:
-        print(f"mosquitto at {broker.url}; {args.repeats} repeats per size (median); "
-              f"fedsdk chunk {args.chunk_kib} KiB, window {args.window}", flush=True)
-        results = run(broker.address, sizes_mb, args.repeats, args.chunk_kib * 1024, args.window,
-                      Path(tmp))
-        rss = broker_rss_kib(broker.proc.pid)
+    with tempfile.TemporaryDirectory(prefix="fedsdk-bench-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "broker").mkdir()
+        with MosquittoBroker(workdir=workdir / "broker") as broker:
+            print(f"mosquitto at {broker.url}; {args.repeats} repeats per size (median); "
+                  f"fedsdk chunk {args.chunk_kib} KiB, window {args.window}", flush=True)
+            results = run(broker.address, sizes_mb, args.repeats, args.chunk_kib * 1024, args.window,
+                          workdir)
+            rss = broker_rss_kib(broker.proc.pid)
 
     print(format_table(results))
     print(f"broker VmRSS after the runs: {f'{rss / 1024:.1f} MiB' if rss is not None else 'unknown'}")
