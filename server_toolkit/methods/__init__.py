@@ -1,17 +1,42 @@
-"""Federated methods, by name. Adding one: a file here and an entry in METHODS."""
+"""Federated methods, by name.
+
+Adding a method = adding one file here with a ``Method`` subclass that sets ``name``;
+nothing else (orchestrator, transport, CLI) changes. ``METHODS`` is filled by importing
+every module of this package once, on first use.
+"""
 
 from __future__ import annotations
 
-from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction
-from .fedavg import FedAvg
+import importlib
+import pkgutil
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (FedAvg,)}
+from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction
+
+_METHODS: dict[str, type[Method]] = {}
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
+def methods() -> dict[str, type[Method]]:
+    """Every available method, by name."""
+    if not _METHODS:
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+        _METHODS.update({cls.name: cls for cls in _subclasses(Method) if cls.name})
+    return _METHODS
 
 
 def method_class(name: str) -> type[Method]:
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}")
-    return METHODS[name]
+    """The method called ``name``; ValueError listing the available ones otherwise."""
+    available = methods()
+    if name not in available:
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(available))}")
+    return available[name]
 
 
-__all__ = ["METHODS", "ClientUpdate", "DeviceInfo", "Method", "TrainInstruction", "method_class"]
+__all__ = ["ClientUpdate", "DeviceInfo", "Method", "TrainInstruction", "method_class", "methods"]
