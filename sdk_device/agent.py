@@ -7,6 +7,7 @@ acknowledges a message after its callback returns).
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -105,7 +106,11 @@ class DeviceAgent:
             if incoming.status == "online":  # a (re)started server learns who is here
                 self.endpoint.send(SERVER, self._hello)
         elif isinstance(message, msgs.Task):
-            self._run_task(message)
+            try:
+                self._run_task(message)
+            except Exception as exc:  # one broken task must not end the agent
+                log.exception("task %s failed", message.task_id[:8])
+                self._refuse(message, "device_failure", f"{type(exc).__name__}: {exc}")
         elif isinstance(message, msgs.Ack):
             log.info("server accepted the result of task %s", message.ref[:8])
             self.tasks_done += 1
@@ -147,7 +152,8 @@ class DeviceAgent:
         if not all(np.isfinite(v).all() for v in trained.values() if v.dtype.kind == "f"):
             log.warning("training diverged (NaN/Inf); reporting it instead of uploading")
         blob_ref = self.endpoint.offer(SERVER, encode_tensors(trained), "weights", "safetensors")
-        metrics = {"samples": stats.samples, "loss": stats.loss, "accuracy": stats.accuracy,
+        loss = stats.loss if math.isfinite(stats.loss) else None  # JSON has no NaN
+        metrics = {"samples": stats.samples, "loss": loss, "accuracy": stats.accuracy,
                    "wall_time_s": train_s, "fetch_s": fetch_s, "peak_rss_mb": peak_rss_mb(),
                    "runtime": runtime_name}
         self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round,

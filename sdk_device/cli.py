@@ -25,25 +25,46 @@ def main(verbose: int) -> None:
 @click.option("--broker", "broker_url", required=True, help="mqtt://host:port or mqtts://host:port")
 @click.option("--fleet", required=True, help="Fleet name (the server's --fleet).")
 @click.option("--device-id", required=True, help="This device's id, as registered on the server.")
-@click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Local training data: an .npz with arrays x and y.")
-@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".fedsdk"),
-              show_default=True, help="Where blobs (programs, weights) are cached.")
-@click.option("--runtime", "runtimes", multiple=True, help="Allow only these runtimes (default: all installed).")
+@click.option(
+    "--data",
+    "data_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Local training data: an .npz with arrays x and y.",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".fedsdk"),
+    show_default=True,
+    help="Where blobs (programs, weights) are cached.",
+)
+@click.option(
+    "--runtime", "runtimes", multiple=True, help="Allow only these runtimes (default: all installed)."
+)
 @click.option("--username", envvar="FEDSDK_MQTT_USERNAME", help="Broker user (or FEDSDK_MQTT_USERNAME).")
 @click.option("--password", envvar="FEDSDK_MQTT_PASSWORD", help="Broker password (or FEDSDK_MQTT_PASSWORD).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
 @click.option("--max-tasks", type=int, default=None, help="Exit after this many finished tasks.")
-def run(broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file,
-        max_tasks) -> None:
+def run(
+    broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, max_tasks
+) -> None:
     """Connect to the fleet and train whatever tasks the server sends, until stopped."""
     from .agent import AgentConfig, DeviceAgent
     from .data.npz import DataError
 
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
-    config = AgentConfig(broker_url=broker_url, fleet=fleet, device_id=device_id, data_path=data_path,
-                         work_dir=work_dir, runtimes=list(runtimes) or None, username=username,
-                         password=password, ca_file=ca_file)
+    config = AgentConfig(
+        broker_url=broker_url,
+        fleet=fleet,
+        device_id=device_id,
+        data_path=data_path,
+        work_dir=work_dir,
+        runtimes=list(runtimes) or None,
+        username=username,
+        password=password,
+        ca_file=ca_file,
+    )
     try:
         agent = DeviceAgent(config)
     except (DataError, ValueError) as exc:

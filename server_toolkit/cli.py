@@ -23,12 +23,14 @@ def main(verbose: int) -> None:
 
 
 def _recipe_options(f):
-    for opt in reversed([
-        click.option("--local-epochs", default=5, show_default=True, help="Local epochs per round."),
-        click.option("--batch-size", default=16, show_default=True),
-        click.option("--lr", default=0.05, show_default=True, help="Client learning rate."),
-        click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True),
-    ]):
+    for opt in reversed(
+        [
+            click.option("--local-epochs", default=5, show_default=True, help="Local epochs per round."),
+            click.option("--batch-size", default=16, show_default=True),
+            click.option("--lr", default=0.05, show_default=True, help="Client learning rate."),
+            click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True),
+        ]
+    ):
         f = opt(f)
     return f
 
@@ -51,39 +53,101 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
 
 @main.command()
 @click.option("--method", default="fedavg", show_default=True, help="Federated method.")
-@click.option("--dataset", default="digits", show_default=True,
-              help="digits (bundled), mnist (needs --data-dir) or npz:<path>.")
+@click.option(
+    "--dataset",
+    default="digits",
+    show_default=True,
+    help="digits (bundled), mnist (needs --data-dir) or npz:<path>.",
+)
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Where a local MNIST copy lives.")
-@click.option("--model", default="small_cnn", show_default=True,
-              help="small_cnn, lenet5, vgg_multi_exit or resnet_small.")
+@click.option(
+    "--model",
+    default="small_cnn",
+    show_default=True,
+    help="small_cnn, lenet5, vgg_multi_exit or resnet_small.",
+)
 @click.option("--devices", default=8, show_default=True, help="Device processes to start (<= 10 here).")
 @click.option("--rounds", default=20, show_default=True)
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
 @click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
 @click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
-@click.option("--partition", default="dirichlet", show_default=True,
-              type=click.Choice(["iid", "dirichlet", "k-classes", "quantity-skew"]))
+@click.option(
+    "--partition",
+    default="dirichlet",
+    show_default=True,
+    type=click.Choice(["iid", "dirichlet", "k-classes", "quantity-skew"]),
+)
 @click.option("--alpha", default=0.5, show_default=True, help="Dirichlet concentration.")
 @click.option("--classes-per-client", default=2, show_default=True, help="For k-classes.")
 @click.option("--num-strong", default=1, show_default=True, help="For quantity-skew: strong devices.")
 @click.option("--strong-share", default=0.5, show_default=True, help="For quantity-skew: their data share.")
-@click.option("--tiers", default=None,
-              help="Comma-separated tier names given to devices round-robin, e.g. 1.0,0.75,0.5,0.25.")
-@click.option("--method-option", "method_options", multiple=True, metavar="KEY=VALUE",
-              help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.")
+@click.option(
+    "--tiers",
+    default=None,
+    help="Comma-separated tier names given to devices round-robin, e.g. 1.0,0.75,0.5,0.25.",
+)
+@click.option(
+    "--method-option",
+    "method_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
+)
+@click.option(
+    "--programs",
+    "program_formats",
+    default="torchspec/1",
+    show_default=True,
+    help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...).",
+)
+@click.option("--device-runtime", default=None, help="Make every simulated device use this runtime.")
 @_recipe_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--round-timeout", default=120.0, show_default=True, help="Seconds per round at most.")
-@click.option("--broker", "broker_url", default=None,
-              help="mqtt://host:port of an existing broker (default: start the embedded one on 127.0.0.1).")
-@click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
-              show_default=True)
-@click.option("--resume", "resume_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Continue the run in this directory from its last checkpoint.")
-def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_round, fraction, over_select,
-             partition,
-             alpha, classes_per_client, num_strong, strong_share, tiers, method_options, local_epochs,
-             batch_size, lr, optimizer, seed, round_timeout, broker_url, runs_dir, resume_dir) -> None:
+@click.option(
+    "--broker",
+    "broker_url",
+    default=None,
+    help="mqtt://host:port of an existing broker (default: start the embedded one on 127.0.0.1).",
+)
+@click.option(
+    "--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True
+)
+@click.option(
+    "--resume",
+    "resume_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Continue the run in this directory from its last checkpoint.",
+)
+def simulate(
+    method,
+    dataset,
+    data_dir,
+    model,
+    devices,
+    rounds,
+    clients_per_round,
+    fraction,
+    over_select,
+    partition,
+    alpha,
+    classes_per_client,
+    num_strong,
+    strong_share,
+    tiers,
+    method_options,
+    program_formats,
+    device_runtime,
+    local_epochs,
+    batch_size,
+    lr,
+    optimizer,
+    seed,
+    round_timeout,
+    broker_url,
+    runs_dir,
+    resume_dir,
+) -> None:
     """Run a whole federation here: broker, server and N real device processes over MQTT."""
     import json
 
@@ -97,19 +161,42 @@ def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_roun
     else:
         recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
         config = SimulationConfig(
-            method=method, dataset=dataset, data_dir=data_dir, model=model, devices=devices, rounds=rounds,
-            clients_per_round=clients_per_round, fraction=fraction, over_select=over_select,
-            partition=partition, alpha=alpha,
-            classes_per_client=classes_per_client, num_strong=num_strong, strong_share=strong_share,
-            recipe=recipe.to_dict(), seed=seed, round_timeout_s=round_timeout, broker_url=broker_url,
+            method=method,
+            dataset=dataset,
+            data_dir=data_dir,
+            model=model,
+            devices=devices,
+            rounds=rounds,
+            clients_per_round=clients_per_round,
+            fraction=fraction,
+            over_select=over_select,
+            partition=partition,
+            alpha=alpha,
+            classes_per_client=classes_per_client,
+            num_strong=num_strong,
+            strong_share=strong_share,
+            recipe=recipe.to_dict(),
+            seed=seed,
+            round_timeout_s=round_timeout,
+            broker_url=broker_url,
             tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
-            method_options=parse_options(method_options))
+            method_options=parse_options(method_options),
+            program_formats=[f.strip() for f in program_formats.split(",")],
+            device_runtime=device_runtime,
+        )
         run_dir = new_run_dir(runs_dir)
-    console.print(f"[bold]fedsdk simulate[/]: {config.method} on {config.dataset} ({config.model}), "
-                  f"{config.devices} devices, {config.rounds} rounds, {config.partition} partition "
-                  f"-> {run_dir}")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+    console.print(
+        f"[bold]fedsdk simulate[/]: {config.method} on {config.dataset} ({config.model}), "
+        f"{config.devices} devices, {config.rounds} rounds, {config.partition} partition "
+        f"-> {run_dir}"
+    )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         bar = progress.add_task("starting broker and devices", total=config.rounds)
 
         def on_event(kind: str, data: dict) -> None:
@@ -120,9 +207,12 @@ def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_roun
                 progress.console.print(f"devices online: {data['online']}/{data['expected']}")
             elif kind == "round":
                 acc = data.get("accuracy")
-                progress.update(bar, completed=data["round"],
-                                description=f"round {data['round']}: accuracy {acc:.3f}, "
-                                            f"{data['accepted']}/{data['selected']} updates")
+                progress.update(
+                    bar,
+                    completed=data["round"],
+                    description=f"round {data['round']}: accuracy {acc:.3f}, "
+                    f"{data['accepted']}/{data['selected']} updates",
+                )
 
         from .sim.datasets import DatasetError
         from .sim.partition import PartitionError
@@ -133,24 +223,42 @@ def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_roun
             raise click.ClickException(str(exc)) from None
     console.print(report.summary_table(f"{config.method} on {config.dataset}"))
     acc = final_accuracy(report.rows)
-    console.print(f"final accuracy {acc:.3f}; metrics in {run_dir}/metrics.jsonl, plot {run_dir}/accuracy.png"
-                  if acc is not None else f"no rounds completed; see {run_dir}")
+    console.print(
+        f"final accuracy {acc:.3f}; metrics in {run_dir}/metrics.jsonl, plot {run_dir}/accuracy.png"
+        if acc is not None
+        else f"no rounds completed; see {run_dir}"
+    )
 
 
 @main.command()
-@click.option("--broker", "broker_url", default=None,
-              help="mqtt[s]://host:port of the fleet's broker (default: embedded, loopback only).")
-@click.option("--insecure-embedded-broker", is_flag=True,
-              help="Let the embedded broker bind a non-loopback --host (no auth, no limits).")
+@click.option(
+    "--broker",
+    "broker_url",
+    default=None,
+    help="mqtt[s]://host:port of the fleet's broker (default: embedded, loopback only).",
+)
+@click.option(
+    "--insecure-embedded-broker",
+    is_flag=True,
+    help="Let the embedded broker bind a non-loopback --host (no auth, no limits).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Embedded broker address.")
 @click.option("--port", default=1883, show_default=True, help="Embedded broker port.")
 @click.option("--fleet", required=True, help="Fleet name (devices use the same).")
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Where the registry, blobs, checkpoints and metrics live.")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Where the registry, blobs, checkpoints and metrics live.",
+)
 @click.option("--method", default="fedavg", show_default=True)
 @click.option("--model", default="small_cnn", show_default=True)
-@click.option("--dataset", default="digits", show_default=True,
-              help="Defines the model's input/classes; its test split evaluates the global model.")
+@click.option(
+    "--dataset",
+    default="digits",
+    show_default=True,
+    help="Defines the model's input/classes; its test split evaluates the global model.",
+)
 @click.option("--data-dir", type=click.Path(file_okay=False))
 @click.option("--rounds", default=20, show_default=True)
 @click.option("--min-devices", default=1, show_default=True, help="Wait for this many devices first.")
@@ -161,9 +269,30 @@ def simulate(method, dataset, data_dir, model, devices, rounds, clients_per_roun
 @_recipe_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
-def run(broker_url, insecure_embedded_broker, host, port, fleet, run_dir, method, model, dataset, data_dir,
-        rounds, min_devices, clients_per_round, fraction, over_select, round_timeout, local_epochs, batch_size, lr,
-        optimizer, seed, resume) -> None:
+def run(
+    broker_url,
+    insecure_embedded_broker,
+    host,
+    port,
+    fleet,
+    run_dir,
+    method,
+    model,
+    dataset,
+    data_dir,
+    rounds,
+    min_devices,
+    clients_per_round,
+    fraction,
+    over_select,
+    round_timeout,
+    local_epochs,
+    batch_size,
+    lr,
+    optimizer,
+    seed,
+    resume,
+) -> None:
     """Serve a real fleet: devices run `fedsdk run --broker ... --fleet ... --device-id ...`."""
     from sdk_device.protocol.topics import FleetTopics
     from sdk_device.transport.blob_store import BlobStore
@@ -183,8 +312,10 @@ def run(broker_url, insecure_embedded_broker, host, port, fleet, run_dir, method
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
     registry = FleetRegistry(run_dir / "registry.sqlite")
     if not registry.devices():
-        raise click.ClickException(f"no devices registered in {run_dir}: add them with "
-                                   f"`fedsdk-server devices add --run-dir {run_dir} DEVICE_ID`")
+        raise click.ClickException(
+            f"no devices registered in {run_dir}: add them with "
+            f"`fedsdk-server devices add --run-dir {run_dir} DEVICE_ID`"
+        )
     broker = None
     try:
         if broker_url:
@@ -194,14 +325,28 @@ def run(broker_url, insecure_embedded_broker, host, port, fleet, run_dir, method
             address = broker.address
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    endpoint = Endpoint(address, FleetTopics(fleet), BlobStore(run_dir / "blobs"), is_known_peer=registry.is_known)
-    report = RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
-    orchestrator = Orchestrator(method_class(method)(spec, recipe), endpoint, registry, run_dir,
-                                OrchestratorConfig(rounds=rounds, clients_per_round=clients_per_round,
-                                                   fraction=fraction, over_select=over_select, round_timeout_s=round_timeout,
-                                                   seed=seed),
-                                test_data=(data.x_test, data.y_test),
-                                on_round=lambda row: (report.add_round(row), console.print(row)))
+    endpoint = Endpoint(
+        address, FleetTopics(fleet), BlobStore(run_dir / "blobs"), is_known_peer=registry.is_known
+    )
+    report = (
+        RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
+    )
+    orchestrator = Orchestrator(
+        method_class(method)(spec, recipe),
+        endpoint,
+        registry,
+        run_dir,
+        OrchestratorConfig(
+            rounds=rounds,
+            clients_per_round=clients_per_round,
+            fraction=fraction,
+            over_select=over_select,
+            round_timeout_s=round_timeout,
+            seed=seed,
+        ),
+        test_data=(data.x_test, data.y_test),
+        on_round=lambda row: (report.add_round(row), console.print(row)),
+    )
     try:
         endpoint.start()
         orchestrator.start(resume=resume)
@@ -252,8 +397,14 @@ def devices_list(run_dir) -> None:
 
     table = Table("device", "status", "tier", "samples", "runtimes", "arch")
     for d in FleetRegistry(run_dir / "registry.sqlite").devices():
-        table.add_row(d["device_id"], d["status"], d["tier"] or "-", str(d["num_samples"] or "-"),
-                      ",".join(d["runtimes"] or []), (d["profile"] or {}).get("arch", "-"))
+        table.add_row(
+            d["device_id"],
+            d["status"],
+            d["tier"] or "-",
+            str(d["num_samples"] or "-"),
+            ",".join(d["runtimes"] or []),
+            (d["profile"] or {}).get("arch", "-"),
+        )
     console.print(table)
 
 

@@ -86,11 +86,13 @@ def decode_chunk(payload: bytes) -> Chunk:
         raise ProtocolError("malformed", f"chunk header length {header_len} is invalid")
     try:
         header = json.loads(payload[8 : 8 + header_len].decode())
-        blob, index, count = str(header["blob"]), int(header["index"]), int(header["count"])
-        size, chunk_bytes = int(header["size"]), int(header["chunk_bytes"])
-        declared_sha = str(header["sha256"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        blob, declared_sha = header["blob"], header["sha256"]
+        index, count, size, chunk_bytes = (header[k] for k in ("index", "count", "size", "chunk_bytes"))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError("malformed", f"bad chunk header: {exc}") from None
+    if not (isinstance(blob, str) and isinstance(declared_sha, str)
+            and all(type(v) is int for v in (index, count, size, chunk_bytes))):
+        raise ProtocolError("malformed", "chunk header fields have the wrong types")
     data = payload[8 + header_len :]
     if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
         raise ProtocolError("malformed", f"chunk_bytes {chunk_bytes} out of range")
@@ -108,7 +110,7 @@ def encode_tensors(tensors: dict[str, np.ndarray]) -> bytes:
     """Serialise named numpy arrays as a safetensors file (bytes)."""
     from safetensors.numpy import save
 
-    return save({name: np.ascontiguousarray(arr) for name, arr in tensors.items()})
+    return save({name: np.require(arr, requirements="C") for name, arr in tensors.items()})
 
 
 def decode_tensors(data: bytes) -> dict[str, np.ndarray]:

@@ -150,7 +150,10 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 def encode(message: Message) -> bytes:
     """Serialise a message to its JSON bytes (the MQTT payload)."""
     body = {"schema": SCHEMA_VERSION, "type": message.TYPE, **asdict(message)}
-    data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    try:
+        data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError as exc:  # NaN/Inf somewhere, e.g. in metrics
+        raise ProtocolError("invalid_field", f"{message.TYPE}: {exc}") from None
     if len(data) > MAX_CONTROL_BYTES:
         raise ProtocolError("too_large", f"{message.TYPE} message is {len(data)} bytes")
     return data
@@ -163,13 +166,13 @@ def decode(payload: bytes) -> Message:
             "too_large", f"control message of {len(payload)} bytes > {MAX_CONTROL_BYTES}"
         )
     try:
-        obj = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        obj = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError("malformed", f"not a JSON object: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("malformed", "a control message must be a JSON object")
     schema = obj.pop("schema", None)
-    if schema != SCHEMA_VERSION:
+    if type(schema) is not int or schema != SCHEMA_VERSION:
         raise ProtocolError(
             "schema_version", f"schema {schema!r} is not supported (this side speaks {SCHEMA_VERSION})"
         )
@@ -182,6 +185,13 @@ def decode(payload: bytes) -> Message:
 
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not allowed")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
 
 
 def _build(cls: type, obj: dict, where: str) -> Any:

@@ -70,7 +70,7 @@ def validate(spec: Any) -> None:
     k = spec.get("num_classes")
     if not _pos_int(k):
         raise SpecError("num_classes must be a positive integer")
-    out, exits = infer_shapes(spec["layers"], tuple(shape), "layers")
+    out, exits = infer_shapes(spec.get("layers"), tuple(shape), "layers")
     for where, exit_shape in [*exits, ("final output", out)]:
         if exit_shape != (k,):
             raise SpecError(f"{where} produces shape {exit_shape}, expected ({k},)")
@@ -134,7 +134,8 @@ def _layer_shape(op: str, layer: dict, shape: Shape, here: str) -> Shape:
             raise SpecError(f"{here}: batchnorm2d over {layer.get('c')} channels, input is {shape}")
         return shape
     if op in ("relu", "dropout"):
-        if op == "dropout" and not 0 <= layer.get("p", 0.5) < 1:
+        p = layer.get("p", 0.5)
+        if op == "dropout" and not (isinstance(p, int | float) and not isinstance(p, bool) and 0 <= p < 1):
             raise SpecError(f"{here}: dropout p must be in [0, 1)")
         return shape
     if op == "maxpool2d":

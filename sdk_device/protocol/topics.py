@@ -21,12 +21,12 @@ from dataclasses import dataclass
 PROTOCOL_VERSION = 1
 ROOT = f"fedsdk/v{PROTOCOL_VERSION}"
 
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def check_name(kind: str, name: str) -> str:
     """Return ``name`` if it is a safe topic level (letters, digits, ``_.-``, 1-64 chars)."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             f"invalid {kind} {name!r}: use 1-64 letters, digits, '_', '.' or '-'"
         )

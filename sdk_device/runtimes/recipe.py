@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 OPTIMIZERS = ("sgd", "adam")
@@ -22,6 +23,13 @@ class Recipe:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name, kind in (("epochs", int), ("batch_size", int), ("seed", int), ("optimizer", str),
+                           ("loss", str), ("lr", float), ("momentum", float), ("weight_decay", float)):
+            value = getattr(self, name)
+            ok = (type(value) is int) if kind is int else isinstance(value, str) if kind is str else (
+                isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value))
+            if not ok:
+                raise ValueError(f"recipe field {name!r} must be a finite {kind.__name__}, got {value!r}")
         if self.epochs < 0 or self.batch_size <= 0:
             raise ValueError(f"epochs must be >= 0 and batch_size > 0 (got {self.epochs}, {self.batch_size})")
         if self.optimizer not in OPTIMIZERS:
@@ -34,7 +42,7 @@ class Recipe:
     @classmethod
     def from_dict(cls, data: dict) -> Recipe:
         """Build from a task's recipe dict; ValueError on unknown keys or bad values."""
-        known = {f.name: f.type for f in fields(cls)}
+        known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
         if unknown:
             raise ValueError(f"unknown recipe keys {unknown}")

@@ -188,24 +188,39 @@ class Endpoint:
             except queue.Empty:
                 idle_rounds += 1
                 if idle_rounds > 4:
-                    raise TimeoutError(f"blob {ref.id[:12]} from {peer}: no chunk for {idle_rounds * idle_s:.0f} s") from None
-                log.info("blob %s from %s stalled; asking again for %d chunks", ref.id[:12], peer, len(outstanding))
+                    raise TimeoutError(
+                        f"blob {ref.id[:12]} from {peer}: no chunk for {idle_rounds * idle_s:.0f} s"
+                    ) from None
+                log.info(
+                    "blob %s from %s stalled; asking again for %d chunks", ref.id[:12], peer, len(outstanding)
+                )
                 missing.extendleft(sorted(outstanding, reverse=True))
                 outstanding.clear()
                 continue
             if isinstance(chunk, ProtocolError):
                 raise chunk
             idle_rounds = 0
-            if chunk.index not in outstanding or chunk.size != ref.size or chunk.chunk_bytes != self.chunk_bytes:
+            if (
+                chunk.index not in outstanding
+                or chunk.size != ref.size
+                or chunk.chunk_bytes != self.chunk_bytes
+            ):
                 continue  # a duplicate after a re-request, or not what we asked for
             outstanding.discard(chunk.index)
             if not chunk.intact:
                 self.corrupt_chunks += 1
                 corrupt[chunk.index] = corrupt.get(chunk.index, 0) + 1
-                log.warning("rejected chunk %d of blob %s from %s: sha256 mismatch (try %d)",
-                            chunk.index, ref.id[:12], peer, corrupt[chunk.index])
+                log.warning(
+                    "rejected chunk %d of blob %s from %s: sha256 mismatch (try %d)",
+                    chunk.index,
+                    ref.id[:12],
+                    peer,
+                    corrupt[chunk.index],
+                )
                 if corrupt[chunk.index] >= 3:
-                    raise ProtocolError("chunk_checksum", f"chunk {chunk.index} of {ref.id[:12]} corrupt 3 times")
+                    raise ProtocolError(
+                        "chunk_checksum", f"chunk {chunk.index} of {ref.id[:12]} corrupt 3 times"
+                    )
                 missing.appendleft(chunk.index)
                 continue
             part.write(chunk.index, chunk.data)
@@ -297,8 +312,11 @@ class Endpoint:
         """Return (peer, "control" | "chunk" | "status") for an incoming topic."""
         t = self.topics
         if self.device_id is not None:
-            kinds = {t.down(self.device_id): "control", t.down_chunk(self.device_id): "chunk",
-                     t.server_status: "status"}
+            kinds = {
+                t.down(self.device_id): "control",
+                t.down_chunk(self.device_id): "chunk",
+                t.server_status: "status",
+            }
             if topic not in kinds:
                 raise ValueError(topic)
             return SERVER, kinds[topic]

@@ -60,8 +60,10 @@ class FleetRegistry:
     # -- devices ---------------------------------------------------------------------------
     def add_device(self, device_id: str, name: str | None = None, tier: str | None = None) -> None:
         """Register a device (idempotent); only registered devices may take part."""
-        self._write("INSERT OR IGNORE INTO devices (device_id, name, tier, registered_at) VALUES (?,?,?,?)",
-                    (device_id, name or device_id, tier, time.time()))
+        self._write(
+            "INSERT OR IGNORE INTO devices (device_id, name, tier, registered_at) VALUES (?,?,?,?)",
+            (device_id, name or device_id, tier, time.time()),
+        )
         self._known.add(device_id)
 
     def is_known(self, device_id: str) -> bool:
@@ -69,13 +71,16 @@ class FleetRegistry:
         return device_id in self._known
 
     def record_hello(self, device_id: str, profile: dict, runtimes: list[str], num_samples: int) -> None:
-        self._write("UPDATE devices SET profile=?, runtimes=?, num_samples=?, last_seen=?, status='online' "
-                    "WHERE device_id=?",
-                    (json.dumps(profile), json.dumps(runtimes), num_samples, time.time(), device_id))
+        self._write(
+            "UPDATE devices SET profile=?, runtimes=?, num_samples=?, last_seen=?, status='online' "
+            "WHERE device_id=?",
+            (json.dumps(profile), json.dumps(runtimes), num_samples, time.time(), device_id),
+        )
 
     def set_status(self, device_id: str, status: str) -> None:
-        self._write("UPDATE devices SET status=?, last_seen=? WHERE device_id=?",
-                    (status, time.time(), device_id))
+        self._write(
+            "UPDATE devices SET status=?, last_seen=? WHERE device_id=?", (status, time.time(), device_id)
+        )
 
     def device(self, device_id: str) -> dict | None:
         rows = self._query("SELECT * FROM devices WHERE device_id=?", (device_id,))
@@ -86,12 +91,17 @@ class FleetRegistry:
 
     # -- rounds ----------------------------------------------------------------------------
     def open_round(self, rnd: int, selected: list[str], global_blob: str) -> None:
-        self._write("INSERT OR REPLACE INTO rounds (round, started_at, status, selected, global_blob) "
-                    "VALUES (?,?,?,?,?)", (rnd, time.time(), "open", json.dumps(selected), global_blob))
+        self._write(
+            "INSERT OR REPLACE INTO rounds (round, started_at, status, selected, global_blob) "
+            "VALUES (?,?,?,?,?)",
+            (rnd, time.time(), "open", json.dumps(selected), global_blob),
+        )
 
     def close_round(self, rnd: int, metrics: dict) -> None:
-        self._write("UPDATE rounds SET closed_at=?, status='closed', metrics=? WHERE round=?",
-                    (time.time(), json.dumps(metrics), rnd))
+        self._write(
+            "UPDATE rounds SET closed_at=?, status='closed', metrics=? WHERE round=?",
+            (time.time(), json.dumps(metrics), rnd),
+        )
 
     def round_info(self, rnd: int) -> dict | None:
         rows = self._query("SELECT * FROM rounds WHERE round=?", (rnd,))
@@ -103,12 +113,15 @@ class FleetRegistry:
         return info
 
     # -- updates and rejections ------------------------------------------------------------
-    def add_update(self, rnd: int, device_id: str, task_id: str, blob_id: str, num_samples: int,
-                   metrics: dict) -> None:
+    def add_update(
+        self, rnd: int, device_id: str, task_id: str, blob_id: str, num_samples: int, metrics: dict
+    ) -> None:
         """Record an accepted update (committed when this returns)."""
-        self._write("INSERT INTO updates (round, device_id, task_id, blob_id, num_samples, metrics, "
-                    "received_at) VALUES (?,?,?,?,?,?,?)",
-                    (rnd, device_id, task_id, blob_id, num_samples, json.dumps(metrics), time.time()))
+        self._write(
+            "INSERT INTO updates (round, device_id, task_id, blob_id, num_samples, metrics, "
+            "received_at) VALUES (?,?,?,?,?,?,?)",
+            (rnd, device_id, task_id, blob_id, num_samples, json.dumps(metrics), time.time()),
+        )
 
     def updates(self, rnd: int) -> list[dict]:
         rows = self._query("SELECT * FROM updates WHERE round=? ORDER BY id", (rnd,))
@@ -119,10 +132,13 @@ class FleetRegistry:
             return self._query("SELECT COUNT(*) AS n FROM updates")[0]["n"]
         return self._query("SELECT COUNT(*) AS n FROM updates WHERE round=?", (rnd,))[0]["n"]
 
-    def add_rejection(self, rnd: int | None, device_id: str, task_id: str | None, code: str,
-                      detail: str) -> None:
-        self._write("INSERT INTO rejections (round, device_id, task_id, code, detail, at) VALUES (?,?,?,?,?,?)",
-                    (rnd, device_id, task_id, code, detail[:1000], time.time()))
+    def add_rejection(
+        self, rnd: int | None, device_id: str, task_id: str | None, code: str, detail: str
+    ) -> None:
+        self._write(
+            "INSERT INTO rejections (round, device_id, task_id, code, detail, at) VALUES (?,?,?,?,?,?)",
+            (rnd, device_id, task_id, code, detail[:1000], time.time()),
+        )
 
     def rejections(self, rnd: int | None = None) -> list[dict]:
         if rnd is None:

@@ -107,5 +107,5 @@ class Method(ABC):
         """JSON-ready method state saved with each checkpoint (for ``--resume``)."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 - stateless methods need nothing
         """Restore what ``state_dict`` returned."""

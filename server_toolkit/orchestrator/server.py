@@ -17,11 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from export.programs import ProgramCache
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import check_update, decode_tensors, encode_tensors
@@ -48,6 +49,7 @@ class OrchestratorConfig:
     round_timeout_s: float = 120.0
     seed: int = 0
     max_update_factor: float = 2.0  # an update may be at most this x the weights sent (+64 KiB)
+    program_formats: list[str] = field(default_factory=lambda: [modelspec.FORMAT])  # offered per task
 
 
 @dataclass
@@ -66,9 +68,16 @@ RoundCallback = Callable[[dict], None]
 class Orchestrator:
     """Drives ``method`` over the devices reachable through ``endpoint``."""
 
-    def __init__(self, method: Method, endpoint: Endpoint, registry: FleetRegistry, run_dir: Path,
-                 config: OrchestratorConfig, test_data: tuple[np.ndarray, np.ndarray] | None = None,
-                 on_round: RoundCallback | None = None) -> None:
+    def __init__(
+        self,
+        method: Method,
+        endpoint: Endpoint,
+        registry: FleetRegistry,
+        run_dir: Path,
+        config: OrchestratorConfig,
+        test_data: tuple[np.ndarray, np.ndarray] | None = None,
+        on_round: RoundCallback | None = None,
+    ) -> None:
         self.method = method
         self.endpoint = endpoint
         self.registry = registry
@@ -87,6 +96,7 @@ class Orchestrator:
         self._fetches: list[Future] = []
         self._progress: dict[str, float] = {}
         self._resolved: set[str] = set()  # devices of the open round accepted or rejected
+        self.programs = ProgramCache(config.program_formats)
 
     # -- set-up ------------------------------------------------------------------------------
     def start(self, resume: bool = False) -> None:
@@ -127,8 +137,7 @@ class Orchestrator:
         quorum = self._quorum(len(selected) + len(already))
         deadline = time.time() + self.config.round_timeout_s
         global_blob = encode_tensors(self.global_weights)
-        self.registry.open_round(rnd, sorted(already | {d.device_id for d in selected}),
-                                 _sha(global_blob))
+        self.registry.open_round(rnd, sorted(already | {d.device_id for d in selected}), _sha(global_blob))
         asked = already | {d.device_id for d in selected}
         with self._lock:
             self._open_round = rnd
@@ -137,14 +146,21 @@ class Orchestrator:
             self._send_task(rnd, instruction, deadline)
         if already:
             log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
-        while (self.registry.count_updates(rnd) < quorum and not asked <= self._resolved
-               and time.time() < deadline):
+        while (
+            self.registry.count_updates(rnd) < quorum
+            and not asked <= self._resolved
+            and time.time() < deadline
+        ):
             self._pump(timeout_s=0.1)
         with self._lock:
             self._open_round = None  # late results are now rejected as round_closed
         accepted = self.registry.updates(rnd)
-        row = {"round": rnd, "selected": len(selected) + len(already), "accepted": len(accepted),
-               "rejected": len(self.registry.rejections(rnd))}
+        row = {
+            "round": rnd,
+            "selected": len(selected) + len(already),
+            "accepted": len(accepted),
+            "rejected": len(self.registry.rejections(rnd)),
+        }
         if accepted:
             updates = [self._load_update(u) for u in accepted]
             self.global_weights = self.method.aggregate_train(rnd, self.global_weights, updates)
@@ -155,9 +171,16 @@ class Orchestrator:
             row.update(self.method.evaluate(self.global_weights, *self.test_data))
         row["seconds"] = time.monotonic() - started
         row["bytes_down"], row["bytes_up"] = self.endpoint.bytes_sent, self.endpoint.bytes_received
-        save_checkpoint(self.run_dir, rnd, self.global_weights,
-                        {"method_state": self.method.state_dict(), "rng": self._rng.getstate(),
-                         "method": self.method.name})
+        save_checkpoint(
+            self.run_dir,
+            rnd,
+            self.global_weights,
+            {
+                "method_state": self.method.state_dict(),
+                "rng": self._rng.getstate(),
+                "method": self.method.name,
+            },
+        )
         self.registry.close_round(rnd, row)
         self.completed_round = rnd
         self._pending = {k: p for k, p in self._pending.items() if p.round > rnd}
@@ -166,8 +189,9 @@ class Orchestrator:
         return row
 
     def _select(self, exclude: set[str]) -> list[DeviceInfo]:
-        candidates = sorted((d for d in self.online.values() if d.device_id not in exclude),
-                            key=lambda d: d.device_id)
+        candidates = sorted(
+            (d for d in self.online.values() if d.device_id not in exclude), key=lambda d: d.device_id
+        )
         want = self._wanted()
         if want is None:
             return candidates
@@ -187,11 +211,20 @@ class Orchestrator:
 
     def _send_task(self, rnd: int, instruction: TrainInstruction, deadline: float) -> None:
         dev = instruction.device_id
-        program = self.endpoint.offer(dev, modelspec.dumps(instruction.spec), "program", modelspec.FORMAT)
+        programs = [
+            self.endpoint.offer(dev, data, "program", fmt)
+            for fmt, data in self.programs.programs(instruction.spec, instruction.recipe)
+        ]
         weights_blob = encode_tensors(instruction.weights)
         weights = self.endpoint.offer(dev, weights_blob, "weights", "safetensors")
-        task = msgs.Task(task_id=msgs.new_id(), round=rnd, programs=[program], weights=weights,
-                         recipe=instruction.recipe.to_dict(), deadline=deadline)
+        task = msgs.Task(
+            task_id=msgs.new_id(),
+            round=rnd,
+            programs=programs,
+            weights=weights,
+            recipe=instruction.recipe.to_dict(),
+            deadline=deadline,
+        )
         reference = {k: (tuple(v.shape), str(v.dtype)) for k, v in instruction.weights.items()}
         self._pending[task.task_id] = _Pending(task.task_id, rnd, instruction, len(weights_blob), reference)
         self.endpoint.send(dev, task)
@@ -209,8 +242,9 @@ class Orchestrator:
         dev, message = incoming.peer, incoming.message
         if incoming.rejected is not None:
             self._resolved.add(dev)  # nothing more is expected from a device sending garbage
-            self.registry.add_rejection(self._open_round, dev, None, incoming.rejected.code,
-                                        incoming.rejected.detail)
+            self.registry.add_rejection(
+                self._open_round, dev, None, incoming.rejected.code, incoming.rejected.detail
+            )
         elif incoming.status is not None:
             self._on_status(dev, incoming.status)
         elif isinstance(message, msgs.Hello):
@@ -223,8 +257,9 @@ class Orchestrator:
             log.warning("device %s reports %s: %s", dev, message.code, message.detail)
             if message.ref in self._pending:
                 self._resolved.add(dev)  # it refused its task
-            self.registry.add_rejection(self._open_round, dev, message.ref, f"device:{message.code}",
-                                        message.detail)
+            self.registry.add_rejection(
+                self._open_round, dev, message.ref, f"device:{message.code}", message.detail
+            )
 
     def _on_status(self, dev: str, status: str) -> None:
         """Last will / reconnect of a device: leave or rejoin the pool of selectable devices."""
@@ -236,8 +271,13 @@ class Orchestrator:
         elif status == "online" and dev not in self.online:
             known = self.registry.device(dev)
             if known and known["num_samples"]:  # it said hello before: it is back
-                self.online[dev] = DeviceInfo(dev, known["num_samples"], known["tier"],
-                                              tuple(known["runtimes"] or ()), known["profile"] or {})
+                self.online[dev] = DeviceInfo(
+                    dev,
+                    known["num_samples"],
+                    known["tier"],
+                    tuple(known["runtimes"] or ()),
+                    known["profile"] or {},
+                )
                 self.registry.set_status(dev, "online")
                 log.info("device %s is back online", dev)
 
@@ -262,8 +302,13 @@ class Orchestrator:
             return
         limit = int(pending.sent_bytes * self.config.max_update_factor) + 65536
         if result.weights.size > limit:
-            self._reject(dev, result.task_id, ProtocolError(
-                "too_large", f"update of {result.weights.size} bytes; at most {limit} expected"))
+            self._reject(
+                dev,
+                result.task_id,
+                ProtocolError(
+                    "too_large", f"update of {result.weights.size} bytes; at most {limit} expected"
+                ),
+            )
             return
         samples = result.metrics.get("samples")
         if not isinstance(samples, int) or samples <= 0:
@@ -275,7 +320,9 @@ class Orchestrator:
     def _accept(self, dev: str, result: msgs.Result, pending: _Pending) -> None:
         """Pull, validate and persist one result, then acknowledge it (fetch thread)."""
         try:
-            data = self.endpoint.fetch(dev, result.weights, durable=True, timeout_s=self.config.round_timeout_s)
+            data = self.endpoint.fetch(
+                dev, result.weights, durable=True, timeout_s=self.config.round_timeout_s
+            )
             check_update(decode_tensors(data), pending.reference)
         except (ProtocolError, TimeoutError) as exc:
             err = exc if isinstance(exc, ProtocolError) else ProtocolError("timeout", str(exc))
@@ -285,20 +332,28 @@ class Orchestrator:
             if self._open_round != pending.round:
                 self._reject(dev, result.task_id, ProtocolError("round_closed", "the round closed meanwhile"))
                 return
-            self.registry.add_update(pending.round, dev, result.task_id, result.weights.id,
-                                     result.metrics["samples"], result.metrics)
+            self.registry.add_update(
+                pending.round,
+                dev,
+                result.task_id,
+                result.weights.id,
+                result.metrics["samples"],
+                result.metrics,
+            )
             self._resolved.add(dev)
         self.endpoint.send(dev, msgs.Ack(ref=result.task_id, detail="persisted"))
         self.endpoint.withdraw(dev)
-        log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
-                 result.metrics["samples"])
+        log.info(
+            "round %d: accepted update from %s (%d samples)", pending.round, dev, result.metrics["samples"]
+        )
 
     def _reject(self, dev: str, task_id: str | None, err: ProtocolError) -> None:
         log.warning("rejected result from %s: %s", dev, err)
         self._resolved.add(dev)
         task = self._pending.get(task_id or "")
-        self.registry.add_rejection(task.round if task else self._open_round, dev, task_id, err.code,
-                                    err.detail)
+        self.registry.add_rejection(
+            task.round if task else self._open_round, dev, task_id, err.code, err.detail
+        )
         self.endpoint.send(dev, msgs.Error(code="update_rejected", detail=str(err)[:500], ref=task_id))
 
     def _load_update(self, row: dict) -> ClientUpdate:
@@ -307,9 +362,14 @@ class Orchestrator:
         if pending is not None:
             instruction = pending.instruction
         else:  # accepted before a restart: the instruction is re-planned for this round
-            instruction = next(i for i in self.method.configure_train(
-                row["round"], self.global_weights,
-                [self.online.get(row["device_id"]) or DeviceInfo(row["device_id"], row["num_samples"])]))
+            instruction = next(
+                i
+                for i in self.method.configure_train(
+                    row["round"],
+                    self.global_weights,
+                    [self.online.get(row["device_id"]) or DeviceInfo(row["device_id"], row["num_samples"])],
+                )
+            )
         return ClientUpdate(row["device_id"], row["num_samples"], weights, row["metrics"], instruction)
 
 

@@ -67,6 +67,8 @@ class SimulationConfig:
     fleet: str = ""
     tiers: list[str] | None = None  # tier names given to devices round-robin (dev000 -> tiers[0], ...)
     method_options: dict = field(default_factory=dict)  # extra keyword arguments of the method
+    program_formats: list[str] = field(default_factory=lambda: ["torchspec/1"])  # offered per task
+    device_runtime: str | None = None  # make every device use this runtime (default: its best)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -85,8 +87,13 @@ def new_run_dir(root: Path = Path("runs")) -> Path:
 class Simulation:
     """One simulated federation; use ``run()``. ``on_event`` receives progress events."""
 
-    def __init__(self, config: SimulationConfig, run_dir: Path, resume: bool = False,
-                 on_event: Callable[[str, dict], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: SimulationConfig,
+        run_dir: Path,
+        resume: bool = False,
+        on_event: Callable[[str, dict], None] | None = None,
+    ) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
         self.resume = resume
@@ -107,9 +114,17 @@ class Simulation:
         """Load the dataset, partition the training set, write each device's npz."""
         c = self.config
         data = load_dataset(c.dataset, c.data_dir, seed=c.seed)
-        parts = partition(data.y_train, c.devices, c.partition, seed=c.seed, alpha=c.alpha,
-                          min_size=c.min_size, classes_per_client=c.classes_per_client,
-                          num_strong=c.num_strong, strong_share=c.strong_share)
+        parts = partition(
+            data.y_train,
+            c.devices,
+            c.partition,
+            seed=c.seed,
+            alpha=c.alpha,
+            min_size=c.min_size,
+            classes_per_client=c.classes_per_client,
+            num_strong=c.num_strong,
+            strong_share=c.strong_share,
+        )
         for dev, idx in zip(self.device_ids(), parts, strict=True):
             save_npz(self.run_dir / "devices" / dev / "data.npz", data.x_train[idx], data.y_train[idx])
         return data
@@ -118,12 +133,28 @@ class Simulation:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         for dev in self.device_ids():
             dev_dir = self.run_dir / "devices" / dev
-            cmd = [sys.executable, "-m", "sdk_device.cli", "run", "--broker", broker.url,
-                   "--fleet", self.config.fleet, "--device-id", dev, "--data", str(dev_dir / "data.npz"),
-                   "--work-dir", str(dev_dir / "work")]
+            cmd = [
+                sys.executable,
+                "-m",
+                "sdk_device.cli",
+                "run",
+                "--broker",
+                broker.url,
+                "--fleet",
+                self.config.fleet,
+                "--device-id",
+                dev,
+                "--data",
+                str(dev_dir / "data.npz"),
+                "--work-dir",
+                str(dev_dir / "work"),
+            ]
+            if self.config.device_runtime:
+                cmd += ["--runtime", self.config.device_runtime]
             with open(dev_dir / "agent.log", "ab") as log_file:
-                self.device_procs.append(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                                          env=env))
+                self.device_procs.append(
+                    subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+                )
 
     def stop_devices(self) -> None:
         for proc in self.device_procs:
@@ -154,8 +185,9 @@ class Simulation:
             broker = EmbeddedBroker().start()
             address = broker.address
         self.on_event("broker", {"url": address.url, "embedded": broker is not None})
-        endpoint = Endpoint(address, FleetTopics(c.fleet), BlobStore(self.run_dir / "blobs"),
-                            is_known_peer=registry.is_known)
+        endpoint = Endpoint(
+            address, FleetTopics(c.fleet), BlobStore(self.run_dir / "blobs"), is_known_peer=registry.is_known
+        )
         orchestrator = None
         try:
             endpoint.start()
@@ -166,11 +198,22 @@ class Simulation:
                 self.on_event("round", row)
 
             orchestrator = Orchestrator(
-                method, endpoint, registry, self.run_dir,
-                OrchestratorConfig(rounds=c.rounds, clients_per_round=c.clients_per_round, fraction=c.fraction,
-                                   over_select=c.over_select, round_timeout_s=c.round_timeout_s,
-                                   seed=c.seed),
-                test_data=(data.x_test, data.y_test), on_round=on_round)
+                method,
+                endpoint,
+                registry,
+                self.run_dir,
+                OrchestratorConfig(
+                    rounds=c.rounds,
+                    clients_per_round=c.clients_per_round,
+                    fraction=c.fraction,
+                    over_select=c.over_select,
+                    round_timeout_s=c.round_timeout_s,
+                    seed=c.seed,
+                    program_formats=c.program_formats,
+                ),
+                test_data=(data.x_test, data.y_test),
+                on_round=on_round,
+            )
             orchestrator.start(resume=self.resume)
             online = orchestrator.wait_for_devices(c.devices, timeout_s=180)
             self.on_event("devices", {"online": online, "expected": c.devices})

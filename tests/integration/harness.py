@@ -39,8 +39,12 @@ class Fleet:
     def __post_init__(self) -> None:
         self.data = load_dataset("digits", seed=0)
         self.registry = FleetRegistry(self.root / "server" / "registry.sqlite")
-        self.endpoint = Endpoint(self.broker, FleetTopics(self.fleet), BlobStore(self.root / "server" / "blobs"),
-                                 is_known_peer=self.registry.is_known).start()
+        self.endpoint = Endpoint(
+            self.broker,
+            FleetTopics(self.fleet),
+            BlobStore(self.root / "server" / "blobs"),
+            is_known_peer=self.registry.is_known,
+        ).start()
 
     def write_data(self, device_ids: list[str], scheme: str = "iid") -> dict[str, Path]:
         parts = partition(self.data.y_train, len(device_ids), scheme, seed=0)
@@ -51,18 +55,40 @@ class Fleet:
         return paths
 
     def agent_config(self, dev: str, data_path: Path) -> AgentConfig:
-        return AgentConfig(broker_url=self.broker.url, fleet=self.fleet, device_id=dev, data_path=data_path,
-                           work_dir=self.root / dev / "work", heartbeat_s=1.0)
+        return AgentConfig(
+            broker_url=self.broker.url,
+            fleet=self.fleet,
+            device_id=dev,
+            data_path=data_path,
+            work_dir=self.root / dev / "work",
+            heartbeat_s=1.0,
+        )
 
     def start_process(self, dev: str, data_path: Path, register: bool = True) -> None:
         if register:
             self.registry.add_device(dev)
-        cmd = [sys.executable, "-m", "sdk_device.cli", "run", "--broker", self.broker.url, "--fleet",
-               self.fleet, "--device-id", dev, "--data", str(data_path), "--work-dir",
-               str(self.root / dev / "work")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sdk_device.cli",
+            "run",
+            "--broker",
+            self.broker.url,
+            "--fleet",
+            self.fleet,
+            "--device-id",
+            dev,
+            "--data",
+            str(data_path),
+            "--work-dir",
+            str(self.root / dev / "work"),
+        ]
         log = open(self.root / f"{dev}.log", "wb")  # noqa: SIM115 - lives as long as the process
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                           env={"OMP_NUM_THREADS": "1", **_env()}))
+        self.procs.append(
+            subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env={"OMP_NUM_THREADS": "1", **_env()}
+            )
+        )
 
     def start_thread(self, agent: DeviceAgent, register: bool = True) -> DeviceAgent:
         if register:
@@ -74,9 +100,14 @@ class Fleet:
 
     def orchestrator(self, rounds: int, run_dir: Path | None = None, **config) -> Orchestrator:
         spec = model_spec("small_cnn", self.data.input_shape, self.data.num_classes)
-        return Orchestrator(FedAvg(spec, RECIPE), self.endpoint, self.registry, run_dir or self.root / "server",
-                            OrchestratorConfig(rounds=rounds, **config),
-                            test_data=(self.data.x_test, self.data.y_test))
+        return Orchestrator(
+            FedAvg(spec, RECIPE),
+            self.endpoint,
+            self.registry,
+            run_dir or self.root / "server",
+            OrchestratorConfig(rounds=rounds, **config),
+            test_data=(self.data.x_test, self.data.y_test),
+        )
 
     def close(self) -> None:
         for agent, _ in self.threads:

@@ -18,9 +18,17 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def pair(mosquitto, tmp_path):
     topics = FleetTopics("blobs")
-    server = Endpoint(mosquitto.address, topics, BlobStore(tmp_path / "server"), chunk_bytes=64 * 1024).start()
-    device = Endpoint(mosquitto.address, topics, BlobStore(tmp_path / "device"), device_id="d1",
-                      chunk_bytes=64 * 1024, max_blob_bytes=8 * 1024 * 1024).start()
+    server = Endpoint(
+        mosquitto.address, topics, BlobStore(tmp_path / "server"), chunk_bytes=64 * 1024
+    ).start()
+    device = Endpoint(
+        mosquitto.address,
+        topics,
+        BlobStore(tmp_path / "device"),
+        device_id="d1",
+        chunk_bytes=64 * 1024,
+        max_blob_bytes=8 * 1024 * 1024,
+    ).start()
     yield server, device
     device.close()
     server.close()
@@ -41,7 +49,7 @@ def test_interrupted_fetch_resumes_from_disk(pair):
     ref = server.offer("d1", data, "weights", "safetensors")
     part = device.store.partial(ref.id, ref.size, device.chunk_bytes)
     for i in range(4):  # as if the first 4 chunks arrived before a disconnect
-        part.write(i, data[i * 65536:(i + 1) * 65536])
+        part.write(i, data[i * 65536 : (i + 1) * 65536])
     part.close()
     sent_before = server.bytes_sent
     assert device.fetch(SERVER, ref) == data
@@ -71,15 +79,18 @@ def test_fetch_survives_a_broker_restart(mosquitto, tmp_path):
     import time
 
     topics = FleetTopics("restart")
-    server = Endpoint(mosquitto.address, topics, BlobStore(tmp_path / "s"), chunk_bytes=16 * 1024,
-                      window=2).start()
-    device = Endpoint(mosquitto.address, topics, BlobStore(tmp_path / "d"), device_id="d1",
-                      chunk_bytes=16 * 1024, window=2).start()
+    server = Endpoint(
+        mosquitto.address, topics, BlobStore(tmp_path / "s"), chunk_bytes=16 * 1024, window=2
+    ).start()
+    device = Endpoint(
+        mosquitto.address, topics, BlobStore(tmp_path / "d"), device_id="d1", chunk_bytes=16 * 1024, window=2
+    ).start()
     data = os.urandom(4 * 1024 * 1024)  # 256 chunks, two in flight at a time
     ref = server.offer("d1", data, "weights", "safetensors")
     result = {}
-    fetcher = threading.Thread(target=lambda: result.setdefault("data", device.fetch(
-        SERVER, ref, timeout_s=60, idle_s=2)))
+    fetcher = threading.Thread(
+        target=lambda: result.setdefault("data", device.fetch(SERVER, ref, timeout_s=60, idle_s=2))
+    )
     fetcher.start()
     while server.bytes_sent < 256 * 1024:  # let some chunks through, then pull the plug
         time.sleep(0.005)

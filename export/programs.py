@@ -1,0 +1,54 @@
+"""Which training programs the server offers for a (sub-model spec, recipe), built once.
+
+A task lists one program per format; each device pulls only the one its runtime runs.
+Exporting is slow (seconds for ExecuTorch), so programs are cached by the spec's content,
+the loss and the batch size, i.e. once per (architecture, tier, runtime).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+from sdk_device.protocol import modelspec
+from sdk_device.runtimes.recipe import Recipe
+
+Exporter = Callable[[dict, Recipe], bytes]
+
+
+def _torchspec(spec: dict, recipe: Recipe) -> bytes:
+    return modelspec.dumps(spec)
+
+
+def _pte(spec: dict, recipe: Recipe) -> bytes:
+    from .executorch import export_training_program  # imports executorch only when asked
+
+    return export_training_program(spec, {"kind": recipe.loss}, max_batch=recipe.batch_size)
+
+
+EXPORTERS: dict[str, Exporter] = {
+    modelspec.FORMAT: _torchspec,
+    "pte/1": _pte,
+}
+
+
+class ProgramCache:
+    """Builds and remembers the programs of each (spec, loss, batch size) in ``formats``."""
+
+    def __init__(self, formats: list[str] | None = None) -> None:
+        self.formats = list(formats or [modelspec.FORMAT])
+        unknown = [f for f in self.formats if f not in EXPORTERS]
+        if unknown:
+            raise ValueError(f"no exporter for {unknown}; known formats: {', '.join(EXPORTERS)}")
+        self._built: dict[tuple[str, str, str, int], bytes] = {}
+
+    def programs(self, spec: dict, recipe: Recipe) -> list[tuple[str, bytes]]:
+        """``[(format, program bytes), ...]`` in the configured order."""
+        spec_id = hashlib.sha256(modelspec.dumps(spec)).hexdigest()
+        out = []
+        for fmt in self.formats:
+            key = (spec_id, fmt, recipe.loss, recipe.batch_size)
+            if key not in self._built:
+                self._built[key] = EXPORTERS[fmt](spec, recipe)
+            out.append((fmt, self._built[key]))
+        return out
