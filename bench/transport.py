@@ -11,7 +11,8 @@ What is measured, against ONE mosquitto started by this script on a loopback por
   chunk by chunk (``Endpoint.fetch``: windows of ``BlobRequest``s, every chunk verified and
   written to disk, sha256 of the whole blob checked at the end). Time = the ``fetch`` call.
 
-Every repeat uses fresh random bytes, so nothing is served from the receiver's store; the
+Every repeat uses fresh random bytes, so nothing is served from the receiver's store, and
+the three methods take turns within each repeat, so background load hits them alike. The
 median of the repeats is reported, with MB = 10**6 bytes. The headline ratio is
 fedsdk / raw (goal >= 0.8); fedsdk / raw+nodelay is an extra column. The broker's resident
 memory (VmRSS) is printed after the runs.
@@ -32,6 +33,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +47,9 @@ from sdk_device.transport.mqtt_link import BrokerAddress
 from server_toolkit.broker.mosquitto import MosquittoBroker
 
 MB = 1_000_000
-RAW_TOPIC = "bench/raw/blob"
+# The raw baseline sends each blob as ONE message, which fedsdk's broker config refuses above
+# 16 MiB (max_packet_size); allow MQTT's maximum. fedsdk's chunks are far below either limit.
+BROKER_CONFIG = "max_packet_size 268435455"
 DEVICE_ID = "dev1"
 
 
@@ -67,17 +72,19 @@ class Measurement:
 
 # -- raw paho baseline ---------------------------------------------------------------------
 class RawPair:
-    """Two plain paho clients: one publishes on ``RAW_TOPIC``, the other is subscribed to it."""
+    """Two plain paho clients: one publishes on ``topic``, the other is subscribed to it."""
 
     def __init__(self, broker: BrokerAddress, *, nodelay: bool = False) -> None:
         self.broker = broker
         self.nodelay = nodelay
-        self.arrivals: queue.Queue[tuple[float, bytes]] = queue.Queue()
+        self.topic = f"bench/raw/{'nodelay' if nodelay else 'default'}"
+        self.arrivals: queue.Queue[tuple[float, bytes | None]] = queue.Queue()
         self._subscribed = threading.Event()
         self.publisher = self._client()
         self.subscriber = self._client()
         self.subscriber.on_subscribe = lambda *args: self._subscribed.set()
         self.subscriber.on_message = self._on_message
+        self.publisher.on_disconnect = self._on_publisher_disconnect
 
     def _client(self) -> mqtt.Client:
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
@@ -92,11 +99,15 @@ class RawPair:
         if self.nodelay:
             client.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if client is self.subscriber:
-            client.subscribe(RAW_TOPIC, qos=1)
+            client.subscribe(self.topic, qos=1)
         connected.set()
 
     def _on_message(self, client: mqtt.Client, userdata, message: mqtt.MQTTMessage) -> None:
         self.arrivals.put((time.perf_counter(), message.payload))
+
+    def _on_publisher_disconnect(self, client: mqtt.Client, userdata, flags, reason_code,
+                                 properties) -> None:
+        self.arrivals.put((time.perf_counter(), None))  # wakes a waiting transfer() at once
 
     def start(self, timeout_s: float = 10.0) -> RawPair:
         """Connect both clients, wait for the subscription, and check a probe gets through."""
@@ -115,13 +126,18 @@ class RawPair:
         while not self.arrivals.empty():  # nothing stale may be mistaken for this payload
             self.arrivals.get_nowait()
         start = time.perf_counter()
-        self.publisher.publish(RAW_TOPIC, payload, qos=1)
+        self.publisher.publish(self.topic, payload, qos=1)
         try:
             arrived, received = self.arrivals.get(timeout=timeout_s)
         except queue.Empty:
             raise TimeoutError(
                 f"raw: a {len(payload)}-byte message did not arrive within {timeout_s} s"
             ) from None
+        if received is None:
+            raise ConnectionError(
+                f"raw: the broker dropped the publisher while it sent {len(payload)} bytes "
+                "(larger than the broker's max_packet_size?)"
+            )
         return arrived - start, received == payload
 
     def close(self) -> None:
@@ -130,56 +146,73 @@ class RawPair:
             client.loop_stop()
 
 
-def measure_raw(broker: BrokerAddress, size_bytes: int, repeats: int, *, nodelay: bool = False,
-                timeout_s: float = 60.0) -> Measurement:
-    """Time ``repeats`` single-message transfers of fresh random blobs of ``size_bytes``."""
-    pair = RawPair(broker, nodelay=nodelay)
-    try:
-        pair.start()
-        seconds, matched = [], True
-        for _ in range(repeats):
-            took, ok = pair.transfer(os.urandom(size_bytes), timeout_s)
-            seconds.append(took)
-            matched = matched and ok
-        return Measurement(size_bytes, seconds, matched)
-    finally:
-        pair.close()
+class FedsdkPair:
+    """A server ``Endpoint`` offering blobs to a device ``Endpoint`` that fetches them."""
+
+    def __init__(self, broker: BrokerAddress, workdir: Path, *, chunk_bytes: int = 256 * 1024,
+                 window: int = 16, timeout_s: float = 120.0) -> None:
+        topics = FleetTopics("bench")
+        self.timeout_s = timeout_s
+        self.server = Endpoint(broker, topics, BlobStore(workdir / "server"),
+                               chunk_bytes=chunk_bytes, window=window)
+        self.device = Endpoint(broker, topics, BlobStore(workdir / "device"), device_id=DEVICE_ID,
+                               chunk_bytes=chunk_bytes, window=window)
+
+    def start(self, timeout_s: float = 10.0) -> FedsdkPair:
+        """Connect both endpoints and fetch a small blob, so both subscriptions are active."""
+        self.server.start(timeout_s)
+        self.device.start(timeout_s)
+        self.transfer(os.urandom(1024))
+        return self
+
+    def transfer(self, data: bytes) -> tuple[float, bool]:
+        """Offer ``data`` and time the device's fetch; returns (seconds, bytes matched)."""
+        ref = self.server.offer(DEVICE_ID, data, "weights", "safetensors")
+        start = time.perf_counter()
+        got = self.device.fetch(SERVER, ref, timeout_s=self.timeout_s)
+        took = time.perf_counter() - start
+        for store in (self.server.store, self.device.store):
+            store.path(ref.id).unlink(missing_ok=True)  # keep the temp dir small
+        return took, got == data
+
+    def close(self) -> None:
+        self.device.close()
+        self.server.close()
 
 
-# -- fedsdk endpoints ----------------------------------------------------------------------
-def measure_fedsdk(broker: BrokerAddress, size_bytes: int, repeats: int, *, workdir: Path,
-                   chunk_bytes: int = 256 * 1024, window: int = 16,
-                   timeout_s: float = 120.0) -> Measurement:
-    """Time ``repeats`` ``Endpoint.fetch`` calls, each of a freshly offered random blob."""
-    topics = FleetTopics("bench")
-    server_store, device_store = BlobStore(workdir / "server"), BlobStore(workdir / "device")
-    server = Endpoint(broker, topics, server_store, chunk_bytes=chunk_bytes, window=window)
-    device = Endpoint(broker, topics, device_store, device_id=DEVICE_ID,
-                      chunk_bytes=chunk_bytes, window=window)
-    try:
-        server.start()
-        device.start()
-        _fetch(server, device, os.urandom(1024), timeout_s)  # warm-up: both subscriptions active
-        seconds, matched = [], True
-        for _ in range(repeats):
-            took, ok = _fetch(server, device, os.urandom(size_bytes), timeout_s)
-            seconds.append(took)
-            matched = matched and ok
-        return Measurement(size_bytes, seconds, matched)
-    finally:
-        device.close()
-        server.close()
+# -- measuring -----------------------------------------------------------------------------
+Transport = RawPair | FedsdkPair
 
 
-def _fetch(server: Endpoint, device: Endpoint, data: bytes, timeout_s: float) -> tuple[float, bool]:
-    """Offer ``data`` to the device and time its fetch; the blob is deleted afterwards."""
-    ref = server.offer(DEVICE_ID, data, "weights", "safetensors")
-    start = time.perf_counter()
-    got = device.fetch(SERVER, ref, timeout_s=timeout_s)
-    took = time.perf_counter() - start
-    for store in (server.store, device.store):
-        store.path(ref.id).unlink(missing_ok=True)  # keep the temp dir small
-    return took, got == data
+@contextmanager
+def open_transports(broker: BrokerAddress, workdir: Path, chunk_bytes: int,
+                    window: int) -> Iterator[dict[str, Transport]]:
+    """The three ways of moving a blob, connected and warmed up; closed on exit."""
+    with ExitStack() as stack:
+        transports: dict[str, Transport] = {
+            "raw": RawPair(broker, nodelay=False),
+            "raw_nodelay": RawPair(broker, nodelay=True),
+            "fedsdk": FedsdkPair(broker, workdir, chunk_bytes=chunk_bytes, window=window),
+        }
+        for transport in transports.values():
+            stack.callback(transport.close)
+            transport.start()
+        yield transports
+
+
+def measure(transports: dict[str, Transport], size_bytes: int, repeats: int) -> dict[str, Measurement]:
+    """Time ``repeats`` transfers of fresh random ``size_bytes`` blobs with every transport.
+
+    The transports take turns within each repeat, so a busy machine slows all of them alike.
+    """
+    seconds: dict[str, list[float]] = {name: [] for name in transports}
+    matched = dict.fromkeys(transports, True)
+    for _ in range(repeats):
+        for name, transport in transports.items():
+            took, ok = transport.transfer(os.urandom(size_bytes))
+            seconds[name].append(took)
+            matched[name] = matched[name] and ok
+    return {name: Measurement(size_bytes, seconds[name], matched[name]) for name in transports}
 
 
 # -- reporting -----------------------------------------------------------------------------
@@ -208,17 +241,9 @@ class SizeResult:
 
 def run(broker: BrokerAddress, sizes_mb: list[float], repeats: int, chunk_bytes: int, window: int,
         workdir: Path) -> list[SizeResult]:
-    """All three measurements for every size, in order."""
-    results = []
-    for size_mb in sizes_mb:
-        size = int(size_mb * MB)
-        results.append(SizeResult(
-            raw=measure_raw(broker, size, repeats),
-            raw_nodelay=measure_raw(broker, size, repeats, nodelay=True),
-            fedsdk=measure_fedsdk(broker, size, repeats, workdir=workdir / f"fedsdk-{size}",
-                                  chunk_bytes=chunk_bytes, window=window),
-        ))
-    return results
+    """Measure every transport at every size (MB = 10**6 bytes)."""
+    with open_transports(broker, workdir, chunk_bytes, window) as transports:
+        return [SizeResult(**measure(transports, int(size_mb * MB), repeats)) for size_mb in sizes_mb]
 
 
 def broker_rss_kib(pid: int) -> int | None:
@@ -252,14 +277,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-kib", type=int, default=256, help="fedsdk chunk size in KiB")
     parser.add_argument("--window", type=int, default=16, help="fedsdk chunks requested per window")
     args = parser.parse_args(argv)
-    sizes_mb = [float(s) for s in args.sizes.split(",") if s.strip()]
-    if not sizes_mb or min(sizes_mb) <= 0 or args.repeats < 1:
-        parser.error("--sizes must list positive numbers and --repeats must be >= 1")
+    try:
+        sizes_mb = [float(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        sizes_mb = []
+    if not sizes_mb or min(sizes_mb) <= 0:
+        parser.error(f"--sizes must list positive numbers of MB, like 1,20 (got {args.sizes!r})")
+    if args.repeats < 1 or not 1 <= args.chunk_kib <= 4096 or args.window < 1:
+        parser.error("need --repeats >= 1, --chunk-kib in 1..4096 and --window >= 1")
 
     with tempfile.TemporaryDirectory(prefix="fedsdk-bench-") as tmp:
         workdir = Path(tmp)
         (workdir / "broker").mkdir()
-        with MosquittoBroker(workdir=workdir / "broker") as broker:
+        with MosquittoBroker(workdir=workdir / "broker", extra_config=BROKER_CONFIG) as broker:
             print(f"mosquitto at {broker.url}; {args.repeats} repeats per size (median); "
                   f"fedsdk chunk {args.chunk_kib} KiB, window {args.window}", flush=True)
             results = run(broker.address, sizes_mb, args.repeats, args.chunk_kib * 1024, args.window,

@@ -57,8 +57,10 @@ class Chunk:
         return sha256_hex(self.data) == self.sha256
 
 
-def encode_chunk(blob: str, index: int, size: int, chunk_bytes: int, data: bytes) -> bytes:
-    """Frame chunk ``index`` of blob ``blob`` (``data`` = that chunk's bytes)."""
+def encode_chunk(blob: str, index: int, size: int, chunk_bytes: int, data: bytes,
+                 sha: str | None = None) -> bytes:
+    """Frame chunk ``index`` of blob ``blob`` (``data`` = that chunk's bytes; ``sha`` = its
+    sha256 if already known)."""
     header = json.dumps(
         {
             "blob": blob,
@@ -66,7 +68,7 @@ def encode_chunk(blob: str, index: int, size: int, chunk_bytes: int, data: bytes
             "count": chunk_count(size, chunk_bytes),
             "size": size,
             "chunk_bytes": chunk_bytes,
-            "sha256": sha256_hex(data),
+            "sha256": sha or sha256_hex(data),
         },
         separators=(",", ":"),
     ).encode()

@@ -11,6 +11,7 @@ so the rest of the code only ever handles well-formed messages. Invalid input ra
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -194,8 +195,13 @@ def _finite_float(text: str) -> float:
     return value
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def _build(cls: type, obj: dict, where: str) -> Any:
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values = {}
     for f in fields(cls):
         if f.name not in obj:

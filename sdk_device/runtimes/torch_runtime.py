@@ -53,6 +53,8 @@ class TorchRuntime:
         xt, yt = torch.from_numpy(np.ascontiguousarray(x, np.float32)), torch.from_numpy(y.astype(np.int64))
         gen = torch.Generator().manual_seed(recipe.seed)
         n, steps_per_epoch = len(yt), -(-len(yt) // recipe.batch_size)
+        if n > 1 and n % recipe.batch_size == 1:
+            steps_per_epoch -= 1  # drop a lone trailing sample: BatchNorm cannot train on a batch of one
         total_loss = correct = seen = 0.0
         for epoch in range(recipe.epochs):
             order = torch.randperm(n, generator=gen)

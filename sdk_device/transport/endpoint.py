@@ -30,6 +30,7 @@ from ..protocol.blobs import (
     chunk_count,
     decode_chunk,
     encode_chunk,
+    sha256_hex,
 )
 from ..protocol.errors import ProtocolError
 from ..protocol.topics import FleetTopics
@@ -87,6 +88,7 @@ class Endpoint:
         self._lock = threading.Lock()
         self._transfers: dict[tuple[str, str], queue.Queue[Chunk | ProtocolError]] = {}
         self._offered: dict[str, set[str]] = {}
+        self._chunk_shas: dict[tuple[str, int], list[str]] = {}  # (blob, chunk_bytes) -> sha per chunk
         self._serve_queue: queue.Queue[tuple[str, msgs.BlobRequest] | None] = queue.Queue()
         self._server_thread = threading.Thread(target=self._serve_loop, daemon=True)
         if device_id is None:
@@ -126,6 +128,14 @@ class Endpoint:
     def offer(self, peer: str, data: bytes, kind: str, fmt: str) -> msgs.BlobRef:
         """Store ``data`` and allow ``peer`` to pull it; returns the reference to send."""
         blob_id = self.store.put(data)
+        if (blob_id, self.chunk_bytes) not in self._chunk_shas:  # hash once, serve many times
+            shas = [
+                sha256_hex(data[i : i + self.chunk_bytes])
+                for i in range(0, max(len(data), 1), self.chunk_bytes)
+            ]
+            self._chunk_shas[(blob_id, self.chunk_bytes)] = shas
+            while len(self._chunk_shas) > 256:
+                self._chunk_shas.pop(next(iter(self._chunk_shas)))
         with self._lock:
             self._offered.setdefault(peer, set()).add(blob_id)
         return msgs.BlobRef(id=blob_id, size=len(data), kind=kind, format=fmt)
@@ -162,18 +172,34 @@ class Endpoint:
         key = (peer, ref.id)
         with self._lock:
             self._transfers[key] = arrivals
+        deadline = time.monotonic() + timeout_s
         try:
-            self._pull(peer, ref, part, arrivals, time.monotonic() + timeout_s, idle_s)
-            return part.complete(durable=durable)
+            for _attempt in range(3):
+                self._pull(peer, ref, part, arrivals, deadline, idle_s)
+                if part.verified():
+                    return part.commit(durable=durable)
+                corrupt = part.corrupt_chunks()
+                self.corrupt_chunks += len(corrupt)
+                log.warning(
+                    "blob %s from %s fails its sha256; chunks %s were corrupt, fetching them again",
+                    ref.id[:12],
+                    peer,
+                    corrupt[:10],
+                )
+                if not corrupt:
+                    break  # every chunk is what its sender said: the blob is not what it claims to be
+                part.forget(corrupt)
+            part.discard()
+            raise ProtocolError("checksum_mismatch", f"blob {ref.id[:12]} from {peer} does not match its id")
         finally:
             part.close()
             with self._lock:
                 self._transfers.pop(key, None)
 
     def _pull(self, peer, ref, part, arrivals, deadline: float, idle_s: float) -> None:
+        """Request and receive every missing chunk of ``ref`` into ``part``."""
         missing = deque(part.missing())
         outstanding: set[int] = set()
-        corrupt: dict[int, int] = {}
         idle_rounds = 0
         while missing or outstanding:
             if missing and len(outstanding) <= self.window // 2:
@@ -207,23 +233,7 @@ class Endpoint:
             ):
                 continue  # a duplicate after a re-request, or not what we asked for
             outstanding.discard(chunk.index)
-            if not chunk.intact:
-                self.corrupt_chunks += 1
-                corrupt[chunk.index] = corrupt.get(chunk.index, 0) + 1
-                log.warning(
-                    "rejected chunk %d of blob %s from %s: sha256 mismatch (try %d)",
-                    chunk.index,
-                    ref.id[:12],
-                    peer,
-                    corrupt[chunk.index],
-                )
-                if corrupt[chunk.index] >= 3:
-                    raise ProtocolError(
-                        "chunk_checksum", f"chunk {chunk.index} of {ref.id[:12]} corrupt 3 times"
-                    )
-                missing.appendleft(chunk.index)
-                continue
-            part.write(chunk.index, chunk.data)
+            part.write(chunk.index, chunk.data, chunk.sha256)
             self.bytes_received += len(chunk.data)
 
     # -- serving blobs (own thread) ------------------------------------------------------
@@ -248,16 +258,22 @@ class Endpoint:
         size = self.store.size(request.blob)
         count = chunk_count(size, request.chunk_bytes)
         topic = self._chunk_topic(peer)
+        shas = self._chunk_shas.get((request.blob, request.chunk_bytes))
         for index in request.indices:
             if not 0 <= index < count:
                 raise ProtocolError("invalid_field", f"chunk index {index} not in 0..{count - 1}")
             data = self.store.read_range(request.blob, index * request.chunk_bytes, request.chunk_bytes)
-            self.link.publish(topic, self.frame_chunk(request.blob, index, size, request.chunk_bytes, data))
+            frame = self.frame_chunk(
+                request.blob, index, size, request.chunk_bytes, data, shas[index] if shas else None
+            )
+            self.link.publish(topic, frame)
             self.bytes_sent += len(data)
 
-    def frame_chunk(self, blob: str, index: int, size: int, chunk_bytes: int, data: bytes) -> bytes:
+    def frame_chunk(
+        self, blob: str, index: int, size: int, chunk_bytes: int, data: bytes, sha: str | None = None
+    ) -> bytes:
         """Frame one outgoing chunk (a seam for fault-injection tests)."""
-        return encode_chunk(blob, index, size, chunk_bytes, data)
+        return encode_chunk(blob, index, size, chunk_bytes, data, sha)
 
     # -- routing (paho's network thread: parse and enqueue only) -------------------------
     def _on_message(self, topic: str, payload: bytes) -> None:

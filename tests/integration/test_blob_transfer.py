@@ -7,6 +7,7 @@ import os
 import pytest
 
 from sdk_device.protocol import ProtocolError
+from sdk_device.protocol.blobs import sha256_hex
 from sdk_device.protocol.messages import BlobRef
 from sdk_device.protocol.topics import FleetTopics
 from sdk_device.transport.blob_store import BlobStore
@@ -49,7 +50,8 @@ def test_interrupted_fetch_resumes_from_disk(pair):
     ref = server.offer("d1", data, "weights", "safetensors")
     part = device.store.partial(ref.id, ref.size, device.chunk_bytes)
     for i in range(4):  # as if the first 4 chunks arrived before a disconnect
-        part.write(i, data[i * 65536 : (i + 1) * 65536])
+        chunk = data[i * 65536 : (i + 1) * 65536]
+        part.write(i, chunk, sha256_hex(chunk))
     part.close()
     sent_before = server.bytes_sent
     assert device.fetch(SERVER, ref) == data

@@ -47,8 +47,8 @@ class CorruptingEndpoint(Endpoint):
 
     corrupted = 0
 
-    def frame_chunk(self, blob, index, size, chunk_bytes, data):
-        frame = super().frame_chunk(blob, index, size, chunk_bytes, data)
+    def frame_chunk(self, blob, index, size, chunk_bytes, data, sha=None):
+        frame = super().frame_chunk(blob, index, size, chunk_bytes, data, sha)
         if self.corrupted == 0:
             self.corrupted += 1
             return frame[:-1] + bytes([frame[-1] ^ 0xFF])

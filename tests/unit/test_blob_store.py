@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from sdk_device.protocol.blobs import chunk_count, sha256_hex
-from sdk_device.protocol.errors import ProtocolError
 from sdk_device.transport.blob_store import BlobStore
 
 CHUNK = 16
@@ -78,139 +77,109 @@ def test_store_survives_reopen(tmp_path):
 
 # ---- PartialBlob --------------------------------------------------------------------------------
 
-def test_partial_full_transfer(tmp_path):
+def _write_all(part, data, order=None, corrupt=None):
+    """Write every chunk of ``data`` (declaring its true sha); ``corrupt`` = index to garble."""
+    chunks = _chunks(data)
+    for i in order or range(len(chunks)):
+        payload = chunks[i]
+        if i == corrupt:
+            payload = bytes(b ^ 0xFF for b in payload)
+        part.write(i, payload, sha256_hex(chunks[i]))
+
+
+def test_partial_full_transfer_in_any_order(tmp_path):
     store = BlobStore(tmp_path)
     data = _data(70)  # 5 chunks of 16, the last one 6 bytes
-    blob_id = sha256_hex(data)
-    part = store.partial(blob_id, len(data), CHUNK)
-    assert part.count == 5
-    assert part.missing() == [0, 1, 2, 3, 4]
-    for i, chunk in reversed(list(enumerate(_chunks(data)))):  # order does not matter
-        part.write(i, chunk)
-    assert part.missing() == []
-    assert not store.has(blob_id)
-    assert part.complete() == data
-    assert store.has(blob_id) and store.get(blob_id) == data
+    part = store.partial(sha256_hex(data), len(data), CHUNK)
+    assert part.count == 5 and part.missing() == [0, 1, 2, 3, 4]
+    _write_all(part, data, order=[4, 2, 0, 3, 1])
+    assert part.missing() == [] and part.verified()
+    assert part.commit() == data
+    assert store.get(sha256_hex(data)) == data
     assert not part.data_path.exists() and not part.have_path.exists()
+
+
+def test_not_verified_until_complete(tmp_path):
+    data = _data(70)
+    part = BlobStore(tmp_path).partial(sha256_hex(data), len(data), CHUNK)
+    _write_all(part, data, order=[0, 1, 2, 3])
+    assert not part.verified()
+    with pytest.raises(ValueError):
+        part.commit()
 
 
 def test_partial_resume_after_close(tmp_path):
     store = BlobStore(tmp_path)
-    data = _data(100)  # 7 chunks
-    blob_id = sha256_hex(data)
+    data = _data(70)
     chunks = _chunks(data)
-    part = store.partial(blob_id, len(data), CHUNK)
-    for i in (0, 2, 5):
-        part.write(i, chunks[i])
+    part = store.partial(sha256_hex(data), len(data), CHUNK)
+    for i in (0, 2):
+        part.write(i, chunks[i], sha256_hex(chunks[i]))
     part.close()
-    part.close()  # idempotent
-
-    resumed = BlobStore(tmp_path).partial(blob_id, len(data), CHUNK)
-    assert resumed.missing() == [1, 3, 4, 6]
+    resumed = store.partial(sha256_hex(data), len(data), CHUNK)
+    assert resumed.missing() == [1, 3, 4]
     for i in resumed.missing():
-        resumed.write(i, chunks[i])
-    assert resumed.missing() == []
-    assert resumed.complete() == data
-    assert store.get(blob_id) == data
+        resumed.write(i, chunks[i], sha256_hex(chunks[i]))
+    assert resumed.verified() and resumed.commit() == data
 
 
 def test_resume_is_per_chunk_size(tmp_path):
     store = BlobStore(tmp_path)
     data = _data(64)
-    blob_id = sha256_hex(data)
-    part = store.partial(blob_id, len(data), CHUNK)
-    part.write(0, data[:CHUNK])
+    part = store.partial(sha256_hex(data), len(data), CHUNK)
+    part.write(0, data[:CHUNK], sha256_hex(data[:CHUNK]))
     part.close()
-    other = store.partial(blob_id, len(data), 32)  # another chunk size starts from scratch
-    assert other.missing() == [0, 1]
-    other.close()
-    again = store.partial(blob_id, len(data), CHUNK)
-    assert again.missing() == [1, 2, 3]
-    again.close()
+    assert store.partial(sha256_hex(data), len(data), 32).missing() == [0, 1]
 
 
 def test_resume_ignores_garbage_in_have_file(tmp_path):
     store = BlobStore(tmp_path)
     data = _data(48)
-    blob_id = sha256_hex(data)
-    part = store.partial(blob_id, len(data), CHUNK)
-    part.write(1, _chunks(data)[1])
+    part = store.partial(sha256_hex(data), len(data), CHUNK)
+    chunk1 = _chunks(data)[1]
+    part.write(1, chunk1, sha256_hex(chunk1))
     part.close()
     with open(part.have_path, "a") as f:
-        f.write("junk\n-1\n99\n2")  # junk, negative, out of range; "2" without newline counts
-    resumed = store.partial(blob_id, len(data), CHUNK)
-    assert resumed.missing() == [0]
-    resumed.close()
+        f.write("junk\n-1 x\n99 " + "a" * 64 + "\n2 short\n")
+    assert store.partial(sha256_hex(data), len(data), CHUNK).missing() == [0, 2]
 
 
-def test_wrong_chunk_content_is_checksum_mismatch(tmp_path):
-    store = BlobStore(tmp_path)
+def test_corrupt_chunk_is_found_and_fetched_again(tmp_path):
+    data = _data(48)
+    part = BlobStore(tmp_path).partial(sha256_hex(data), len(data), CHUNK)
+    _write_all(part, data, corrupt=1)
+    assert not part.verified()
+    assert part.corrupt_chunks() == [1]
+    part.forget([1])
+    assert part.missing() == [1]
+    part.write(1, _chunks(data)[1], sha256_hex(_chunks(data)[1]))
+    assert part.verified() and part.commit() == data
+
+
+def test_a_blob_that_is_not_what_it_claims_has_no_corrupt_chunk(tmp_path):
+    data, claimed = _data(48), sha256_hex(b"something else")
+    part = BlobStore(tmp_path).partial(claimed, len(data), CHUNK)
+    _write_all(part, data)
+    assert not part.verified() and part.corrupt_chunks() == []  # every chunk is as declared
+
+
+def test_commit_durable(tmp_path):
     data = _data(40)
-    blob_id = sha256_hex(data)
-    chunks = _chunks(data)
-    part = store.partial(blob_id, len(data), CHUNK)
-    part.write(0, chunks[0])
-    part.write(1, bytes(b ^ 0xFF for b in chunks[1]))  # corrupt content, right length
-    part.write(2, chunks[2])
-    with pytest.raises(ProtocolError) as info:
-        part.complete()
-    assert info.value.code == "checksum_mismatch"
-    assert not part.data_path.exists() and not part.have_path.exists()
-    assert not store.has(blob_id)
-    # a new attempt starts from nothing
-    fresh = store.partial(blob_id, len(data), CHUNK)
-    assert fresh.missing() == [0, 1, 2]
-    fresh.close()
-
-
-def test_missing_chunk_is_checksum_mismatch(tmp_path):
-    store = BlobStore(tmp_path)
-    data = _data(40)
-    blob_id = sha256_hex(data)
-    part = store.partial(blob_id, len(data), CHUNK)
-    part.write(0, _chunks(data)[0])  # chunks 1 and 2 never arrive: the file holds zeros there
-    with pytest.raises(ProtocolError, match="checksum_mismatch"):
-        part.complete()
-    assert not store.has(blob_id)
-
-
-def test_overlong_chunk_is_checksum_mismatch(tmp_path):
-    store = BlobStore(tmp_path)
-    data = _data(20)
-    blob_id = sha256_hex(data)
-    part = store.partial(blob_id, len(data), CHUNK)
-    part.write(0, data[:CHUNK])
-    part.write(1, data[CHUNK:] + b"extra")  # grows the file beyond the blob size
-    with pytest.raises(ProtocolError, match="checksum_mismatch"):
-        part.complete()
-
-
-def test_complete_durable(tmp_path):
-    store = BlobStore(tmp_path)
-    data = _data(33)
-    blob_id = sha256_hex(data)
-    part = store.partial(blob_id, len(data), CHUNK)
-    for i, chunk in enumerate(_chunks(data)):
-        part.write(i, chunk)
-    assert part.complete(durable=True) == data
-    assert store.get(blob_id) == data
-    assert not part.data_path.exists()
+    part = BlobStore(tmp_path).partial(sha256_hex(data), len(data), CHUNK)
+    _write_all(part, data)
+    assert part.commit(durable=True) == data
 
 
 def test_empty_partial_blob(tmp_path):
-    store = BlobStore(tmp_path)
-    blob_id = sha256_hex(b"")
-    part = store.partial(blob_id, 0, CHUNK)
-    assert part.missing() == [0]
-    part.write(0, b"")
-    assert part.complete() == b""
-    assert store.has(blob_id)
+    part = BlobStore(tmp_path).partial(sha256_hex(b""), 0, CHUNK)
+    assert part.count == 1 and part.missing() == [0]
+    part.write(0, b"", sha256_hex(b""))
+    assert part.verified() and part.commit() == b""
 
 
 def test_discard_removes_parts(tmp_path):
-    store = BlobStore(tmp_path)
     data = _data(40)
-    part = store.partial(sha256_hex(data), len(data), CHUNK)
-    part.write(0, data[:CHUNK])
+    part = BlobStore(tmp_path).partial(sha256_hex(data), len(data), CHUNK)
+    part.write(0, data[:CHUNK], sha256_hex(data[:CHUNK]))
     part.discard()
     assert not part.data_path.exists() and not part.have_path.exists()
