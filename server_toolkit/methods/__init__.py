@@ -8,10 +8,12 @@ every module of this package once, on first use.
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction
 
+log = logging.getLogger(__name__)
 _METHODS: dict[str, type[Method]] = {}
 
 
@@ -26,7 +28,10 @@ def methods() -> dict[str, type[Method]]:
     """Every available method, by name."""
     if not _METHODS:
         for module in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{module.name}")
+            try:
+                importlib.import_module(f"{__name__}.{module.name}")
+            except ImportError as exc:  # e.g. an optional dependency: the other methods still work
+                log.warning("method module %s is unavailable: %s", module.name, exc)
         _METHODS.update({cls.name: cls for cls in _subclasses(Method) if cls.name})
     return _METHODS
 
