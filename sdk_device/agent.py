@@ -69,6 +69,7 @@ class DeviceAgent:
         self._runtimes: dict[str, object] = {}
         self._loaded_program: dict[str, str] = {}  # runtime -> program blob id loaded
         self._last_beat = 0.0
+        self._awaiting: str | None = None  # task whose result waits for the server's ack or error
         self.tasks_done = 0
 
     def stop(self) -> None:
@@ -76,16 +77,26 @@ class DeviceAgent:
 
     def run(self, max_tasks: int | None = None) -> None:
         """Connect, say hello, then serve tasks. Returns after stop() or max_tasks."""
-        runtimes = [r for r in available_runtimes()
-                    if self.config.runtimes is None or r in self.config.runtimes]
+        runtimes = [
+            r for r in available_runtimes() if self.config.runtimes is None or r in self.config.runtimes
+        ]
         if not runtimes:
             raise RuntimeError("no training runtime is installed here: pip install 'fedsdk[torch]'")
         self._runtime(runtimes[0])  # import the engine now, not in the first round
         self.endpoint.start()
-        log.info("device %s connected to %s (runtimes: %s, %d samples)", self.config.device_id,
-                 self.config.broker_url, ", ".join(runtimes), len(self.y))
-        self._hello = msgs.Hello(device_id=self.config.device_id, runtimes=runtimes, num_samples=len(self.y),
-                                 profile={**device_profile(runtimes), **self.config.extra_profile})
+        log.info(
+            "device %s connected to %s (runtimes: %s, %d samples)",
+            self.config.device_id,
+            self.config.broker_url,
+            ", ".join(runtimes),
+            len(self.y),
+        )
+        self._hello = msgs.Hello(
+            device_id=self.config.device_id,
+            runtimes=runtimes,
+            num_samples=len(self.y),
+            profile={**device_profile(runtimes), **self.config.extra_profile},
+        )
         self.endpoint.send(SERVER, self._hello)
         try:
             while not self._stop.is_set() and (max_tasks is None or self.tasks_done < max_tasks):
@@ -111,13 +122,13 @@ class DeviceAgent:
             except Exception as exc:  # one broken task must not end the agent
                 log.exception("task %s failed", message.task_id[:8])
                 self._refuse(message, "device_failure", f"{type(exc).__name__}: {exc}")
-        elif isinstance(message, msgs.Ack):
+        elif isinstance(message, msgs.Ack) and message.ref == self._awaiting:
             log.info("server accepted the result of task %s", message.ref[:8])
-            self.tasks_done += 1
+            self._finish_task()
         elif isinstance(message, msgs.Error):
             log.warning("server reports %s: %s (ref %s)", message.code, message.detail, message.ref)
-            if message.code in ("update_rejected", "round_closed"):
-                self.tasks_done += 1
+            if message.ref is not None and message.ref == self._awaiting:  # our result was refused
+                self._finish_task()
 
     def _run_task(self, task: msgs.Task) -> None:
         started = time.time()
@@ -145,21 +156,41 @@ class DeviceAgent:
             self._refuse(task, "bad_task", f"could not load the task: {exc}")
             return
         train_started = time.perf_counter()
-        stats = runtime.train(self.x, self.y, recipe,
-                              progress=lambda f: self._heartbeat("training", task.task_id, f))
+        stats = runtime.train(
+            self.x, self.y, recipe, progress=lambda f: self._heartbeat("training", task.task_id, f)
+        )
         train_s = time.perf_counter() - train_started
         trained = runtime.get_weights()
         if not all(np.isfinite(v).all() for v in trained.values() if v.dtype.kind == "f"):
-            log.warning("training diverged (NaN/Inf); reporting it instead of uploading")
+            log.warning("training diverged (NaN/Inf); uploading anyway, the server will refuse it")
         blob_ref = self.endpoint.offer(SERVER, encode_tensors(trained), "weights", "safetensors")
         loss = stats.loss if math.isfinite(stats.loss) else None  # JSON has no NaN
-        metrics = {"samples": stats.samples, "loss": loss, "accuracy": stats.accuracy,
-                   "wall_time_s": train_s, "fetch_s": fetch_s, "peak_rss_mb": peak_rss_mb(),
-                   "runtime": runtime_name}
-        self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round,
-                                               weights=blob_ref, metrics=metrics))
-        log.info("round %d: trained %d samples in %.2f s, loss %.4f, acc %.3f", task.round,
-                 stats.samples, train_s, stats.loss, stats.accuracy)
+        metrics = {
+            "samples": stats.samples,
+            "loss": loss,
+            "accuracy": stats.accuracy,
+            "wall_time_s": train_s,
+            "fetch_s": fetch_s,
+            "peak_rss_mb": peak_rss_mb(),
+            "runtime": runtime_name,
+        }
+        self._awaiting = task.task_id
+        self.endpoint.send(
+            SERVER, msgs.Result(task_id=task.task_id, round=task.round, weights=blob_ref, metrics=metrics)
+        )
+        log.info(
+            "round %d: trained %d samples in %.2f s, loss %.4f, acc %.3f",
+            task.round,
+            stats.samples,
+            train_s,
+            stats.loss,
+            stats.accuracy,
+        )
+
+    def _finish_task(self) -> None:
+        self._awaiting = None
+        self.endpoint.withdraw(SERVER)  # the server has what it wanted (or refused it)
+        self.tasks_done += 1
 
     def _runtime(self, name: str):
         if name not in self._runtimes:

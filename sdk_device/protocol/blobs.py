@@ -34,6 +34,10 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _is_sha(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def chunk_count(size: int, chunk_bytes: int) -> int:
     """Number of chunks for a blob of ``size`` bytes (an empty blob still has one)."""
     return max(1, -(-size // chunk_bytes))
@@ -78,8 +82,8 @@ def encode_chunk(blob: str, index: int, size: int, chunk_bytes: int, data: bytes
 def decode_chunk(payload: bytes) -> Chunk:
     """Parse one chunk frame; ProtocolError("malformed") if it is not a valid frame.
 
-    The chunk's sha256 is checked later by the receiver (``Chunk.intact``), off the
-    network thread.
+    The chunk's sha256 is not checked here: the receiver checks the whole blob, and the
+    chunks one by one only when that fails (see PartialBlob), off the network thread.
     """
     if len(payload) < 8 or payload[:4] != CHUNK_MAGIC:
         raise ProtocolError("malformed", "not a fedsdk chunk frame (bad magic)")
@@ -92,7 +96,7 @@ def decode_chunk(payload: bytes) -> Chunk:
         index, count, size, chunk_bytes = (header[k] for k in ("index", "count", "size", "chunk_bytes"))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError("malformed", f"bad chunk header: {exc}") from None
-    if not (isinstance(blob, str) and isinstance(declared_sha, str)
+    if not (_is_sha(blob) and _is_sha(declared_sha)
             and all(type(v) is int for v in (index, count, size, chunk_bytes))):
         raise ProtocolError("malformed", "chunk header fields have the wrong types")
     data = payload[8 + header_len :]

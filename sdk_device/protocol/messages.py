@@ -26,6 +26,7 @@ from .errors import ProtocolError
 SCHEMA_VERSION = 1
 MAX_CONTROL_BYTES = 64 * 1024  # a control message larger than this is rejected unread
 MAX_STRING = 4096
+MAX_REQUEST_INDICES = 64
 
 
 def new_id() -> str:
@@ -38,7 +39,7 @@ class BlobRef:
     """Names a blob: its sha256 (the id), its size in bytes and what it holds.
 
     kind: "weights" (safetensors) or "program" (a runtime's training program).
-    format: "safetensors", "torchspec/1", later "pte", "ort-training", ...
+    format: "safetensors", "torchspec/1", "pte/1", "ort-training/1", ...
     """
 
     id: str
@@ -94,7 +95,8 @@ class Task(Message):
 class Result(Message):
     """Device -> server: the trained weights (a blob the server pulls) and metrics.
 
-    metrics: samples, loss, accuracy, wall_time_s, peak_rss_mb, runtime.
+    metrics: samples (int > 0), loss (or null), accuracy, wall_time_s, fetch_s,
+    peak_rss_mb, runtime.
     """
 
     TYPE: ClassVar[str] = "result"
@@ -106,7 +108,7 @@ class Result(Message):
 
 @dataclass(frozen=True)
 class Ack(Message):
-    """Either way: ``ref`` (a task id) was accepted and persisted."""
+    """Server -> device: the result of task ``ref`` was accepted and persisted."""
 
     TYPE: ClassVar[str] = "ack"
     ref: str
@@ -135,12 +137,17 @@ class Heartbeat(Message):
 
 @dataclass(frozen=True)
 class BlobRequest(Message):
-    """Either way: please publish these chunks of blob ``blob`` (chunk size in bytes)."""
+    """Either way: please publish these chunks of blob ``blob`` (chunk size in bytes).
+    At most MAX_REQUEST_INDICES indices per request."""
 
     TYPE: ClassVar[str] = "blob_request"
     blob: str
     indices: list[int]
     chunk_bytes: int
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.indices) <= MAX_REQUEST_INDICES:
+            raise ProtocolError("invalid_field", f"blob_request needs 1..{MAX_REQUEST_INDICES} indices")
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {

@@ -6,10 +6,11 @@ A spec is ``{"format": "torchspec/1", "input_shape": [C, H, W], "num_classes": K
 =============  ==============================================================
 op             fields
 =============  ==============================================================
-conv2d         in, out, k, stride (1), pad (0), bias (true)
+conv2d         in, out, k, stride (1), pad (0), bias (true), groups (1; in and out divisible by it)
 batchnorm2d    c, track (true: running statistics; false: static BN)
 relu / flatten none
 maxpool2d      k (stride = k)
+avgpool2d      k (stride = k)
 gap            global average pool to 1x1
 dropout        p
 linear         in, out, bias (true)
@@ -125,6 +126,9 @@ def _layer_shape(op: str, layer: dict, shape: Shape, here: str) -> Shape:
             raise SpecError(f"{here}: conv2d expects {layer.get('in')} channels, input is {shape}")
         k, s = _need(layer, "k", here), _need(layer, "stride", here, 1)
         p = _need(layer, "pad", here, 0, positive=False)
+        g = _need(layer, "groups", here, 1)
+        if layer["in"] % g or _need(layer, "out", here) % g:
+            raise SpecError(f"{here}: conv2d groups={g} must divide in={layer['in']} and out={layer['out']}")
         h, w = (shape[1] + 2 * p - k) // s + 1, (shape[2] + 2 * p - k) // s + 1
         if h <= 0 or w <= 0:
             raise SpecError(f"{here}: conv2d k={k} on {shape[1]}x{shape[2]} leaves nothing")
@@ -138,10 +142,10 @@ def _layer_shape(op: str, layer: dict, shape: Shape, here: str) -> Shape:
         if op == "dropout" and not (isinstance(p, int | float) and not isinstance(p, bool) and 0 <= p < 1):
             raise SpecError(f"{here}: dropout p must be in [0, 1)")
         return shape
-    if op == "maxpool2d":
+    if op in ("maxpool2d", "avgpool2d"):
         k = _need(layer, "k", here)
         if len(shape) != 3 or shape[1] < k or shape[2] < k:
-            raise SpecError(f"{here}: maxpool2d k={k} on input {shape}")
+            raise SpecError(f"{here}: {op} k={k} on input {shape}")
         return (shape[0], shape[1] // k, shape[2] // k)
     if op == "gap":
         if len(shape) != 3:

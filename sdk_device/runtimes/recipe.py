@@ -30,8 +30,8 @@ class Recipe:
                 isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value))
             if not ok:
                 raise ValueError(f"recipe field {name!r} must be a finite {kind.__name__}, got {value!r}")
-        if self.epochs < 0 or self.batch_size <= 0:
-            raise ValueError(f"epochs must be >= 0 and batch_size > 0 (got {self.epochs}, {self.batch_size})")
+        if self.epochs < 1 or self.batch_size <= 0:
+            raise ValueError(f"epochs must be >= 1 and batch_size > 0 (got {self.epochs}, {self.batch_size})")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer {self.optimizer!r} is not one of {OPTIMIZERS}")
         if self.loss not in LOSSES:

@@ -17,16 +17,53 @@ def _torch() -> Runtime:
     return TorchRuntime(threads=1)
 
 
+def _executorch() -> Runtime:
+    from .executorch_runtime import ExecutorchRuntime
+
+    return ExecutorchRuntime(threads=1)
+
+
+def _onnxruntime() -> Runtime:
+    from .onnxruntime_runtime import OrtTrainingRuntime
+
+    return OrtTrainingRuntime(threads=1)
+
+
+def _onnx() -> Runtime:
+    from .onnxruntime_runtime import OnnxEvalRuntime
+
+    return OnnxEvalRuntime(threads=1)
+
+
+def _litert() -> Runtime:
+    from .litert_runtime import LiteRTRuntime
+
+    return LiteRTRuntime(threads=1)
+
+
 # name -> (python module that must be importable, factory); preference order = dict order.
 RUNTIMES: dict[str, tuple[str, Callable[[], Runtime]]] = {
     "torch": ("torch", _torch),
+    "executorch": ("executorch", _executorch),
+    "onnxruntime": ("onnxruntime.training", _onnxruntime),  # the onnxruntime-training build
+    "onnx": ("onnxruntime", _onnx),  # evaluation only
+    "litert": ("ai_edge_litert", _litert),  # evaluation only
 }
-FORMATS: dict[str, tuple[str, ...]] = {"torch": ("torchspec/1",)}
+FORMATS: dict[str, tuple[str, ...]] = {"torch": ("torchspec/1",), "executorch": ("pte/1",),
+                                       "onnxruntime": ("ort-training/1",), "onnx": ("onnx/1",),
+                                       "litert": ("tflite/1",)}
 
 
 def available_runtimes() -> list[str]:
     """Names of the runtimes whose engine is installed on this machine."""
-    return [name for name, (module, _) in RUNTIMES.items() if importlib.util.find_spec(module)]
+    return [name for name, (module, _) in RUNTIMES.items() if _installed(module)]
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # the parent package of a dotted name is missing
+        return False
 
 
 def pick_runtime(offered_formats: list[str], allowed: list[str] | None = None) -> tuple[str, str]:

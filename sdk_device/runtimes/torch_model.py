@@ -55,13 +55,16 @@ def _build_layer(layer: dict) -> nn.Module:
     op = layer["op"]
     if op == "conv2d":
         return nn.Conv2d(layer["in"], layer["out"], layer["k"], stride=layer.get("stride", 1),
-                         padding=layer.get("pad", 0), bias=layer.get("bias", True))
+                         padding=layer.get("pad", 0), bias=layer.get("bias", True),
+                         groups=layer.get("groups", 1))
     if op == "batchnorm2d":
         return nn.BatchNorm2d(layer["c"], track_running_stats=layer.get("track", True))
     if op == "relu":
         return nn.ReLU()
     if op == "maxpool2d":
         return nn.MaxPool2d(layer["k"])
+    if op == "avgpool2d":
+        return nn.AvgPool2d(layer["k"])
     if op == "gap":
         return nn.AdaptiveAvgPool2d(1)
     if op == "flatten":

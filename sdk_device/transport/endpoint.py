@@ -157,9 +157,9 @@ class Endpoint:
     ) -> bytes:
         """Pull blob ``ref`` from ``peer``; returns its verified bytes.
 
-        Raises ProtocolError ("too_large" before anything is allocated, "checksum_mismatch",
-        "chunk_checksum" after repeated corrupt chunks, or the holder's refusal such as
-        "not_offered") or TimeoutError.
+        Raises ProtocolError ("too_large" before anything is allocated; "checksum_mismatch"
+        when the blob is not what its id says or chunks stay corrupt after 3 tries; the
+        holder's refusal such as "not_offered") or TimeoutError.
         """
         if ref.size > self.max_blob_bytes:
             raise ProtocolError(

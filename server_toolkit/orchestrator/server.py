@@ -89,7 +89,8 @@ class Orchestrator:
         self.global_weights: Weights = {}
         self.completed_round = 0
         self._rng = random.Random(config.seed)
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, _Pending] = {}  # tasks of the open round
+        self._closed_tasks: dict[str, int] = {}  # task id -> round, for tasks of closed rounds
         self._open_round: int | None = None
         self._lock = threading.Lock()
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
@@ -183,6 +184,8 @@ class Orchestrator:
         )
         self.registry.close_round(rnd, row)
         self.completed_round = rnd
+        self._closed_tasks.update({k: p.round for k, p in self._pending.items() if p.round <= rnd})
+        self._closed_tasks = {k: r for k, r in self._closed_tasks.items() if r > rnd - 10}
         self._pending = {k: p for k, p in self._pending.items() if p.round > rnd}
         if self.on_round:
             self.on_round(row)
@@ -294,11 +297,20 @@ class Orchestrator:
         pending = self._pending.get(result.task_id)
         with self._lock:
             open_round = self._open_round
-        if pending is None or pending.instruction.device_id != dev or pending.answered:
+        if result.task_id in self._closed_tasks:
+            rnd = self._closed_tasks[result.task_id]
+            self._reject(dev, result.task_id, ProtocolError("round_closed", f"round {rnd} is over"), rnd)
+            return
+        if pending is None or pending.instruction.device_id != dev:
             self._reject(dev, result.task_id, ProtocolError("unknown_task", "no such task for this device"))
             return
-        if pending.round != open_round or result.round != pending.round:
-            self._reject(dev, result.task_id, ProtocolError("round_closed", f"round {pending.round} is over"))
+        if pending.answered:  # QoS 1 may deliver a message twice: the first one counts
+            log.info("ignoring a second result for task %s from %s", result.task_id[:8], dev)
+            return
+        if result.round != pending.round or pending.round != open_round:
+            self._reject(
+                dev, result.task_id, ProtocolError("invalid_field", f"task is of round {pending.round}")
+            )
             return
         limit = int(pending.sent_bytes * self.config.max_update_factor) + 65536
         if result.weights.size > limit:
@@ -311,7 +323,7 @@ class Orchestrator:
             )
             return
         samples = result.metrics.get("samples")
-        if not isinstance(samples, int) or samples <= 0:
+        if type(samples) is not int or samples <= 0:
             self._reject(dev, result.task_id, ProtocolError("invalid_field", "metrics.samples must be > 0"))
             return
         pending.answered = True  # one result per task
@@ -347,14 +359,15 @@ class Orchestrator:
             "round %d: accepted update from %s (%d samples)", pending.round, dev, result.metrics["samples"]
         )
 
-    def _reject(self, dev: str, task_id: str | None, err: ProtocolError) -> None:
+    def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None = None) -> None:
+        """Record, log and tell the device (an Error with the reason's code, ``ref`` = task id)."""
         log.warning("rejected result from %s: %s", dev, err)
-        self._resolved.add(dev)
         task = self._pending.get(task_id or "")
-        self.registry.add_rejection(
-            task.round if task else self._open_round, dev, task_id, err.code, err.detail
-        )
-        self.endpoint.send(dev, msgs.Error(code="update_rejected", detail=str(err)[:500], ref=task_id))
+        if task is not None:
+            self._resolved.add(dev)
+        rnd = rnd if rnd is not None else task.round if task else self._open_round
+        self.registry.add_rejection(rnd, dev, task_id, err.code, err.detail)
+        self.endpoint.send(dev, msgs.Error(code=err.code, detail=err.detail[:500], ref=task_id))
 
     def _load_update(self, row: dict) -> ClientUpdate:
         weights = decode_tensors(self.endpoint.store.get(row["blob_id"]))
