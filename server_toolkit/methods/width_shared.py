@@ -1,0 +1,91 @@
+"""The common frame of the width-shared methods (HeteroFL, FedRolex, FedDM).
+
+A device of tier ratio r trains a width-r sub-model cut from the global model (see
+``submodels/width.py``); the server puts every result back element by element
+(``reconstruct/coverage.py``). Subclasses only say where each device's windows start
+(``offsets``). The program a device receives is the sub-model's own spec: it never sees
+the global shape.
+
+Tiers. A device's ratio comes from, in order: the ``tier_map`` option (device id -> tier),
+the device's fleet tier (``--tiers`` in simulate), the ``tier`` key of its profile (set
+once pairing assigns one); none of these: the full model (r = 1). A tier is a ratio
+written as a string ("0.5"), or a name listed in the ``tier_ratios`` option
+({"phone": 0.75}).
+
+The global spec's BatchNorm layers are made static (``track: false``), so sub-models and
+the global model have the same tensors (see ``static_bn``).
+"""
+
+from __future__ import annotations
+
+from sdk_device.runtimes.recipe import Recipe
+
+from ..reconstruct.coverage import coverage_average
+from ..submodels.width import WidthPlan, extract, static_bn, width_layout
+from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+
+
+class WidthSharedMethod(Method):
+    """Base of the width methods. Options: ``tier_map`` {device id: tier}, ``tier_ratios``
+    {tier name: ratio}."""
+
+    def __init__(self, global_spec: dict, recipe: Recipe, tier_map: dict | None = None,
+                 tier_ratios: dict | None = None, **options) -> None:
+        super().__init__(static_bn(global_spec), recipe, **options)
+        self.layout = width_layout(self.global_spec)
+        self.tier_map = {str(k): str(v) for k, v in (tier_map or {}).items()}
+        self.tier_ratios = {str(k): float(v) for k, v in (tier_ratios or {}).items()}
+
+    # -- what subclasses decide ----------------------------------------------------------
+    def offsets(self, round_number: int, device: DeviceInfo, ratio: float) -> dict[int, int]:
+        """Window start per hidden channel space for ``device`` in this round (default: 0)."""
+        return {}
+
+    def source_weights(self, global_weights: Weights, device: DeviceInfo) -> Weights:
+        """The full-shape weights ``device``'s sub-model is cut from (default: the global ones)."""
+        return global_weights
+
+    # -- the Method interface ------------------------------------------------------------
+    def ratio_of(self, device: DeviceInfo) -> float:
+        """The width ratio of ``device`` (see the module docstring); ValueError if unknown."""
+        tier = self.tier_map.get(device.device_id, device.tier)
+        if tier is None:
+            tier = (device.profile or {}).get("tier")
+        if tier is None:
+            return 1.0
+        tier = str(tier)
+        if tier in self.tier_ratios:
+            ratio = self.tier_ratios[tier]
+        else:
+            try:
+                ratio = float(tier)
+            except ValueError:
+                raise ValueError(f"tier {tier!r} of {device.device_id} is neither a ratio nor in "
+                                 f"tier_ratios {sorted(self.tier_ratios)}") from None
+        if not 0 < ratio <= 1:
+            raise ValueError(f"tier {tier!r} of {device.device_id}: ratio {ratio} is not in (0, 1]")
+        return ratio
+
+    def plan_for(self, round_number: int, device: DeviceInfo) -> WidthPlan:
+        """The sub-model ``device`` trains in ``round_number`` (deterministic)."""
+        ratio = self.ratio_of(device)
+        return self.layout.plan(ratio, self.offsets(round_number, device, ratio))
+
+    def configure_train(self, round_number: int, global_weights: Weights,
+                        devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        instructions = []
+        for device in devices:
+            plan = self.plan_for(round_number, device)
+            weights = extract(self.source_weights(global_weights, device), plan.index_map)
+            instructions.append(TrainInstruction(device.device_id, plan.spec, weights, self.recipe,
+                                                 plan.instruction_map()))
+        return instructions
+
+    def aggregate_train(self, round_number: int, global_weights: Weights,
+                        updates: list[ClientUpdate]) -> Weights:
+        return coverage_average(global_weights, contributions(updates))
+
+
+def contributions(updates: list[ClientUpdate]) -> list[tuple[Weights, dict, float]]:
+    """(weights, index map, samples) of each update, as ``coverage_average`` takes them."""
+    return [(u.weights, u.instruction.index_map["tensors"], u.num_samples) for u in updates]
