@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedsdk-installed
 
-.PHONY: demo test lint bench mosquitto clean
+.PHONY: demo test lint bench mosquitto ort-env litert-env clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +18,17 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/fedsdk-server simulate
 
-test: $(STAMP) mosquitto
+test: $(STAMP) mosquitto ort-env litert-env
 	$(BIN)/pytest -q
 
 mosquitto:
 	@sh scripts/ensure-mosquitto.sh
+
+ort-env:  # .venv-ort: ONNX Runtime training (its wheel replaces onnxruntime, so its own venv)
+	@sh scripts/setup-ort-env.sh
+
+litert-env:  # .venv-litert: litert-torch for .tflite export (~2 GB, optional outside tests)
+	@sh scripts/setup-litert-env.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -31,4 +37,4 @@ bench: $(STAMP) mosquitto
 	$(BIN)/python bench/transport.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-ort .venv-litert runs .pytest_cache

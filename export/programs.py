@@ -26,9 +26,23 @@ def _pte(spec: dict, recipe: Recipe) -> bytes:
     return export_training_program(spec, {"kind": recipe.loss}, max_batch=recipe.batch_size)
 
 
+def _ort_training(spec: dict, recipe: Recipe) -> bytes:
+    from .onnx import export_ort_training_program  # needs torch here and the ORT environment
+
+    return export_ort_training_program(spec, {"kind": recipe.loss})
+
+
+def _onnx_eval(spec: dict, recipe: Recipe) -> bytes:
+    from .onnx import export_inference
+
+    return export_inference(spec)
+
+
 EXPORTERS: dict[str, Exporter] = {
     modelspec.FORMAT: _torchspec,
     "pte/1": _pte,
+    "ort-training/1": _ort_training,
+    "onnx/1": _onnx_eval,
 }
 
 

@@ -101,6 +101,11 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...).",
 )
 @click.option("--device-runtime", default=None, help="Make every simulated device use this runtime.")
+@click.option(
+    "--device-python",
+    default=None,
+    help="Python of the device processes, e.g. .venv-ort/bin/python for --device-runtime onnxruntime.",
+)
 @_recipe_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--round-timeout", default=120.0, show_default=True, help="Seconds per round at most.")
@@ -138,6 +143,7 @@ def simulate(
     method_options,
     program_formats,
     device_runtime,
+    device_python,
     local_epochs,
     batch_size,
     lr,
@@ -183,6 +189,7 @@ def simulate(
             method_options=parse_options(method_options),
             program_formats=[f.strip() for f in program_formats.split(",")],
             device_runtime=device_runtime,
+            device_python=device_python,
         )
         run_dir = new_run_dir(runs_dir)
     console.print(

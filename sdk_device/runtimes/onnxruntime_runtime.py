@@ -1,12 +1,14 @@
 """ONNX Runtime runtimes: training from ``ort-training/1`` programs, evaluation of ``onnx/1``.
 
 Training (:class:`OrtTrainingRuntime`, needs the ``onnxruntime-training`` build): the
-program is unpacked once into a private directory and loaded as an ORT training
-``Module``. Between rounds only weights move: ORT's parameter buffers are exposed as
-numpy views (``CheckpointState.parameters[name].data`` aliases the buffer the training
-session reads), so ``set_weights`` copies into them and the optimizer updates them in
-place. Each step: reset gradients, run forward + backward on one batch, store the new
-BatchNorm running statistics the graph returns, then one optimizer step.
+program is unpacked into a temporary directory, loaded as an ORT training ``Module``
+(ORT reads its files from disk) and the directory removed. Between rounds only weights
+move: ORT's parameter buffers are exposed as numpy views
+(``CheckpointState.parameters[name].data`` aliases the buffer the training session
+reads; so does ``.grad``), so ``set_weights`` copies into them and the optimizer updates
+them in place, with no copy per step. Each step: reset gradients, run forward + backward
+on one batch, store the new BatchNorm running statistics the graph returns, then one
+optimizer step.
 
 * Optimizers: torch-equivalent SGD (momentum, weight decay) and Adam written over the
   parameter and gradient views (``optimizers``); ORT's own optimizer graph is AdamW
@@ -16,6 +18,7 @@ BatchNorm running statistics the graph returns, then one optimizer step.
   sample is dropped), with its loss averaged over its own samples as in torch.
 * Loss recipes with teacher inputs (``kd``, ``recipfl_kt``): ``train(..., extras=)`` takes
   the per-sample teacher arrays by the names the program's index lists.
+* Dropout draws its masks from ORT's own generator (not seeded by the recipe).
 
 Evaluation (:class:`OnnxEvalRuntime`, any ``onnxruntime``): the eval graph takes every
 weight as an input, so a device loads the ``onnx/1`` model once and feeds new weights
@@ -24,9 +27,7 @@ each round. An ``onnx/1`` program is that eval graph alone (``export.onnx.export
 
 from __future__ import annotations
 
-import shutil
 import tempfile
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -124,20 +125,19 @@ class OrtTrainingRuntime(OnnxEvalRuntime):
         self.state = None
         self.values: dict[str, np.ndarray] = {}  # name -> view of ORT's buffer (params + running stats)
         self.grad_views: dict[str, np.ndarray] = {}
-        self._work_dir: Path | None = None
 
     def load_program(self, program: bytes, fmt: str) -> None:
         if fmt not in self.formats:
             raise ValueError(f"{self.name} runtime cannot run {fmt!r} programs")
         from onnxruntime.training import api
 
-        self._work_dir = Path(tempfile.mkdtemp(prefix="fedsdk-ort-"))
-        weakref.finalize(self, shutil.rmtree, self._work_dir, True)
-        self.index, paths = ort_program.unpack(program, self._work_dir)
-        self.state = api.CheckpointState.load_checkpoint(str(paths["checkpoint"]))
-        self.module = api.Module(str(paths["training_model"]), self.state,
-                                 session_options=_session_options(self.threads))
-        self._load_eval_graph(paths["eval_model"].read_bytes())
+        # ORT's training API reads files; once loaded, the unpacked copies are not needed
+        with tempfile.TemporaryDirectory(prefix="fedsdk-ort-") as work_dir:
+            self.index, paths = ort_program.unpack(program, Path(work_dir))
+            self.state = api.CheckpointState.load_checkpoint(str(paths["checkpoint"]))
+            self.module = api.Module(str(paths["training_model"]), self.state,
+                                     session_options=_session_options(self.threads))
+            self._load_eval_graph(paths["eval_model"].read_bytes())
         self.param_names = [p["name"] for p in self.index["parameters"]]
         self.buffer_names = [b["name"] for b in self.index["buffers"]]
         self.extra_names = [i["name"] for i in self.index["inputs"][2:]]

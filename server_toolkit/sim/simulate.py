@@ -69,6 +69,7 @@ class SimulationConfig:
     method_options: dict = field(default_factory=dict)  # extra keyword arguments of the method
     program_formats: list[str] = field(default_factory=lambda: ["torchspec/1"])  # offered per task
     device_runtime: str | None = None  # make every device use this runtime (default: its best)
+    device_python: str | None = None  # interpreter of the device processes (e.g. .venv-ort/bin/python)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -134,7 +135,7 @@ class Simulation:
         for dev in self.device_ids():
             dev_dir = self.run_dir / "devices" / dev
             cmd = [
-                sys.executable,
+                self.config.device_python or sys.executable,
                 "-m",
                 "sdk_device.cli",
                 "run",
