@@ -173,6 +173,9 @@ class DeviceAgent:
             "fetch_s": fetch_s,
             "peak_rss_mb": peak_rss_mb(),
             "runtime": runtime_name,
+            # the label histogram (never the data): FedDM's similarity tree and RecipFL's
+            # client descriptor need it
+            "label_counts": np.bincount(self.y).tolist(),
         }
         self._awaiting = task.task_id
         self.endpoint.send(

@@ -96,7 +96,7 @@ class Result(Message):
     """Device -> server: the trained weights (a blob the server pulls) and metrics.
 
     metrics: samples (int > 0), loss (or null), accuracy, wall_time_s, fetch_s,
-    peak_rss_mb, runtime.
+    peak_rss_mb, runtime, label_counts (samples per class).
     """
 
     TYPE: ClassVar[str] = "result"
