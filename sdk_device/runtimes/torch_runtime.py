@@ -12,6 +12,16 @@ from .recipe import Recipe
 from .torch_model import SpecModel, build_model, load_numpy, state_numpy
 
 
+def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` covering ``n`` samples in batches of ``batch_size``. A lone
+    trailing sample joins the batch before it (BatchNorm cannot train on a batch of one),
+    so no sample is dropped."""
+    bounds = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
+
+
 class TorchRuntime:
     """Runs the model a torchspec/1 program describes, in torch eager mode on the CPU."""
 
@@ -52,14 +62,14 @@ class TorchRuntime:
                                   weight_decay=recipe.weight_decay)
         xt, yt = torch.from_numpy(np.ascontiguousarray(x, np.float32)), torch.from_numpy(y.astype(np.int64))
         gen = torch.Generator().manual_seed(recipe.seed)
-        n, steps_per_epoch = len(yt), -(-len(yt) // recipe.batch_size)
-        if n > 1 and n % recipe.batch_size == 1:
-            steps_per_epoch -= 1  # drop a lone trailing sample: BatchNorm cannot train on a batch of one
+        n = len(yt)
+        batches = batch_bounds(n, recipe.batch_size)
+        steps_per_epoch = len(batches)
         total_loss = correct = seen = 0.0
         for epoch in range(recipe.epochs):
             order = torch.randperm(n, generator=gen)
-            for step in range(steps_per_epoch):
-                idx = order[step * recipe.batch_size:(step + 1) * recipe.batch_size]
+            for step, (start, stop) in enumerate(batches):
+                idx = order[start:stop]
                 outputs = model(xt[idx])
                 loss = sum(F.cross_entropy(out, yt[idx]) for out in outputs)
                 opt.zero_grad(set_to_none=True)

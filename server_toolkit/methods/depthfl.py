@@ -1,0 +1,81 @@
+"""Depth split without hypernetwork ("multi-exit, no HN"): the DepthFL-style baseline.
+
+Tier ``t`` trains the prefix of the multi-exit global model through exit ``t``
+(``submodels.exit_split``); the device's loss is the unweighted sum of CE over its exits.
+Aggregation: every global tensor is the sample-weighted mean over the clients that trained
+it; tensors nobody trained this round keep their value (``reconstruct.present_average``).
+DepthFL's mutual self-distillation between exits is not part of this baseline: it is
+HypeMeFed's ablation "multi-exit, no hypernetwork".
+
+Client recipe (HypeMeFed's table): Adam, lr ``client_lr`` (default 0.005, the paper's
+value for its smallest dataset, UniMiB, whose size is closest to digits), batch
+``client_batch_size`` (default 16, idem); epochs, weight decay and seed come from the
+user's recipe. ``user_recipe=True`` hands out the user's recipe unchanged.
+
+Evaluation: the global model's final exit gives ``accuracy``/``loss`` (as the paper
+reports); ``accuracy_exit<i>`` adds every exit's accuracy on the same data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from sdk_device.runtimes.recipe import Recipe
+
+from ..models.exit_eval import exit_accuracies
+from ..reconstruct.present_average import average_present
+from ..submodels.exit_split import ExitSplit, name_map, tier_of_names
+from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+
+
+def exit_split_recipe(recipe: Recipe, client_lr: float, client_batch_size: int, user_recipe: bool) -> Recipe:
+    """The recipe devices get: the user's, or the user's with Adam, ``client_lr``, ``client_batch_size``."""
+    if user_recipe:
+        return recipe
+    return dataclasses.replace(recipe, optimizer="adam", lr=client_lr, batch_size=client_batch_size)
+
+
+class DepthFL(Method):
+    """Exit-split sub-models, plain averaging of the layers each client has."""
+
+    name = "depthfl"
+
+    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = 0.005,
+                 client_batch_size: int = 16, user_recipe: bool = False) -> None:
+        super().__init__(global_spec, recipe)
+        self.client_recipe = exit_split_recipe(recipe, client_lr, client_batch_size, user_recipe)
+        self.planner = ExitSplit()
+
+    def configure_train(self, round_number: int, global_weights: Weights,
+                        devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        instructions = []
+        for device in devices:
+            sub = self.planner.plan(self.global_spec, global_weights, device.tier, round_number)
+            instructions.append(TrainInstruction(device.device_id, sub.spec, sub.weights, self.client_recipe,
+                                                 sub.index_map))
+        return instructions
+
+    def client_tensors(self, global_weights: Weights, update: ClientUpdate) -> tuple[int, Weights]:
+        """(tier, the update's tensors under their global names). The tier comes from the
+        instruction's index map, or from the tensor names when that map does not fit (an
+        update re-planned after a server restart without the device's tier)."""
+        names = set(update.weights)
+        mapping = update.instruction.index_map.get("to_global", {})
+        tier = update.instruction.index_map.get("tier")
+        if set(mapping) != names:
+            tier = tier_of_names(self.global_spec, names, list(global_weights))
+            mapping = name_map(self.global_spec, tier, list(global_weights))
+        return tier, {mapping[sub]: value for sub, value in update.weights.items()}
+
+    def aggregate_train(self, round_number: int, global_weights: Weights,
+                        updates: list[ClientUpdate]) -> Weights:
+        contributions = [(self.client_tensors(global_weights, u)[1], float(u.num_samples)) for u in updates]
+        return average_present(global_weights, contributions)
+
+    def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
+        out = super().evaluate(global_weights, x, y)
+        for i, accuracy in enumerate(exit_accuracies(self.global_spec, global_weights, x, y), start=1):
+            out[f"accuracy_exit{i}"] = accuracy
+        return out

@@ -1,0 +1,44 @@
+"""FedAvg-S and FedAvg-L for exit-split (multi-exit) models, with HypeMeFed's device recipe.
+
+* ``fedavg-s-exit``: every device trains the tier-1 prefix (through exit 1) whatever its
+  tier; that prefix is the global model and is evaluated at its only exit. Its initial
+  weights are the prefix of the full model's (same seed), so runs start alike.
+* ``fedavg-l-exit``: every device trains the full multi-exit model (the upper bound that
+  ignores device limits); evaluated at the final exit.
+
+Both: sample-weighted FedAvg; recipe options as ``depthfl`` (Adam, ``client_lr``,
+``client_batch_size``, ``user_recipe``).
+"""
+
+from __future__ import annotations
+
+from sdk_device.runtimes.recipe import Recipe
+
+from ..submodels.exit_split import name_map, prefix_spec
+from .base import Weights
+from .depthfl import exit_split_recipe
+from .fedavg import FedAvg
+
+
+class FedAvgLargeExit(FedAvg):
+    name = "fedavg-l-exit"
+
+    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = 0.005,
+                 client_batch_size: int = 16, user_recipe: bool = False) -> None:
+        super().__init__(global_spec, exit_split_recipe(recipe, client_lr, client_batch_size, user_recipe))
+
+
+class FedAvgShallowExit(FedAvgLargeExit):
+    name = "fedavg-s-exit"
+
+    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = 0.005,
+                 client_batch_size: int = 16, user_recipe: bool = False) -> None:
+        super().__init__(prefix_spec(global_spec, 1), recipe, client_lr, client_batch_size, user_recipe)
+        self.full_spec = global_spec
+
+    def initial_weights(self, seed: int) -> Weights:
+        """The tier-1 prefix of the full model's seeded initial weights."""
+        from sdk_device.runtimes.torch_model import build_model, state_numpy
+
+        full = state_numpy(build_model(self.full_spec, seed=seed))
+        return {sub: full[g] for sub, g in name_map(self.full_spec, 1, list(full)).items()}

@@ -1,0 +1,152 @@
+"""The server's set of hypernetworks for an exit-split model: which conv generates which,
+how they learn each round, and the chained generation of what a shallow client lacks.
+
+Pairs: the conv weights of segment ``n + 1`` are generated from those of segment ``n``
+(one hypernetwork per target conv). Decision (the paper is silent; the authors' code pairs
+"same position" convs of consecutive VGG blocks): within each kernel size, segment
+``n + 1``'s convs are matched to segment ``n``'s from the end — target ``j`` of ``m`` takes
+source ``p - m + j`` of ``p`` (clamped at 0). For the VGG this maps block 2's two convs to
+block 3's and block 3's to block 4's, as the code does; a target conv whose kernel size
+does not occur in the previous segment is never generated.
+
+Round: ``train_round`` fits every hypernetwork on this round's clients that trained both
+its segments (warm start from the last round); ``generate_missing`` then fills, for a
+client of tier ``t``, the convs of segments ``t .. S-1`` in order, each from the client's
+own (or already generated) weights of the segment before. A hypernetwork that has never
+had training data generates nothing.
+
+Decision: the hypernetworks train and generate in one torch thread (restored afterwards).
+Their matrices are small (at most k x a few hundred); on a busy 2-core server two threads
+made a round's hypernetwork training 5-10x slower, not faster.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .lrf_hypernet import Hypernet, fit, generate, make_hypernet
+
+Weights = dict[str, np.ndarray]
+Shape = tuple[int, ...]
+Segments = list[list[tuple[str, Shape]]]
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run the enclosed torch work in a single intra-op thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class ConvPair:
+    """Hypernetwork task: generate conv ``target`` (segment ``stage + 1``) from ``source``."""
+
+    stage: int
+    source: str
+    target: str
+    source_shape: Shape
+    target_shape: Shape
+
+
+def conv_pairs(segments: Segments) -> list[ConvPair]:
+    """The (source, target) conv pairs between consecutive segments (see module docstring)."""
+    pairs = []
+    for stage in range(len(segments) - 1):
+        sources, targets = segments[stage], segments[stage + 1]
+        for kernel in sorted({shape[2] for _, shape in targets}):
+            src = [(n, s) for n, s in sources if s[2] == kernel]
+            tgt = [(n, s) for n, s in targets if s[2] == kernel]
+            if not src:
+                continue
+            for j, (t_name, t_shape) in enumerate(tgt):
+                s_name, s_shape = src[max(0, len(src) - len(tgt) + j)]
+                pairs.append(ConvPair(stage, s_name, t_name, tuple(s_shape), tuple(t_shape)))
+    return pairs
+
+
+class HypernetBank:
+    """One hypernetwork per ``ConvPair``; ``kind`` "lrf" (rank ``rank``, None = all) or "naive"."""
+
+    def __init__(self, segments: Segments, kind: str = "lrf", rank: int | None = 100, hidden: int = 512,
+                 epochs: int = 25, lr: float = 5e-4, seed: int = 0) -> None:
+        self.pairs = conv_pairs(segments)
+        self.kind, self.rank, self.hidden = kind, rank, hidden
+        self.epochs, self.lr, self.seed = epochs, lr, seed
+        self.nets: dict[str, Hypernet] = {}
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            for pair in self.pairs:
+                self.nets[pair.target] = make_hypernet(kind, pair.source_shape, pair.target_shape, rank,
+                                                       hidden)
+        self.trained: set[str] = set()
+
+    def num_parameters(self) -> int:
+        """Total trainable parameters of all hypernetworks."""
+        return sum(p.numel() for net in self.nets.values() for p in net.parameters())
+
+    def train_round(self, clients: list[tuple[int, Weights]], round_number: int) -> dict[str, float]:
+        """Fit each hypernetwork on the clients (tier, global-named weights) that trained its
+        target's segment. Returns, per trained target conv, the last epoch's mean MSE relative
+        to the targets' mean square (1.0 = no better than generating zeros)."""
+        losses = {}
+        for index, pair in enumerate(self.pairs):
+            data = [(torch.from_numpy(w[pair.source]), torch.from_numpy(w[pair.target]))
+                    for tier, w in clients if tier >= pair.stage + 2]
+            if not data:
+                continue
+            seed = (self.seed * 1_000_003 + round_number) * 1009 + index
+            with one_torch_thread():
+                history = fit(self.nets[pair.target], data, self.epochs, self.lr, seed)
+            self.trained.add(pair.target)
+            scale = float(np.mean([float(torch.mean(target.float() ** 2)) for _, target in data]))
+            losses[pair.target] = history[-1] / max(scale, 1e-12)
+        return losses
+
+    def generate_missing(self, tier: int, weights: Weights) -> Weights:
+        """Generated conv weights (global names) for the segments a tier-``tier`` client did not
+        train, chained segment by segment from its own weights."""
+        available = dict(weights)
+        generated: Weights = {}
+        for pair in self.pairs:  # sorted by stage, so a source is generated before it is used
+            if pair.stage + 1 < tier or pair.target not in self.trained or pair.source not in available:
+                continue
+            source = torch.from_numpy(np.asarray(available[pair.source], np.float32))
+            with one_torch_thread():
+                value = generate(self.nets[pair.target], source).numpy()
+            available[pair.target] = generated[pair.target] = value
+        return generated
+
+    # -- checkpoint state (JSON-ready) ---------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Trained flags and, for LRF, the hypernetwork weights (base64 float32). The naive
+        networks are too large for a JSON checkpoint: they restart untrained on resume."""
+        state: dict = {"kind": self.kind, "trained": sorted(self.trained)}
+        if self.kind == "lrf":
+            state["nets"] = {target: {name: {"shape": list(t.shape),
+                                             "data": base64.b64encode(t.detach().numpy().tobytes()).decode()}
+                                      for name, t in net.state_dict().items()}
+                             for target, net in self.nets.items()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("kind") != self.kind or "nets" not in state:
+            return
+        for target, tensors in state["nets"].items():
+            if target not in self.nets:
+                continue
+            values = {name: torch.from_numpy(np.frombuffer(base64.b64decode(t["data"]), np.float32)
+                                             .reshape(t["shape"]).copy())
+                      for name, t in tensors.items()}
+            self.nets[target].load_state_dict(values)
+        self.trained = {t for t in state.get("trained", []) if t in self.nets}

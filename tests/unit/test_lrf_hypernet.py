@@ -1,0 +1,224 @@
+"""HypeMeFed's hypernetworks: SVD factors, learning, chained generation, and that generated
+weights really reach the aggregated global model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sdk_device.runtimes.recipe import Recipe
+from sdk_device.runtimes.torch_model import build_model, state_numpy
+from server_toolkit.methods.base import ClientUpdate, DeviceInfo
+from server_toolkit.methods.hypemefed import HypeMeFed, parse_rank
+from server_toolkit.models.zoo import vgg_multi_exit
+from server_toolkit.reconstruct.hypernet_bank import HypernetBank, conv_pairs
+from server_toolkit.reconstruct.lrf_hypernet import (
+    LowRankHypernet,
+    NaiveHypernet,
+    conv_to_matrix,
+    fit,
+    generate,
+    low_rank_factors,
+    matrix_to_conv,
+    mse,
+)
+from server_toolkit.submodels.exit_split import conv_segments
+
+SPEC = vgg_multi_exit((1, 8, 8), 10, channels=(4, 8, 8, 16))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny tensors gain nothing from threads, and on a busy 2-core machine two threads
+    oversubscribe (10x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---- factorisation ---------------------------------------------------------------------------
+
+def test_conv_matrix_layout_and_round_trip():
+    w = torch.randn(5, 3, 3, 3)
+    m = conv_to_matrix(w)
+    assert m.shape == (3 * 3, 5 * 3)
+    oc, ic, kh, kw = 4, 2, 1, 0
+    assert m[ic * 3 + kh, oc * 3 + kw] == w[oc, ic, kh, kw]
+    assert torch.equal(matrix_to_conv(m, tuple(w.shape)), w)
+
+
+@pytest.mark.parametrize("shape", [(16, 8, 3, 3), (8, 16, 3, 3), (6, 4, 1, 1)])
+def test_svd_factors_reconstruct_the_weight_at_full_rank(shape):
+    w = torch.randn(*shape)
+    a, b = low_rank_factors(w, None)
+    assert a.shape[0] == shape[1] * shape[2] and b.shape[1] == shape[0] * shape[3]
+    torch.testing.assert_close(matrix_to_conv(a @ b, shape), w, atol=1e-5, rtol=1e-5)
+
+
+def test_truncated_factors_keep_the_top_k_components():
+    w = torch.randn(16, 8, 3, 3)
+    s = torch.linalg.svdvals(conv_to_matrix(w))
+    for k in (1, 5, 20):
+        a, b = low_rank_factors(w, k)
+        assert a.shape[1] == b.shape[0] == k
+        error = torch.sum((conv_to_matrix(w) - a @ b) ** 2)
+        torch.testing.assert_close(error, torch.sum(s[k:] ** 2), rtol=1e-4, atol=1e-4)  # Eckart-Young
+    a, _ = low_rank_factors(w, 500)  # k above the rank is clipped to the rank
+    assert a.shape[1] == len(s)
+
+
+def test_factor_signs_are_canonical():
+    w = torch.randn(8, 8, 3, 3)
+    a, b = low_rank_factors(w, None)
+    biggest = a.abs().argmax(dim=0)
+    assert (a[biggest, torch.arange(a.shape[1])] > 0).all()
+    a_neg, b_neg = low_rank_factors(-w, None)
+    torch.testing.assert_close(a_neg @ b_neg, -(a @ b), atol=1e-5, rtol=1e-5)
+
+
+def test_lrf_size_does_not_depend_on_k_and_is_far_below_naive():
+    sizes = {k: sum(p.numel() for p in LowRankHypernet((32, 16, 3, 3), (64, 32, 3, 3), k, 64).parameters())
+             for k in (5, 25, None)}
+    assert len(set(sizes.values())) == 1
+    naive = sum(p.numel() for p in NaiveHypernet((32, 16, 3, 3), (64, 32, 3, 3), 64).parameters())
+    assert naive > 5 * sizes[5]
+    net = LowRankHypernet((128, 64, 3, 3), (256, 128, 3, 3), rank=100)
+    a_rows, b_rows = net.encode(torch.randn(128, 64, 3, 3))
+    assert a_rows.shape == (100, 64 * 3) and b_rows.shape == (100, 128 * 3)  # k really is 100
+    assert parse_rank(100) == 100 and parse_rank("all") is None and parse_rank(0) is None
+
+
+# ---- learning --------------------------------------------------------------------------------
+
+def _synthetic_pairs(count: int, seed: int):
+    """Target = P @ source matrix @ Q (a fixed linear relation between the two convs); the
+    sources scatter around one weight, as clients' copies of a layer do."""
+    gen = torch.Generator().manual_seed(123)
+    p, q = torch.randn(8 * 3, 4 * 3, generator=gen) / 4, torch.randn(6 * 3, 10 * 3, generator=gen) / 4
+    centre = torch.randn(6, 4, 3, 3, generator=gen) * 0.3
+    gen = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(count):
+        source = centre + torch.randn(6, 4, 3, 3, generator=gen) * 0.1
+        pairs.append((source, matrix_to_conv(p @ conv_to_matrix(source) @ q, (10, 8, 3, 3))))
+    return pairs
+
+
+@pytest.mark.parametrize("kind", ["lrf", "naive"])
+def test_hypernetwork_trained_on_synthetic_pairs_reduces_mse(kind):
+    torch.manual_seed(0)
+    net = (LowRankHypernet((6, 4, 3, 3), (10, 8, 3, 3), rank=None, hidden=32) if kind == "lrf"
+           else NaiveHypernet((6, 4, 3, 3), (10, 8, 3, 3), hidden=32))
+    train, held_out = _synthetic_pairs(8, seed=1), _synthetic_pairs(8, seed=2)
+    before_train, before_held = mse(net, train), mse(net, held_out)
+    history = fit(net, train, epochs=30, lr=3e-3, seed=0)
+    assert len(history) == 30 and history[-1] < history[0]
+    assert mse(net, train) < 0.3 * before_train
+    assert mse(net, held_out) < 0.5 * before_held  # and to clients it never saw
+
+
+# ---- the bank: pairs, chained generation, state ----------------------------------------------
+
+def _client_weights(seed: int) -> dict:
+    return state_numpy(build_model(SPEC, seed=seed))
+
+
+def test_bank_pairs_last_two_convs_of_a_segment_with_the_next_segments_convs():
+    segments = conv_segments(SPEC)
+    pairs = conv_pairs(segments)
+    assert [(p.stage, p.source, p.target) for p in pairs] == [
+        (0, segments[0][2][0], segments[1][0][0]), (0, segments[0][3][0], segments[1][1][0]),
+        (1, segments[1][0][0], segments[2][0][0]), (1, segments[1][1][0], segments[2][1][0])]
+
+
+def test_bank_trains_on_deep_clients_and_chains_generation_for_shallow_ones():
+    bank = HypernetBank(conv_segments(SPEC), rank=100, hidden=32, epochs=3, seed=0)
+    segments = conv_segments(SPEC)
+    shallow = _client_weights(1)
+    assert bank.generate_missing(1, shallow) == {}  # nothing trained yet: nothing generated
+    losses = bank.train_round([(1, shallow), (2, _client_weights(2))], round_number=1)
+    assert set(losses) == {name for name, _ in segments[1]}  # tier 2 trains only stage 0 -> 1
+    losses = bank.train_round([(3, _client_weights(3)), (3, _client_weights(4))], round_number=2)
+    assert len(losses) == 4 and all(np.isfinite(v) for v in losses.values())
+
+    generated = bank.generate_missing(1, shallow)
+    assert set(generated) == {name for seg in segments[1:] for name, _ in seg}
+    for (name, shape) in segments[1] + segments[2]:
+        assert generated[name].shape == shape and generated[name].dtype == np.float32
+    pair = next(p for p in bank.pairs if p.stage == 1)
+    chained = generate(bank.nets[pair.target], torch.from_numpy(generated[pair.source])).numpy()
+    np.testing.assert_allclose(generated[pair.target], chained, rtol=1e-5, atol=1e-7)
+    # a tier-2 client gets only segment 3, generated from its own segment-2 weights
+    middle = _client_weights(5)
+    from_middle = bank.generate_missing(2, middle)
+    assert set(from_middle) == {name for name, _ in segments[2]}
+    own = generate(bank.nets[pair.target], torch.from_numpy(middle[pair.source])).numpy()
+    np.testing.assert_allclose(from_middle[pair.target], own, rtol=1e-5, atol=1e-7)
+    assert bank.generate_missing(3, _client_weights(6)) == {}
+
+    restored = HypernetBank(conv_segments(SPEC), rank=100, hidden=32, epochs=3, seed=99)
+    restored.load_state_dict(bank.state_dict())
+    again = restored.generate_missing(1, shallow)
+    for name, value in generated.items():
+        np.testing.assert_array_equal(again[name], value)
+
+
+# ---- generated weights reach the global model ------------------------------------------------
+
+def test_generated_conv_weights_enter_the_aggregated_global_model():
+    """Guard against the released code's bug (generated weights never reached aggregation)."""
+    global_weights = _client_weights(0)
+    options = {"hidden": 32, "hn_epochs": 3, "seed": 0}
+    with_hn, without_hn = HypeMeFed(SPEC, Recipe(), **options), HypeMeFed(SPEC, Recipe(), hypernet="none")
+    samples = {"a": (1, 10), "b": (2, 30), "c": (3, 60)}
+    updates = []
+    for dev, (tier, n) in samples.items():
+        instruction = with_hn.configure_train(1, global_weights, [DeviceInfo(dev, n, str(tier))])[0]
+        trained = state_numpy(build_model(SPEC, seed=tier + 10))
+        weights = {sub: trained[g] for sub, g in instruction.index_map["to_global"].items()}
+        updates.append(ClientUpdate(dev, n, weights, {}, instruction))
+    new_hn = with_hn.aggregate_train(1, global_weights, updates)
+    new_plain = without_hn.aggregate_train(1, global_weights, updates)
+
+    segments = conv_segments(SPEC)
+    client = {u.device_id: with_hn.client_tensors(global_weights, u)[1] for u in updates}
+    generated_a, generated_b = (with_hn.bank.generate_missing(1, client["a"]),
+                                with_hn.bank.generate_missing(2, client["b"]))
+    for name, _ in segments[2]:  # deepest convs: 1 real + 2 generated contributions
+        expected = (60 * client["c"][name] + 10 * generated_a[name] + 30 * generated_b[name]) / 100
+        np.testing.assert_allclose(new_hn[name], expected, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(new_hn[name], new_plain[name])
+        np.testing.assert_array_equal(new_plain[name], client["c"][name])
+    for name, _ in segments[1]:
+        expected = (30 * client["b"][name] + 60 * client["c"][name] + 10 * generated_a[name]) / 100
+        np.testing.assert_allclose(new_hn[name], expected, rtol=1e-5, atol=1e-6)
+    conv_names = {name for seg in segments for name, _ in seg}
+    for name in global_weights:  # BN and classifiers are never generated
+        if name not in conv_names:
+            np.testing.assert_array_equal(new_hn[name], new_plain[name])
+    stats = with_hn.aggregate_evaluate(1, updates)
+    assert stats["generated"] == 4 + 2 and stats["hn_trained"] == 4
+
+
+def test_hypemefed_state_survives_a_restart():
+    method = HypeMeFed(SPEC, Recipe(), hidden=16, hn_epochs=2)
+    method.bank.train_round([(3, _client_weights(1))], round_number=1)
+    state = method.state_dict()
+    import json
+
+    fresh = HypeMeFed(SPEC, Recipe(), hidden=16, hn_epochs=2, seed=5)
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    shallow = _client_weights(2)
+    a, b = method.bank.generate_missing(1, shallow), fresh.bank.generate_missing(1, shallow)
+    assert set(a) == set(b) and len(a) == 4
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_hypemefed_refuses_bad_options():
+    with pytest.raises(ValueError, match="hypernet"):
+        HypeMeFed(SPEC, Recipe(), hypernet="big")
+    with pytest.raises(ValueError, match="multi-exit"):
+        HypeMeFed(vgg_multi_exit((1, 8, 8), 10, channels=(4, 8), exits_after=()), Recipe())
