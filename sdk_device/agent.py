@@ -22,6 +22,7 @@ from .protocol import messages as msgs
 from .protocol.blobs import DEFAULT_CHUNK_BYTES, decode_tensors, encode_tensors
 from .protocol.errors import ProtocolError
 from .protocol.topics import FleetTopics
+from .runtime_choice import RuntimeChooser, trainable_offers
 from .runtimes.recipe import Recipe
 from .runtimes.registry import available_runtimes, create_runtime, pick_runtime
 from .transport.blob_store import BlobStore
@@ -65,6 +66,7 @@ class DeviceAgent:
             password=config.password,
             ca_file=config.ca_file,
         )
+        self.chooser = RuntimeChooser(Path(config.work_dir))
         self._stop = threading.Event()
         self._runtimes: dict[str, object] = {}
         self._loaded_program: dict[str, str] = {}  # runtime -> program blob id loaded
@@ -141,6 +143,16 @@ class DeviceAgent:
         except ValueError as exc:
             self._refuse(task, "unsupported_task", str(exc))
             return
+        self.chooser.remember_task(task)
+        offers = trainable_offers(task, self.config.runtimes)
+        try:  # the fastest runtime that passes parity on this very program, tested once
+            chosen = self.chooser.choose(task, offers, lambda ref: self.endpoint.fetch(SERVER, ref),
+                                         self.x[:256], self.y[:256])
+        except Exception:  # a failing self-test must not cost the round
+            log.exception("runtime self-test failed; using the preference order")
+            chosen = None
+        if chosen is not None:
+            runtime_name, fmt = chosen, offers[chosen]
         program_ref = next(p for p in task.programs if p.format == fmt)
         log.info("round %d: task %s with %s (%s)", task.round, task.task_id[:8], runtime_name, fmt)
         try:

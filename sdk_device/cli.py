@@ -79,6 +79,40 @@ def run(
 
 
 @main.command()
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".fedsdk"),
+              show_default=True, help="The agent's work directory (holds the last task's programs).")
+@click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Local data (.npz with x, y): a few samples are used.")
+@click.option("--steps", default=5, show_default=True, help="Timed training steps per runtime.")
+def bench(work_dir, data_path, steps) -> None:
+    """Parity (vs torch autograd) and speed of every runtime here, on this device's own program."""
+    from .data.npz import load_npz
+    from .protocol import messages as msgs
+    from .protocol.blobs import decode_tensors
+    from .runtimes.recipe import Recipe
+    from .runtimes.selftest import fastest_passing, format_table, run_selftest
+    from .transport.blob_store import BlobStore
+
+    last = work_dir / "last_task.json"
+    if not last.is_file():
+        raise click.ClickException(f"no task seen yet in {work_dir}: run the agent (fedsdk run) first")
+    task = msgs.decode(last.read_bytes())
+    store = BlobStore(work_dir / "blobs")
+    missing = [p.format for p in task.programs if not store.has(p.id)]
+    programs = {p.format: store.get(p.id) for p in task.programs if store.has(p.id)}
+    if not store.has(task.weights.id) or "torchspec/1" not in programs:
+        raise click.ClickException("the last task's reference program or weights are not cached; "
+                                   "wait for the next task")
+    x, y = load_npz(data_path)
+    rows = run_selftest(programs, decode_tensors(store.get(task.weights.id)), x, y,
+                        Recipe.from_dict(task.recipe), steps=steps)
+    click.echo(format_table(rows))
+    if missing:
+        click.echo(f"(programs not cached here, not tested: {', '.join(missing)})")
+    click.echo(f"fastest runtime that passed parity: {fastest_passing(rows) or 'none'}")
+
+
+@main.command()
 def info() -> None:
     """Print this device's profile (architecture, cores, memory, runtimes) as JSON."""
     from .runtimes.registry import available_runtimes

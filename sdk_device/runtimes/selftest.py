@@ -12,6 +12,8 @@ programs is checked against the torch reference through the ``Runtime`` interfac
   tol * max(1, max |reference change|).
 * speed: milliseconds per training step with the task's recipe (batch size, optimizer),
   after one warm-up step, ``steps`` steps timed.
+* evaluation-only runtimes (``train`` raises NotImplementedError): the mean loss of one
+  batch against torch (tolerance 1e-4) and milliseconds per evaluated batch.
 
 Runtimes expose dropout control as a ``dropout_enabled`` attribute (the torch runtime's
 dropout modules are switched off directly); a runtime with neither cannot be checked on a
@@ -101,7 +103,11 @@ def run_selftest(programs: dict[str, bytes], weights: dict[str, np.ndarray], x: 
         torch_rt = create_runtime("torch")
         torch_rt.load_program(programs[REFERENCE_FORMAT], REFERENCE_FORMAT)
         _disable_dropout(torch_rt)
+        torch_rt.set_weights(weights)
+        reference_eval = torch_rt.evaluate(batch_x, batch_y).loss
         reference = _one_step(torch_rt, weights, batch_x, batch_y, recipe.seed)
+    else:
+        reference_eval = None
     rows = []
     for name in names:
         fmt = next((f for f in FORMATS[name] if f in programs), None)
@@ -109,28 +115,53 @@ def run_selftest(programs: dict[str, bytes], weights: dict[str, np.ndarray], x: 
             continue
         runtime = create_runtime(name)
         runtime.load_program(programs[fmt], fmt)
-        passed = loss_error = grad_error = None
-        note = ""
-        if reference is None:
-            note = "no torch reference here"
-        elif has_dropout and not _disable_dropout(runtime):
-            note = "dropout cannot be switched off in this runtime"
-        else:
-            loss, after = _one_step(runtime, weights, batch_x, batch_y, recipe.seed)
-            ref_loss, ref_after = reference
-            loss_error = abs(loss - ref_loss)
-            grad_error = max(float(np.abs((after[k] - weights[k]) - (v - weights[k])).max())
-                             / max(1.0, float(np.abs(v - weights[k]).max())) for k, v in ref_after.items())
-            passed = loss_error <= tolerance and grad_error <= tolerance
-            note = "reference" if name == "torch" else ""
-        ms = _time_steps(runtime, weights, x, y, recipe, steps)
-        rows.append(SelftestRow(name, fmt, passed, loss_error, grad_error, ms, note))
+        try:
+            rows.append(_training_row(name, fmt, runtime, weights, x, y, recipe, steps, tolerance,
+                                      reference, has_dropout))
+        except NotImplementedError:  # an evaluation-only runtime
+            rows.append(_eval_only_row(name, fmt, runtime, weights, batch_x, batch_y, reference_eval, steps))
     return rows
 
 
+def _training_row(name: str, fmt: str, runtime, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                  recipe: Recipe, steps: int, tolerance: float,
+                  reference: tuple[float, dict[str, np.ndarray]] | None, has_dropout: bool) -> SelftestRow:
+    passed = loss_error = grad_error = None
+    note = ""
+    if reference is None:
+        note = "no torch reference here"
+    elif has_dropout and not _disable_dropout(runtime):
+        note = "dropout cannot be switched off in this runtime"
+    else:
+        batch_x, batch_y = x[:recipe.batch_size], y[:recipe.batch_size]
+        loss, after = _one_step(runtime, weights, batch_x, batch_y, recipe.seed)
+        ref_loss, ref_after = reference
+        loss_error = abs(loss - ref_loss)
+        grad_error = max(float(np.abs((after[k] - weights[k]) - (v - weights[k])).max())
+                         / max(1.0, float(np.abs(v - weights[k]).max())) for k, v in ref_after.items())
+        passed = loss_error <= tolerance and grad_error <= tolerance
+        note = "reference" if name == "torch" else ""
+    ms = _time_steps(runtime, weights, x, y, recipe, steps)
+    return SelftestRow(name, fmt, passed, loss_error, grad_error, ms, note)
+
+
+def _eval_only_row(name: str, fmt: str, runtime, weights: dict[str, np.ndarray], x: np.ndarray,
+                   y: np.ndarray, reference_loss: float | None, steps: int) -> SelftestRow:
+    """Eval parity (mean loss of one batch vs torch, tolerance 1e-4) and ms per eval batch."""
+    runtime.set_weights(weights)
+    loss = runtime.evaluate(x, y).loss
+    loss_error = None if reference_loss is None else abs(loss - reference_loss)
+    started = time.perf_counter()
+    for _ in range(steps):
+        runtime.evaluate(x, y)
+    ms = (time.perf_counter() - started) * 1000.0 / steps
+    passed = None if loss_error is None else loss_error <= 1e-4
+    return SelftestRow(name, fmt, passed, loss_error, None, ms, "evaluation only: ms per eval batch")
+
+
 def fastest_passing(rows: list[SelftestRow]) -> str | None:
-    """Name of the fastest runtime that passed parity (None if none passed)."""
-    passing = [r for r in rows if r.passed and r.ms_per_step is not None]
+    """Name of the fastest training runtime that passed parity (None if none passed)."""
+    passing = [r for r in rows if r.passed and r.grad_error is not None and r.ms_per_step is not None]
     return min(passing, key=lambda r: r.ms_per_step).runtime if passing else None
 
 
@@ -143,7 +174,8 @@ def format_table(rows: list[SelftestRow]) -> str:
         parity = "-" if r.passed is None else ("pass" if r.passed else "FAIL")
         loss_e = "-" if r.loss_error is None else f"{r.loss_error:.1e}"
         grad_e = "-" if r.grad_error is None else f"{r.grad_error:.1e}"
-        ratio = f"{r.ms_per_step / torch_ms:.2f}" if torch_ms and r.ms_per_step else "-"
+        trains = not r.note.startswith("evaluation only")
+        ratio = f"{r.ms_per_step / torch_ms:.2f}" if torch_ms and r.ms_per_step and trains else "-"
         lines.append(f"{r.runtime:<12} {r.format:<12} {parity:<7} {loss_e:>9} {grad_e:>9} "
                      f"{r.ms_per_step:>8.1f} {ratio:>8}  {r.note}")
     return "\n".join(lines)

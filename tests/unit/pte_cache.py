@@ -1,0 +1,47 @@
+"""A pytest fixture that exports ExecuTorch programs once and keeps them across test runs.
+
+Exporting takes seconds per program, so programs are cached in pytest's cache directory,
+keyed by the spec, loss, batch and the exporter's source code and versions (a change to
+the exporter re-exports). ``pytest --cache-clear`` forces fresh exports. To use it,
+import ``cached_programs`` into a test module and ask for the ``program_for`` fixture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from pathlib import Path
+
+import pytest
+
+import export
+from export.executorch import export_training_program
+from sdk_device.protocol import modelspec
+
+EXPORTER_SOURCES = ("executorch", "program_model", "decompositions", "losses")
+
+
+def exporter_version() -> str:
+    folder = Path(export.__file__).parent
+    digest = hashlib.sha256(b"".join((folder / f"{name}.py").read_bytes() for name in EXPORTER_SOURCES))
+    for package in ("torch", "executorch"):
+        digest.update(importlib.metadata.version(package).encode())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="session", name="program_for")
+def cached_programs(request):
+    """program_for(spec, loss, batch) -> .pte bytes (exported once, then read from disk)."""
+    cache_dir = Path(request.config.cache.mkdir("fedsdk-pte"))
+    version = exporter_version()
+
+    def get(spec: dict, loss: dict, batch: int) -> bytes:
+        key = hashlib.sha256(modelspec.dumps(spec) + json.dumps(loss, sort_keys=True).encode()
+                             + f"{batch}:{version}".encode()).hexdigest()
+        path = cache_dir / f"{key}.pte"
+        if not path.exists():
+            path.write_bytes(export_training_program(spec, loss, batch))
+        return path.read_bytes()
+
+    return get
