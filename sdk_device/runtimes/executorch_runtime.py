@@ -15,7 +15,9 @@ sample is dropped. Dropout masks are drawn here from the recipe's seed and passe
 Programs take channels-last input; the data is transposed once per call, not per step.
 Data order per epoch is ``torch.randperm`` with the recipe's seed, as in the torch runtime.
 
-Imports torch and executorch; the registry imports this module only when asked.
+The parts of a program exported with the XNNPACK backend (the default) run in XNNPACK,
+which shares ExecuTorch's threadpool (``threads``). Imports torch and executorch; the
+registry imports this module only when asked.
 """
 
 from __future__ import annotations

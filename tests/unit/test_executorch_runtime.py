@@ -124,6 +124,8 @@ def test_bad_inputs_are_refused(runtime, program_for, digits):
         ExecutorchRuntime().load_program(program_for(SPEC, CE, BATCH), "torchspec/1")
     with pytest.raises(RuntimeError):
         ExecutorchRuntime().get_weights()
+    with pytest.raises((RuntimeError, ValueError)):
+        ExecutorchRuntime().load_program(b"not a program", "pte/1")
     kd = ExecutorchRuntime()
     kd.load_program(program_for(SPEC, {"kind": "kd", "temperature": 2.0, "alpha": 0.5}, BATCH), "pte/1")
     kd.set_weights(weights)
