@@ -23,3 +23,15 @@ def mosquitto(tmp_path):
 @pytest.fixture(autouse=True)
 def _quiet_paho():
     logging.getLogger("paho").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's torch work on one thread: tiny tensors gain nothing from threads, and
+    on a busy 2-core machine two threads oversubscribe (measured 10x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -29,13 +29,8 @@ SPEC = vgg_multi_exit((1, 8, 8), 10, channels=(4, 8, 8, 16))
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors gain nothing from threads, and on a busy 2-core machine two threads
-    oversubscribe (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """Tiny tensors gain nothing from threads (see tests/conftest.py)."""
 
 
 # ---- factorisation ---------------------------------------------------------------------------

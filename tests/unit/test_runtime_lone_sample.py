@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from sdk_device.protocol import modelspec
 from sdk_device.runtimes.recipe import Recipe
@@ -13,13 +12,8 @@ from server_toolkit.models.zoo import vgg_multi_exit
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors gain nothing from threads, and on a busy 2-core machine two threads
-    oversubscribe (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """Tiny tensors gain nothing from threads (see tests/conftest.py)."""
 
 
 def test_vgg_on_8x8_trains_when_one_sample_would_be_left_over():
