@@ -75,6 +75,33 @@ class SimulationConfig:
         return json.dumps(asdict(self), indent=2)
 
 
+def start_device_process(broker_url: str, fleet: str, device_id: str, data_path: Path, work_dir: Path,
+                         log_path: Path, runtime: str | None = None,
+                         python: str | None = None) -> subprocess.Popen:
+    """Start one device agent process (``fedsdk run``), logging to ``log_path``."""
+    cmd = [python or sys.executable, "-m", "sdk_device.cli", "run", "--broker", broker_url,
+           "--fleet", fleet, "--device-id", device_id, "--data", str(data_path),
+           "--work-dir", str(work_dir)]
+    if runtime:
+        cmd += ["--runtime", runtime]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    """SIGTERM every process (agents stop cleanly on it), then kill what is still alive."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def new_run_dir(root: Path = Path("runs")) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = root / stamp
@@ -131,41 +158,15 @@ class Simulation:
         return data
 
     def start_devices(self, broker: BrokerAddress) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         for dev in self.device_ids():
             dev_dir = self.run_dir / "devices" / dev
-            cmd = [
-                self.config.device_python or sys.executable,
-                "-m",
-                "sdk_device.cli",
-                "run",
-                "--broker",
-                broker.url,
-                "--fleet",
-                self.config.fleet,
-                "--device-id",
-                dev,
-                "--data",
-                str(dev_dir / "data.npz"),
-                "--work-dir",
-                str(dev_dir / "work"),
-            ]
-            if self.config.device_runtime:
-                cmd += ["--runtime", self.config.device_runtime]
-            with open(dev_dir / "agent.log", "ab") as log_file:
-                self.device_procs.append(
-                    subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-                )
+            self.device_procs.append(start_device_process(
+                broker.url, self.config.fleet, dev, dev_dir / "data.npz", dev_dir / "work",
+                dev_dir / "agent.log", runtime=self.config.device_runtime,
+                python=self.config.device_python))
 
     def stop_devices(self) -> None:
-        for proc in self.device_procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.device_procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.device_procs)
         self.device_procs = []
 
     def run(self) -> RunReport:

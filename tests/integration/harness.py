@@ -4,7 +4,6 @@ device agents as real processes (or threads, for misbehaving test devices)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from server_toolkit.models.zoo import model_spec
 from server_toolkit.orchestrator.server import Orchestrator, OrchestratorConfig
 from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.partition import partition
+from server_toolkit.sim.simulate import start_device_process, stop_processes
 
 RECIPE = Recipe(epochs=5, batch_size=16, lr=0.05)
 
@@ -67,28 +67,8 @@ class Fleet:
     def start_process(self, dev: str, data_path: Path, register: bool = True) -> None:
         if register:
             self.registry.add_device(dev)
-        cmd = [
-            sys.executable,
-            "-m",
-            "sdk_device.cli",
-            "run",
-            "--broker",
-            self.broker.url,
-            "--fleet",
-            self.fleet,
-            "--device-id",
-            dev,
-            "--data",
-            str(data_path),
-            "--work-dir",
-            str(self.root / dev / "work"),
-        ]
-        log = open(self.root / f"{dev}.log", "wb")  # noqa: SIM115 - lives as long as the process
-        self.procs.append(
-            subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env={"OMP_NUM_THREADS": "1", **_env()}
-            )
-        )
+        self.procs.append(start_device_process(
+            self.broker.url, self.fleet, dev, data_path, self.root / dev / "work", self.root / f"{dev}.log"))
 
     def start_thread(self, agent: DeviceAgent, register: bool = True) -> DeviceAgent:
         if register:
@@ -112,19 +92,8 @@ class Fleet:
     def close(self) -> None:
         for agent, _ in self.threads:
             agent.stop()
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.procs)
         for _, thread in self.threads:
             thread.join(timeout=10)
         self.endpoint.close()  # the registry stays open for the test's assertions
 
-
-def _env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
