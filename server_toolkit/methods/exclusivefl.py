@@ -1,0 +1,76 @@
+"""ExclusiveFL (RecipFL's baseline): two separate FedAvg federations, one per device role.
+
+Strong devices train the large model and average it among themselves (with one strong
+device this is local training); weak devices train the small model and average it among
+themselves. The global weights hold both models, their tensor names prefixed ``large.``
+and ``small.``; a group that sends nothing in a round keeps its weights. Central
+evaluation reports ``accuracy_large``/``accuracy_small`` (``accuracy`` is the large
+model's). Options: ``small_model`` (default "width:0.25"), ``strong_tiers`` ("strong");
+see ``strong_weak``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sdk_device.runtimes.recipe import Recipe
+
+from ..reconstruct.average import weighted_average
+from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from .strong_weak import STRONG, evaluate_spec, strong_weak
+
+LARGE, SMALL = "large", "small"
+
+
+def with_prefix(weights: Weights, prefix: str) -> Weights:
+    return {f"{prefix}.{name}": value for name, value in weights.items()}
+
+
+def without_prefix(weights: Weights, prefix: str) -> Weights:
+    cut = len(prefix) + 1
+    return {name[cut:]: value for name, value in weights.items() if name.startswith(prefix + ".")}
+
+
+class ExclusiveFL(Method):
+    name = "exclusivefl"
+
+    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str = "width:0.25",
+                 strong_tiers: str | list[str] = "strong") -> None:
+        super().__init__(global_spec, recipe)
+        self.fleet = strong_weak(global_spec, small_model, strong_tiers)
+        self.specs = {LARGE: self.fleet.large, SMALL: self.fleet.small}
+
+    def model_of(self, device: DeviceInfo) -> str:
+        return LARGE if self.fleet.role(device) == STRONG else SMALL
+
+    def initial_weights(self, seed: int) -> Weights:
+        from sdk_device.runtimes.torch_model import build_model, state_numpy
+
+        return {**with_prefix(state_numpy(build_model(self.specs[LARGE], seed=seed)), LARGE),
+                **with_prefix(state_numpy(build_model(self.specs[SMALL], seed=seed)), SMALL)}
+
+    def configure_train(self, round_number: int, global_weights: Weights,
+                        devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        out = []
+        for device in devices:
+            model = self.model_of(device)
+            out.append(TrainInstruction(device.device_id, self.specs[model],
+                                        without_prefix(global_weights, model), self.recipe))
+        return out
+
+    def aggregate_train(self, round_number: int, global_weights: Weights,
+                        updates: list[ClientUpdate]) -> Weights:
+        new = dict(global_weights)
+        for model in (LARGE, SMALL):
+            group = [(u.weights, u.num_samples) for u in updates if self.fleet.model_of(u.weights) == model]
+            if group:
+                new.update(with_prefix(weighted_average(group), model))
+        return new
+
+    def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
+        out = {}
+        for model in (LARGE, SMALL):
+            stats = evaluate_spec(self.specs[model], without_prefix(global_weights, model), x, y)
+            out[f"accuracy_{model}"], out[f"loss_{model}"] = stats["accuracy"], stats["loss"]
+        return {"accuracy": out["accuracy_large"], "loss": out["loss_large"], **out}
+

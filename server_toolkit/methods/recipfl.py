@@ -1,0 +1,230 @@
+"""RecipFL (seed 003): a graph hypernetwork generates every device's weights.
+
+The server holds one graph hypernetwork (GHN, ``reconstruct.graph_hypernet``) and, per
+device, its label distribution (the client descriptor) and its models' last weights
+pooled to at most 128 scalars per operator (what the GHN's weight encoder reads). A round:
+
+* weak device: the GHN generates its small model from the small model's operator graph
+  (``reconstruct.op_graph``, traced from the spec), its pooled weights and its descriptor;
+  the device trains it with CE;
+* strong device: the GHN generates a large and a small model; the large one travels as a
+  trainable teacher (``Task.teacher`` with ``train=True``): the device trains it first (CE),
+  then trains the small one with the KT loss (``recipfl_kt``: CE + CE to the teacher's
+  probabilities + KL over the last-hidden features) and returns both;
+* server: for every returned model, the GHN regenerates it (same graph, pooled weights and
+  descriptor as when it was sent, current GHN parameters) and takes the vector-Jacobian
+  step with grad_outputs = generated - trained (``reconstruct.hypernet_step``: total norm
+  clipped at ``max_norm``, Adam ``hn_lr``), then stores the device's new pooled weights and
+  reported label histogram.
+
+A device only ever receives its own architectures and generated weights. The "global
+weights" the orchestrator keeps and checkpoints are the GHN's parameters.
+
+Options (``--method-option key=value``): ``small_model`` ("width:0.25"), ``strong_tiers``
+("strong") (see ``strong_weak``); ``kt`` (true; false: the strong device's small model is
+trained with plain CE, RecipFL "w/o KT"); ``hidden`` (64, node state), ``weight_dim`` (32),
+``decoder_hidden`` (128), ``steps`` (τ = 1), ``max_dim`` (256, decoder block cap); ``hn_lr``
+(1e-3, the authors' code), ``max_norm`` (50), ``server_step`` ("client": one Adam step per
+returned model set, clients in shuffled order, as pFedHN; "round": one step on the sum over
+the round, Eq. 4 as printed); ``seed`` (0); ``label_counts`` ({device: counts}, a
+descriptor known before the device first reports).
+
+Decisions where the paper is silent: the descriptor of a device that has not reported yet is
+the uniform distribution; a device's pooled weights start as its architecture's seeded
+initialisation; every returned model counts equally (no sample weighting); BatchNorm running
+statistics are not generated and stay on the device (a task carries only parameters); the
+generated weights are deterministic (no dropout in the GHN). Central evaluation (server test
+data) generates each architecture with the test labels' distribution and the mean pooled
+weights of the devices running it; the personalised accuracy is what
+``bench/accuracy_recipfl.py`` measures. The Adam state is not checkpointed: ``--resume``
+restarts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+import numpy as np
+import torch
+
+from sdk_device.runtimes.recipe import Recipe
+
+from ..reconstruct.graph_hypernet import GraphHypernet
+from ..reconstruct.hypernet_step import hypernet_step
+from ..reconstruct.op_graph import extract_graph, pooled_weights
+from .base import ClientUpdate, DeviceInfo, Method, TeacherSpec, TrainInstruction, Weights, split_teacher
+from .strong_weak import STRONG, evaluate_spec, strong_weak
+
+LARGE, SMALL = "large", "small"
+
+
+class RecipFL(Method):
+    name = "recipfl"
+
+    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str = "width:0.25",
+                 strong_tiers: str | list[str] = "strong", kt: bool = True, hidden: int = 64,
+                 weight_dim: int = 32, decoder_hidden: int = 128, steps: int = 1, max_dim: int = 256,
+                 hn_lr: float = 1e-3, max_norm: float = 50.0, server_step: str = "client", seed: int = 0,
+                 label_counts: dict | None = None) -> None:
+        super().__init__(global_spec, recipe)
+        if server_step not in ("client", "round"):
+            raise ValueError(f"server_step must be 'client' or 'round', got {server_step!r}")
+        self.fleet = strong_weak(global_spec, small_model, strong_tiers)
+        self.specs = {LARGE: self.fleet.large, SMALL: self.fleet.small}
+        self.graphs = {model: extract_graph(spec) for model, spec in self.specs.items()}
+        self.shapes = {model: graph.param_shapes() for model, graph in self.graphs.items()}
+        self.num_classes = int(global_spec["num_classes"])
+        self.hn_options = {"hidden": hidden, "weight_dim": weight_dim, "decoder_hidden": decoder_hidden,
+                           "steps": steps, "max_dim": max_dim}
+        self.hypernet = self._new_hypernet(seed)
+        self.optimizer = torch.optim.Adam(self.hypernet.parameters(), lr=hn_lr)
+        self.max_norm, self.server_step, self.seed = max_norm, server_step, seed
+        self.student_recipe = dataclasses.replace(recipe, loss="recipfl_kt") if kt else recipe
+        self.initial_pooled = {model: self._init_pooled(model, seed) for model in self.specs}
+        self.pooled: dict[str, dict[str, list[np.ndarray]]] = {}  # device -> model -> per-node pooled
+        self.descriptors: dict[str, np.ndarray] = {}
+        for device_id, counts in (label_counts or {}).items():
+            self.set_label_counts(str(device_id), counts)
+        self.last_round: dict = {}
+
+    # -- the hypernetwork and what it reads ------------------------------------------------
+    def _new_hypernet(self, seed: int) -> GraphHypernet:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            return GraphHypernet(list(self.graphs.values()), self.num_classes, **self.hn_options)
+
+    def _init_pooled(self, model: str, seed: int) -> list[np.ndarray]:
+        from sdk_device.runtimes.torch_model import build_model, state_numpy
+
+        return pooled_weights(self.graphs[model], state_numpy(build_model(self.specs[model], seed=seed)))
+
+    def hypernet_weights(self) -> Weights:
+        return {name: t.detach().numpy().copy() for name, t in self.hypernet.state_dict().items()}
+
+    def _load(self, weights: Weights) -> None:
+        """Make the GHN's parameters ``weights`` (in place: the optimizer keeps its state)."""
+        state = self.hypernet.state_dict()
+        if set(weights) != set(state):
+            raise ValueError("the global weights are not this method's hypernetwork")
+        with torch.no_grad():
+            for name, tensor in state.items():
+                tensor.copy_(torch.from_numpy(np.asarray(weights[name])))
+
+    def set_label_counts(self, device_id: str, counts) -> None:
+        """Store a device's descriptor (its label histogram, normalised); bad input is ignored."""
+        values = np.asarray(counts, np.float64).ravel()
+        if (values.size > self.num_classes or not np.isfinite(values).all() or (values < 0).any()
+                or values.sum() <= 0):
+            return
+        padded = np.zeros(self.num_classes)
+        padded[:values.size] = values
+        self.descriptors[device_id] = (padded / padded.sum()).astype(np.float32)
+
+    def descriptor(self, device_id: str) -> np.ndarray:
+        return self.descriptors.get(device_id, np.full(self.num_classes, 1.0 / self.num_classes, np.float32))
+
+    def device_pooled(self, device_id: str, model: str) -> list[np.ndarray]:
+        return self.pooled.get(device_id, {}).get(model, self.initial_pooled[model])
+
+    def generate(self, device_id: str, model: str) -> dict[str, torch.Tensor]:
+        """The GHN's weights for ``device_id``'s ``model`` (differentiable)."""
+        return self.hypernet.generate(self.graphs[model], self.device_pooled(device_id, model),
+                                      self.descriptor(device_id))
+
+    def generate_numpy(self, device_id: str, model: str) -> Weights:
+        with torch.no_grad():
+            return {name: t.numpy().copy() for name, t in self.generate(device_id, model).items()}
+
+    # -- the Method interface --------------------------------------------------------------
+    def initial_weights(self, seed: int) -> Weights:
+        self._load({k: v.detach().numpy() for k, v in self._new_hypernet(seed).state_dict().items()})
+        return self.hypernet_weights()
+
+    def configure_train(self, round_number: int, global_weights: Weights,
+                        devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        self._load(global_weights)
+        instructions = []
+        for device in devices:
+            small = self.generate_numpy(device.device_id, SMALL)
+            if self.fleet.role(device) == STRONG:
+                teacher = TeacherSpec(self.specs[LARGE], self.generate_numpy(device.device_id, LARGE), train=True)
+                instructions.append(TrainInstruction(device.device_id, self.specs[SMALL], small,
+                                                     self.student_recipe, {"role": STRONG}, teacher=teacher))
+            else:
+                instructions.append(TrainInstruction(device.device_id, self.specs[SMALL], small, self.recipe,
+                                                     {"role": "weak"}))
+        return instructions
+
+    def returned_models(self, update: ClientUpdate) -> dict[str, Weights]:
+        """{"small": ..., "large": ...} of an update (the large one for strong devices only)."""
+        student, teacher = split_teacher(update.weights)
+        models = {self.fleet.model_of(student): student}
+        if teacher:
+            models[self.fleet.model_of(teacher)] = teacher
+        return {model: {name: weights[name] for name in self.shapes[model]} for model, weights in models.items()}
+
+    def aggregate_train(self, round_number: int, global_weights: Weights,
+                        updates: list[ClientUpdate]) -> Weights:
+        started = time.perf_counter()
+        self._load(global_weights)
+        returned = [(u.device_id, self.returned_models(u)) for u in updates]
+        random.Random(self.seed * 100003 + round_number).shuffle(returned)
+        gaps, norms = [], []
+        groups = [returned] if self.server_step == "round" else [[item] for item in returned]
+        for group in groups:
+            generated, trained = [], []
+            for device_id, models in group:
+                for model, weights in models.items():
+                    fresh = self.generate(device_id, model)
+                    generated += [fresh[name] for name in self.shapes[model]]
+                    trained += [torch.from_numpy(np.asarray(weights[name], np.float32)) for name in self.shapes[model]]
+            norms.append(float(hypernet_step(generated, trained, list(self.hypernet.parameters()), self.optimizer,
+                                             max_norm=self.max_norm)))
+            gaps.append(_rms_gap(generated, trained))
+        for device_id, models in returned:
+            self.pooled[device_id] = {**self.pooled.get(device_id, {}),
+                                      **{m: pooled_weights(self.graphs[m], w) for m, w in models.items()}}
+        for update in updates:
+            if "label_counts" in update.metrics:
+                self.set_label_counts(update.device_id, update.metrics["label_counts"])
+        self.last_round = {"hn_gap_rms": float(np.mean(gaps)), "hn_grad_norm": float(np.mean(norms)),
+                           "hn_server_s": time.perf_counter() - started}
+        return self.hypernet_weights()
+
+    def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
+        return {**super().aggregate_evaluate(round_number, updates), **self.last_round}
+
+    def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
+        from sdk_device.runtimes.torch_model import build_model, state_numpy
+
+        self._load(global_weights)
+        descriptor = np.bincount(y, minlength=self.num_classes)[:self.num_classes] / max(len(y), 1)
+        out = {}
+        for model, graph in self.graphs.items():
+            seen = [p[model] for p in self.pooled.values() if model in p]
+            pooled = [np.mean(nodes, axis=0) for nodes in zip(*seen, strict=True)] if seen else \
+                self.initial_pooled[model]
+            with torch.no_grad():
+                generated = {k: v.numpy() for k, v in self.hypernet.generate(graph, pooled, descriptor).items()}
+            weights = {**state_numpy(build_model(self.specs[model], seed=self.seed)), **generated}
+            stats = evaluate_spec(self.specs[model], weights, x, y)
+            out[f"accuracy_{model}"], out[f"loss_{model}"] = stats["accuracy"], stats["loss"]
+        return {"accuracy": out["accuracy_large"], "loss": out["loss_large"], **out}
+
+    def state_dict(self) -> dict:
+        return {"descriptors": {k: v.tolist() for k, v in self.descriptors.items()},
+                "pooled": {dev: {m: [p.tolist() for p in nodes] for m, nodes in models.items()}
+                           for dev, models in self.pooled.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.descriptors = {k: np.asarray(v, np.float32) for k, v in state.get("descriptors", {}).items()}
+        self.pooled = {dev: {m: [np.asarray(p, np.float32) for p in nodes] for m, nodes in models.items()}
+                       for dev, models in state.get("pooled", {}).items()}
+
+
+def _rms_gap(generated: list[torch.Tensor], trained: list[torch.Tensor]) -> float:
+    """Root-mean-square of generated - trained over every element."""
+    total = sum(float(((g.detach() - t) ** 2).sum()) for g, t in zip(generated, trained, strict=True))
+    return (total / max(sum(t.numel() for t in trained), 1)) ** 0.5
