@@ -149,7 +149,8 @@ class RecipFL(Method):
         for device in devices:
             small = self.generate_numpy(device.device_id, SMALL)
             if self.fleet.role(device) == STRONG:
-                teacher = TeacherSpec(self.specs[LARGE], self.generate_numpy(device.device_id, LARGE), train=True)
+                large = self.generate_numpy(device.device_id, LARGE)
+                teacher = TeacherSpec(self.specs[LARGE], large, train=True)
                 instructions.append(TrainInstruction(device.device_id, self.specs[SMALL], small,
                                                      self.student_recipe, {"role": STRONG}, teacher=teacher))
             else:
@@ -163,7 +164,8 @@ class RecipFL(Method):
         models = {self.fleet.model_of(student): student}
         if teacher:
             models[self.fleet.model_of(teacher)] = teacher
-        return {model: {name: weights[name] for name in self.shapes[model]} for model, weights in models.items()}
+        return {model: {name: weights[name] for name in self.shapes[model]}
+                for model, weights in models.items()}
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
@@ -171,25 +173,27 @@ class RecipFL(Method):
         self._load(global_weights)
         returned = [(u.device_id, self.returned_models(u)) for u in updates]
         random.Random(self.seed * 100003 + round_number).shuffle(returned)
-        gaps, norms = [], []
+        gaps = []
         groups = [returned] if self.server_step == "round" else [[item] for item in returned]
         for group in groups:
             generated, trained = [], []
             for device_id, models in group:
                 for model, weights in models.items():
                     fresh = self.generate(device_id, model)
-                    generated += [fresh[name] for name in self.shapes[model]]
-                    trained += [torch.from_numpy(np.asarray(weights[name], np.float32)) for name in self.shapes[model]]
-            norms.append(float(hypernet_step(generated, trained, list(self.hypernet.parameters()), self.optimizer,
-                                             max_norm=self.max_norm)))
-            gaps.append(_rms_gap(generated, trained))
+                    generated += [fresh[name].reshape(-1) for name in self.shapes[model]]
+                    trained += [torch.from_numpy(np.asarray(weights[name], np.float32)).reshape(-1)
+                                for name in self.shapes[model]]
+            generated_flat, trained_flat = torch.cat(generated), torch.cat(trained)
+            hypernet_step(generated_flat, trained_flat, list(self.hypernet.parameters()), self.optimizer,
+                          max_norm=self.max_norm)
+            gaps.append(float((generated_flat.detach() - trained_flat).pow(2).mean().sqrt()))
         for device_id, models in returned:
             self.pooled[device_id] = {**self.pooled.get(device_id, {}),
                                       **{m: pooled_weights(self.graphs[m], w) for m, w in models.items()}}
         for update in updates:
             if "label_counts" in update.metrics:
                 self.set_label_counts(update.device_id, update.metrics["label_counts"])
-        self.last_round = {"hn_gap_rms": float(np.mean(gaps)), "hn_grad_norm": float(np.mean(norms)),
+        self.last_round = {"hn_gap_rms": float(np.mean(gaps)), "hn_models": sum(len(m) for _, m in returned),
                            "hn_server_s": time.perf_counter() - started}
         return self.hypernet_weights()
 
@@ -207,7 +211,8 @@ class RecipFL(Method):
             pooled = [np.mean(nodes, axis=0) for nodes in zip(*seen, strict=True)] if seen else \
                 self.initial_pooled[model]
             with torch.no_grad():
-                generated = {k: v.numpy() for k, v in self.hypernet.generate(graph, pooled, descriptor).items()}
+                generated = self.hypernet.generate(graph, pooled, descriptor)
+            generated = {name: tensor.numpy() for name, tensor in generated.items()}
             weights = {**state_numpy(build_model(self.specs[model], seed=self.seed)), **generated}
             stats = evaluate_spec(self.specs[model], weights, x, y)
             out[f"accuracy_{model}"], out[f"loss_{model}"] = stats["accuracy"], stats["loss"]
@@ -222,9 +227,3 @@ class RecipFL(Method):
         self.descriptors = {k: np.asarray(v, np.float32) for k, v in state.get("descriptors", {}).items()}
         self.pooled = {dev: {m: [np.asarray(p, np.float32) for p in nodes] for m, nodes in models.items()}
                        for dev, models in state.get("pooled", {}).items()}
-
-
-def _rms_gap(generated: list[torch.Tensor], trained: list[torch.Tensor]) -> float:
-    """Root-mean-square of generated - trained over every element."""
-    total = sum(float(((g.detach() - t) ** 2).sum()) for g, t in zip(generated, trained, strict=True))
-    return (total / max(sum(t.numel() for t in trained), 1)) ** 0.5
