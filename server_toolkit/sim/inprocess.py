@@ -8,6 +8,7 @@ accuracy over many rounds and devices.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
     """Run ``rounds`` rounds of ``method`` over ``devices`` (sampling ``clients_per_round``)."""
     rng = random.Random(seed)
     weights = method.initial_weights(seed)
-    runtimes: dict[bytes, TorchRuntime] = {}
+    runtimes: dict[tuple[bytes, str], TorchRuntime] = {}
     by_id = {d.info.device_id: d for d in devices}
     rows = []
     for rnd in range(1, rounds + 1):
@@ -51,17 +52,23 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
         updates = []
         for instruction in method.configure_train(rnd, weights, [d.info for d in chosen]):
             device = by_id[instruction.device_id]
-            program = modelspec.dumps(instruction.spec)
-            if program not in runtimes:
-                runtimes[program] = TorchRuntime()
-                runtimes[program].load_program(program, modelspec.FORMAT)
-            runtime = runtimes[program]
-            runtime.set_weights(instruction.weights)
             recipe = Recipe.from_dict({**instruction.recipe.to_dict(), "seed": seed * 100003 + rnd})
-            stats = runtime.train(device.x, device.y, recipe)
-            updates.append(ClientUpdate(instruction.device_id, len(device.y), runtime.get_weights(),
-                                        {"samples": stats.samples, "loss": stats.loss,
-                                         "accuracy": stats.accuracy}, instruction))
+            extras, returned = None, {}
+            if instruction.teacher is not None:  # as the agent does: (train,) then predict
+                teacher = _runtime(runtimes, instruction.teacher.spec, "teacher")
+                teacher.set_weights(instruction.teacher.weights)
+                if instruction.teacher.train:
+                    teacher.train(device.x, device.y, dataclasses.replace(recipe, loss="ce"))
+                    returned = {f"teacher.{k}": v for k, v in teacher.get_weights().items()}
+                logits, features = teacher.predict(device.x)
+                extras = {"teacher_logits": logits, "teacher_features": features}
+            runtime = _runtime(runtimes, instruction.spec, "student")
+            runtime.set_weights(instruction.weights)
+            stats = runtime.train(device.x, device.y, recipe, extras=extras)
+            metrics = {"samples": stats.samples, "loss": stats.loss, "accuracy": stats.accuracy,
+                       "label_counts": np.bincount(device.y).tolist()}
+            trained = {**runtime.get_weights(), **returned}
+            updates.append(ClientUpdate(instruction.device_id, len(device.y), trained, metrics, instruction))
         weights = method.aggregate_train(rnd, weights, updates)
         row = {"round": rnd, "accepted": len(updates), **method.aggregate_evaluate(rnd, updates)}
         if test_data is not None:
@@ -70,3 +77,12 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
         if on_round:
             on_round(row)
     return RunResult(rows, weights)
+
+
+def _runtime(runtimes: dict, spec: dict, role: str) -> TorchRuntime:
+    """A cached runtime for ``spec`` (a teacher and its student may share a spec, not a runtime)."""
+    key = (modelspec.dumps(spec), role)
+    if key not in runtimes:
+        runtimes[key] = TorchRuntime()
+        runtimes[key].load_program(key[0], modelspec.FORMAT)
+    return runtimes[key]
