@@ -5,19 +5,21 @@ quantity skew: ``--strong`` strong devices (default 2) hold 50% of them, IID; ``
 weak devices (default 12) share the other half equally in count, each with a Dir(alpha)
 label mix (alpha 0.5 as the paper, and 0.1). Each device's part is split 80/20 into local
 train / local test, so a device is tested on its own distribution. Large model: LeNet-5
-(21.4k parameters on 8x8); small model: LeNet-5 cut to width 0.3 ("width:0.3", 2.3k, the
-paper's small/large ratio on MNIST is 13%). ``--clients-per-round`` devices per round
+(21.4k parameters on 8x8). Small model, one table per scaling (as the paper's Table 3):
+"width": LeNet-5 cut to width 0.3 (2.3k parameters; the paper's small/large ratio on MNIST
+is 13%); "depth": LeNet-5's two conv blocks and a linear classifier (3.2k).
+``--clients-per-round`` devices per round
 (default min(M, 10), the paper's), ``--rounds`` rounds; every method trains with the same
 recipe (SGD lr 0.05, momentum 0.9, batch 16, ``--epochs`` local epochs).
 
 Methods:
 * AllSmall: FedAvg of the small model on every device (strong devices too).
 * ExclusiveFL: FedAvg of the large model among strong devices, of the small among weak.
-* HeteroFL: width-shared large model; strong devices ratio 1.0, weak 0.3 (the same small
-  architecture as the others).
-* DepthFL: LeNet-5 with an exit after its second conv block (3.2k parameters up to it);
-  weak devices train that prefix, strong devices everything (``depthfl``: sum of CE over
-  exits, no self-distillation).
+* HeteroFL (width only): width-shared large model; strong devices ratio 1.0, weak 0.3 (the
+  same small architecture as the others).
+* DepthFL (depth only): LeNet-5 with an exit after its second conv block; weak devices train
+  the prefix through it (the same small architecture as the others), strong devices
+  everything (``depthfl``: sum of CE over exits, no self-distillation).
 * RecipFL, and RecipFL w/o KT (the strong device's small model trained with CE only).
 
 Measure (the paper's): in each of the last 20% of rounds, every device takes the model the
@@ -55,9 +57,11 @@ from server_toolkit.models.zoo import lenet5
 from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.inprocess import LocalDevice, run_rounds
 from server_toolkit.sim.partition import partition
+from server_toolkit.submodels.exit_split import prefix_spec
 
 SMALL_RATIO = 0.3
 METHODS = ("allsmall", "exclusivefl", "heterofl", "depthfl", "recipfl", "recipfl-nokt")
+APPLIES = {"heterofl": "width", "depthfl": "depth"}  # the baselines that need one kind of small model
 LABELS = {"allsmall": "AllSmall", "exclusivefl": "ExclusiveFL", "heterofl": "HeteroFL", "depthfl": "DepthFL",
           "recipfl": "RecipFL", "recipfl-nokt": "RecipFL w/o KT"}
 
@@ -68,7 +72,8 @@ def lenet5_with_exit(input_shape, num_classes: int) -> dict:
     cut = next(i for i, layer in enumerate(layers) if layer["op"] == "flatten")
     features = modelspec.infer_shapes(layers[:cut + 1], tuple(input_shape), "layers")[0][0]
     head = [{"op": "flatten"}, {"op": "linear", "in": features, "out": num_classes}]
-    return modelspec.make(input_shape, num_classes, [*layers[:cut], {"op": "exit", "head": head}, *layers[cut:]])
+    layers = [*layers[:cut], {"op": "exit", "head": head}, *layers[cut:]]
+    return modelspec.make(input_shape, num_classes, layers)
 
 
 @dataclasses.dataclass
@@ -82,8 +87,8 @@ def make_fleet(alpha: float, num_strong: int, num_weak: int, seed: int) -> tuple
     data = load_dataset("digits", seed=seed)
     x = np.concatenate([data.x_train, data.x_test])
     y = np.concatenate([data.y_train, data.y_test])
-    parts = partition(y, num_strong + num_weak, "quantity-skew", seed=seed, alpha=alpha, num_strong=num_strong,
-                      strong_share=0.5)
+    parts = partition(y, num_strong + num_weak, "quantity-skew", seed=seed, alpha=alpha,
+                      num_strong=num_strong, strong_share=0.5)
     rng = np.random.default_rng(seed)
     devices, tests, strong = [], {}, set()
     for i, idx in enumerate(parts):
@@ -99,10 +104,12 @@ def make_fleet(alpha: float, num_strong: int, num_weak: int, seed: int) -> tuple
     return Fleet(devices, tests, strong), data
 
 
-def build(key: str, input_shape, num_classes: int, recipe: Recipe, fleet: Fleet) -> tuple[Method, list[LocalDevice]]:
+def build(key: str, setting: str, input_shape, num_classes: int, recipe: Recipe,
+          fleet: Fleet) -> tuple[Method, list[LocalDevice]]:
     """The method and the devices as it sees them (DepthFL's tiers are exit counts)."""
     spec = lenet5(input_shape, num_classes)
-    small = f"width:{SMALL_RATIO}"
+    with_exit = lenet5_with_exit(input_shape, num_classes)
+    small = f"width:{SMALL_RATIO}" if setting == "width" else prefix_spec(with_exit, 1)
     devices = fleet.devices
     if key == "allsmall":
         method: Method = AllSmall(spec, recipe, small_model=small)
@@ -111,7 +118,7 @@ def build(key: str, input_shape, num_classes: int, recipe: Recipe, fleet: Fleet)
     elif key == "heterofl":
         method = HeteroFL(spec, recipe, tier_ratios={"strong": 1.0, "weak": SMALL_RATIO})
     elif key == "depthfl":
-        method = DepthFL(lenet5_with_exit(input_shape, num_classes), recipe, user_recipe=True)
+        method = DepthFL(with_exit, recipe, user_recipe=True)
         devices = [dataclasses.replace(d, info=dataclasses.replace(d.info, tier="2" if d.info.tier == "strong"
                                                                      else "1")) for d in devices]
     else:
@@ -137,9 +144,9 @@ def personal_accuracy(spec: dict, weights: dict, device: LocalDevice, test, reci
     return runtime.evaluate(*test).accuracy
 
 
-def run_method(key: str, fleet: Fleet, data, args) -> dict:
+def run_method(key: str, setting: str, fleet: Fleet, data, args) -> dict:
     recipe = Recipe(epochs=args.epochs, batch_size=16, optimizer="sgd", lr=0.05, momentum=0.9, seed=args.seed)
-    method, devices = build(key, data.input_shape, data.num_classes, recipe, fleet)
+    method, devices = build(key, setting, data.input_shape, data.num_classes, recipe, fleet)
     by_id = {d.info.device_id: d for d in devices}
     first_scored = args.rounds - max(1, round(0.2 * args.rounds)) + 1
     strong_scores, weak_scores, server_s = [], [], []
@@ -169,8 +176,10 @@ def run_method(key: str, fleet: Fleet, data, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--alphas", default="0.5,0.1")
+    parser.add_argument("--settings", default="width,depth", help="small model: width and/or depth scaling")
     parser.add_argument("--strong", type=int, default=2)
     parser.add_argument("--weak", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=50)
@@ -181,30 +190,34 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # tiny models; the machine is shared
     tables = {}
-    for alpha in [float(a) for a in args.alphas.split(",")]:
-        fleet, data = make_fleet(alpha, args.strong, args.weak, args.seed)
-        print(f"alpha {alpha}:", flush=True)
-        rows = {}
-        for key in args.methods.split(","):
-            rows[key] = run_method(key, fleet, data, args)
-            r = rows[key]
-            print(f"  {LABELS[key]:<15} strong {r['strong']:.4f}  weak {r['weak']:.4f}  "
-                  f"server {r['server_s'] * 1000:.0f} ms/round  ({r['seconds']:.0f} s)", flush=True)
-        tables[alpha] = rows
+    for setting in args.settings.split(","):
+        for alpha in [float(a) for a in args.alphas.split(",")]:
+            fleet, data = make_fleet(alpha, args.strong, args.weak, args.seed)
+            print(f"{setting} scaling, alpha {alpha}:", flush=True)
+            rows = {}
+            for key in args.methods.split(","):
+                if APPLIES.get(key, setting) != setting:
+                    continue
+                rows[key] = r = run_method(key, setting, fleet, data, args)
+                print(f"  {LABELS[key]:<15} strong {r['strong']:.4f}  weak {r['weak']:.4f}  "
+                      f"server {r['server_s'] * 1000:.0f} ms/round  ({r['seconds']:.0f} s)", flush=True)
+            tables[(setting, alpha)] = rows
     print(f"\ndigits, quantity skew: {args.strong} strong devices (50% of the data, IID) + {args.weak} weak "
-          f"(Dir(alpha)), {args.clients_per_round} per round, {args.rounds} rounds, {args.epochs} local epochs, "
-          f"LeNet-5 large / width-{SMALL_RATIO} small, seed {args.seed}; accuracy = mean over the last 20% of "
+          f"(Dir(alpha)), {args.clients_per_round} per round, {args.rounds} rounds, {args.epochs} local "
+          f"epochs, "
+          f"LeNet-5 large, seed {args.seed}; accuracy = mean over the last 20% of "
           f"rounds after 1 epoch of local fine-tuning, on each device's own test split")
-    print(f"{'alpha':>5}  {'method':<15} {'strong':>7} {'weak':>7} {'server ms/rd':>12} {'HN MB':>6} {'time s':>7}")
-    for alpha, rows in tables.items():
+    print(f"{'small':<6} {'alpha':>5}  {'method':<15} {'strong':>7} {'weak':>7} {'server ms/rd':>12} "
+          f"{'HN MB':>6} {'time s':>7}")
+    for (setting, alpha), rows in tables.items():
         for key, r in rows.items():
             mb = f"{r['hn_mb']:.1f}" if r["hn_mb"] is not None else "-"
-            print(f"{alpha:>5}  {LABELS[key]:<15} {100 * r['strong']:>7.2f} {100 * r['weak']:>7.2f} "
-                  f"{1000 * r['server_s']:>12.0f} {mb:>6} {r['seconds']:>7.0f}")
+            print(f"{setting:<6} {alpha:>5}  {LABELS[key]:<15} {100 * r['strong']:>7.2f} "
+                  f"{100 * r['weak']:>7.2f} {1000 * r['server_s']:>12.0f} {mb:>6} {r['seconds']:>7.0f}")
         base = [rows[k] for k in ("allsmall", "exclusivefl") if k in rows]
         if "recipfl" in rows and base:
             best_strong, best_weak = max(b["strong"] for b in base), max(b["weak"] for b in base)
-            print(f"{alpha:>5}  RecipFL - best of ExclusiveFL/AllSmall: strong "
+            print(f"{setting:<6} {alpha:>5}  RecipFL - best of ExclusiveFL/AllSmall: strong "
                   f"{100 * (rows['recipfl']['strong'] - best_strong):+.2f} pt, weak "
                   f"{100 * (rows['recipfl']['weak'] - best_weak):+.2f} pt (paper: +3.6 / +8.7)")
     print("HN MB = hypernetwork parameters + Adam moments (float32).")

@@ -17,6 +17,6 @@ from .strong_weak import strong_weak
 class AllSmall(FedAvg):
     name = "allsmall"
 
-    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str = "width:0.25",
+    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str | dict = "width:0.25",
                  strong_tiers: str | list[str] = "strong") -> None:
         super().__init__(strong_weak(global_spec, small_model, strong_tiers).small, recipe)

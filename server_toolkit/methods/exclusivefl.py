@@ -34,7 +34,7 @@ def without_prefix(weights: Weights, prefix: str) -> Weights:
 class ExclusiveFL(Method):
     name = "exclusivefl"
 
-    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str = "width:0.25",
+    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str | dict = "width:0.25",
                  strong_tiers: str | list[str] = "strong") -> None:
         super().__init__(global_spec, recipe)
         self.fleet = strong_weak(global_spec, small_model, strong_tiers)

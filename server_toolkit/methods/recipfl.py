@@ -63,7 +63,7 @@ LARGE, SMALL = "large", "small"
 class RecipFL(Method):
     name = "recipfl"
 
-    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str = "width:0.25",
+    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str | dict = "width:0.25",
                  strong_tiers: str | list[str] = "strong", kt: bool = True, hidden: int = 64,
                  weight_dim: int = 32, decoder_hidden: int = 128, steps: int = 1, max_dim: int = 256,
                  hn_lr: float = 1e-3, max_norm: float = 50.0, server_step: str = "client", seed: int = 0,

@@ -11,7 +11,8 @@ Architectures. A strong device can run the *large* model, the method's global sp
 * ``"width:<r>"`` (default ``"width:0.25"``): the global model with every hidden layer cut
   to ``ceil(r * C)`` of its C channels, which is exactly HeteroFL's sub-model of ratio r,
   so width-scaled baselines train the same small architecture;
-* a zoo model name (``small_cnn``, ``lenet5``, ...), built for the same input and classes.
+* a zoo model name (``small_cnn``, ``lenet5``, ...), built for the same input and classes;
+* a torchspec/1 spec (a dict, from Python), with the global model's input and classes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+
+from sdk_device.protocol import modelspec
 
 from ..models.zoo import model_spec
 from ..submodels.width import width_layout
@@ -69,8 +72,14 @@ def model_tensors(spec: dict) -> tuple[dict[str, tuple[int, ...]], set[str]]:
     return shapes, {name for name, _ in model.named_parameters()}
 
 
-def small_spec(global_spec: dict, small_model: str) -> dict:
+def small_spec(global_spec: dict, small_model: str | dict) -> dict:
     """The small architecture named by ``small_model`` (see the module docstring)."""
+    if isinstance(small_model, dict):
+        modelspec.validate(small_model)
+        if (small_model["input_shape"], small_model["num_classes"]) != (global_spec["input_shape"],
+                                                                        global_spec["num_classes"]):
+            raise ValueError("the small model must take the global model's input and classes")
+        return small_model
     if small_model.startswith("width:"):
         try:
             ratio = float(small_model.split(":", 1)[1])
@@ -82,12 +91,12 @@ def small_spec(global_spec: dict, small_model: str) -> dict:
     return model_spec(small_model, global_spec["input_shape"], global_spec["num_classes"])
 
 
-def strong_weak(global_spec: dict, small_model: str = "width:0.25",
+def strong_weak(global_spec: dict, small_model: str | dict = "width:0.25",
                 strong_tiers: str | list[str] = STRONG) -> StrongWeak:
     """Build the fleet description from a method's options (``strong_tiers``: a name, a
     comma-separated list or a list)."""
     names = strong_tiers.split(",") if isinstance(strong_tiers, str) else list(strong_tiers)
-    return StrongWeak(global_spec, small_spec(global_spec, str(small_model)),
+    return StrongWeak(global_spec, small_spec(global_spec, small_model),
                       frozenset(n.strip() for n in names if n.strip()))
 
 

@@ -56,20 +56,21 @@ def test_descriptors_personalise_the_generated_weights():
     assert np.allclose(method.descriptor("w1")[:3], [0.25, 0.75, 0])
 
 
-def _trained(instruction_weights, rng, step=0.05):
-    return {k: v + step * rng.standard_normal(v.shape).astype(np.float32)
-            for k, v in instruction_weights.items()}
+def _shifted(weights, shift):
+    return {k: v + shift[k] for k, v in weights.items()}
 
 
-def test_aggregate_moves_the_generated_weights_toward_the_trained_ones():
-    method, weights = make(hn_lr=1e-4)
+@pytest.mark.parametrize("server_step", ["client", "round"])
+def test_aggregate_moves_the_generated_weights_toward_the_trained_ones(server_step):
+    method, weights = make(hn_lr=1e-4, server_step=server_step)
     rng = np.random.default_rng(0)
     weak, strong = method.configure_train(1, weights, [WEAK, STRONG])
-    updates = [ClientUpdate("w0", 40, _trained(weak.weights, rng), {"label_counts": [4] * K}, weak),
-               ClientUpdate("s0", 200, {**_trained(strong.weights, rng),
-                                        **{f"teacher.{k}": v for k, v in _trained(strong.teacher.weights,
-                                                                                 rng).items()}},
-                            {}, strong)]
+    # one target per architecture (both small models were generated from the same inputs)
+    shift = {model: {k: 0.05 * rng.standard_normal(v.shape).astype(np.float32) for k, v in sent.items()}
+             for model, sent in (("small", weak.weights), ("large", strong.teacher.weights))}
+    teacher = {f"teacher.{k}": v for k, v in _shifted(strong.teacher.weights, shift["large"]).items()}
+    updates = [ClientUpdate("w0", 40, _shifted(weak.weights, shift["small"]), {"label_counts": [4] * K}, weak),
+               ClientUpdate("s0", 200, {**_shifted(strong.weights, shift["small"]), **teacher}, {}, strong)]
     assert not method.pooled  # nothing returned yet: generation read the initial weights, uniform labels
     strong_student, strong_teacher = split_teacher(updates[1].weights)
     targets = [("small", updates[0].weights), ("small", strong_student), ("large", strong_teacher)]
