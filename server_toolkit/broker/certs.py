@@ -53,7 +53,8 @@ class CertFiles:
         missing = [p.name for p in (self.ca_pem, self.server_pem, self.server_key) if not p.is_file()]
         if missing:
             raise FileNotFoundError(
-                f"{self.directory} lacks {', '.join(missing)}: run fedsdk-server certs init --dir {self.directory}"
+                f"{self.directory} lacks {', '.join(missing)}: "
+                f"run fedsdk-server certs init --dir {self.directory}"
             )
         return self
 
@@ -111,9 +112,9 @@ def init_certs(directory: str | Path, hosts: list[str] | None = None, new_ca: bo
             .not_valid_after(now + dt.timedelta(days=CA_DAYS))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
-                x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                              key_encipherment=False, data_encipherment=False, key_agreement=False,
-                              encipher_only=False, decipher_only=False),
+                x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                              content_commitment=False, key_encipherment=False, data_encipherment=False,
+                              key_agreement=False, encipher_only=False, decipher_only=False),
                 critical=True,
             )
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)

@@ -55,8 +55,8 @@ def mosquitto_config(
     lines = ["user root"] if os.geteuid() == 0 else []
     lines.append(f"listener {port} {host}")
     if tls_dir is not None:
-        lines += [f"cafile {tls_dir}/ca.pem", f"certfile {tls_dir}/server.pem", f"keyfile {tls_dir}/server.key",
-                  "tls_version tlsv1.2"]
+        lines += [f"cafile {tls_dir}/ca.pem", f"certfile {tls_dir}/server.pem",
+                  f"keyfile {tls_dir}/server.key", "tls_version tlsv1.2"]
     if security_dir is not None:
         lines += ["allow_anonymous false", f"password_file {security_dir}/mosquitto.passwd",
                   f"acl_file {security_dir}/mosquitto.acl", f"pid_file {security_dir}/mosquitto.pid"]

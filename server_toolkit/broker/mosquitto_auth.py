@@ -156,7 +156,7 @@ class MosquittoAuthFiles:
         directory = Path(directory)
         check_name("fleet name", fleet)
         if (directory / STATE_FILE).exists():
-            raise SecurityDirError(f"{directory / STATE_FILE} exists already: the fleet's accounts live there")
+            raise SecurityDirError(f"{directory / STATE_FILE} exists already: it holds the fleet's accounts")
         directory.mkdir(parents=True, exist_ok=True)
         state = {
             "format": 1,
@@ -184,7 +184,8 @@ class MosquittoAuthFiles:
 
     def devices(self) -> list[str]:
         """Device accounts on the broker, sorted."""
-        return sorted(u for u in read_passwd(self.directory / PASSWD_FILE) if not u.startswith(RESERVED_PREFIX))
+        accounts = read_passwd(self.directory / PASSWD_FILE)
+        return sorted(u for u in accounts if not u.startswith(RESERVED_PREFIX))
 
     def grant_device(self, device_id: str, password: str) -> None:
         check_device_account(device_id)

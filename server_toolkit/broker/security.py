@@ -54,7 +54,7 @@ def check_device_account(device_id: str) -> str:
     """``device_id`` if it can be a device account (a safe topic level, not a service name)."""
     check_name("device id", device_id)
     if device_id.startswith(RESERVED_PREFIX):
-        raise ValueError(f"invalid device id {device_id!r}: ids starting with {RESERVED_PREFIX!r} are reserved")
+        raise ValueError(f"invalid device id {device_id!r}: ids starting with {RESERVED_PREFIX!r} are taken")
     return device_id
 
 
