@@ -69,7 +69,8 @@ def fleet(secured_mosquitto):
 
 
 def device(secured, clients, dev: str, subscriptions: list[str]) -> Client:
-    client = Client(secured, f"fedsdk-dev-{secured.fleet}-{dev}", dev, f"password-{dev}", subscriptions).start()
+    client_id = f"fedsdk-dev-{secured.fleet}-{dev}"
+    client = Client(secured, client_id, dev, f"password-{dev}", subscriptions).start()
     clients.append(client)
     return client
 
@@ -91,8 +92,9 @@ def test_a_device_cannot_read_or_write_another_devices_subtree(fleet):
     assert a.payloads() == {b"server to A", b"broadcast"}
 
     # A writes into B's subtree, spoofs the server status and the broadcast: nobody gets it.
-    for topic in (f"{base}/dev/B/down", f"{base}/dev/B/down/chunk", f"{base}/dev/B/up", f"{base}/dev/B/status",
-                  f"{base}/server/status", f"{base}/broadcast/all", "fedsdk/v1/other-fleet/dev/B/down"):
+    for topic in (f"{base}/dev/B/down", f"{base}/dev/B/down/chunk", f"{base}/dev/B/up",
+                  f"{base}/dev/B/status", f"{base}/server/status", f"{base}/broadcast/all",
+                  "fedsdk/v1/other-fleet/dev/B/down"):
         a.publish(topic, b"forged by A")
     a.publish(f"{base}/dev/A/up", b"A sentinel")
     assert server.wait_for(b"A sentinel")
