@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sdk_device.transport.mqtt_link import BrokerAddress
 
-from .certs import CertFiles, init_certs
+from .certs import CertFiles, init_certs, server_hosts
 from .mosquitto import MosquittoBroker, free_port
 from .mosquitto_auth import STATE_FILE, MosquittoAuthFiles
 
@@ -61,8 +61,12 @@ def local_address(security_dir: str | Path) -> tuple[BrokerAddress, str | None]:
     """
     state = json.loads((Path(security_dir) / STATE_FILE).read_text())
     host = state["listener"]["host"]
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     tls_dir = state.get("tls_dir")
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+        if tls_dir:  # a name the certificate is valid for, loopback ones first
+            names = server_hosts(CertFiles(Path(tls_dir)))
+            host = next((n for n in ("127.0.0.1", "localhost", "::1") if n in names), names[0])
     address = BrokerAddress(host, int(state["listener"]["port"]), tls=tls_dir is not None)
     return address, str(CertFiles(Path(tls_dir)).ca_pem) if tls_dir else None
 
@@ -96,3 +100,19 @@ def make_secured_broker(root: str | Path, fleet: str, tls: bool = False) -> Secu
     MosquittoAuthFiles.create(root / "security", fleet, listener={"host": "127.0.0.1", "port": free_port()},
                               tls_dir=tls_dir)
     return start_secured_broker(root / "security", workdir=root / "mosquitto")
+
+
+def server_connection(
+    security_dir: str | Path, broker_url: str | None = None, ca_file: str | None = None
+) -> tuple[BrokerAddress, str | None, MosquittoAuthFiles]:
+    """What ``fedsdk-server run --broker-security DIR`` connects with.
+
+    Returns ``(address, CA file, security)``: ``broker_url`` (default: the directory's own
+    listener, reached locally) and ``ca_file`` (default: the directory's CA); the security
+    backend confirms account changes against that address. The address carries no
+    credentials: use ``security.server_credentials()``.
+    """
+    local, local_ca = local_address(security_dir)
+    address = BrokerAddress.parse(broker_url) if broker_url else local
+    ca_file = ca_file or (local_ca if address.tls else None)
+    return address, ca_file, MosquittoAuthFiles(security_dir, broker=address, ca_file=ca_file)
