@@ -85,6 +85,9 @@ UNIT_FILE="$PREFIX/$UNIT_NAME"
 if [ "$USE_SYSTEMD" = 1 ] && [ "$(id -u)" != 0 ]; then
     die "the systemd service needs root: run with sudo, or pass --no-systemd (and --prefix DIR)"
 fi
+if [ "$USE_SYSTEMD" = 1 ] && [ ! -d /run/systemd/system ]; then
+    die "systemd is not running here (a container?): pass --no-systemd and start 'fedsdk run' yourself"
+fi
 
 # ---------------------------------------------------------------------------------------
 uninstall() {

@@ -138,3 +138,16 @@ def test_uninstall_refuses_a_venv_it_did_not_make(tmp_path):
     out = install(foreign, tmp_path / "state", "--uninstall")
     assert out.returncode != 0 and "not made by this script" in out.stderr
     assert (foreign / "venv").is_dir()
+
+
+def test_service_mode_needs_root_and_a_running_systemd(tmp_path):
+    """Without --no-systemd the script stops before touching anything it cannot finish."""
+    cmd = ["bash", str(SCRIPT), "--prefix", str(tmp_path / "p")]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=60)
+    if os.geteuid() != 0:
+        assert out.returncode != 0 and "needs root" in out.stderr
+    elif not os.path.isdir("/run/systemd/system"):
+        assert out.returncode != 0 and "systemd is not running here" in out.stderr
+    else:  # a real systemd host run as root: this test must not install a system service
+        return
+    assert not (tmp_path / "p").exists()
