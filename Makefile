@@ -25,7 +25,7 @@ mosquitto:
 	@sh scripts/ensure-mosquitto.sh
 
 shellcheck:  # lints firmware_scripts/install-device.sh in the tests
-	@sh scripts/ensure-shellcheck.sh
+	@sh scripts/ensure-tool.sh shellcheck shellcheck
 
 ort-env:  # .venv-ort: ONNX Runtime training (its wheel replaces onnxruntime, so its own venv)
 	@sh scripts/setup-ort-env.sh

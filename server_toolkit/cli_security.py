@@ -134,13 +134,14 @@ def security_show(directory) -> None:
     console.print(f"devices with broker accounts ({len(sec.devices())}): {', '.join(sec.devices()) or '-'}")
 
 
-def _security_for(directory: Path):
+def _change_account(directory: Path, change) -> None:
+    """Run ``change(security)`` on DIR's security backend, confirmed against its broker."""
     from .broker.mosquitto_auth import SecurityDirError
     from .broker.secured import server_connection
 
     try:
-        return server_connection(directory)[2]
-    except (SecurityDirError, FileNotFoundError) as exc:
+        change(server_connection(directory)[2])
+    except (SecurityDirError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -150,14 +151,10 @@ def _security_for(directory: Path):
 @click.argument("device_id")
 def security_grant(directory, device_id) -> None:
     """Give DEVICE_ID a broker account by hand (pairing does this for you); prints its password."""
-    from .broker.mosquitto_auth import SecurityDirError, new_password
+    from .broker.mosquitto_auth import new_password
 
-    sec = _security_for(directory)
     password = new_password()
-    try:
-        sec.grant_device(device_id, password)
-    except (SecurityDirError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    _change_account(directory, lambda sec: sec.grant_device(device_id, password))
     console.print(f"device {device_id}: username {device_id}, password {password} (shown once)")
 
 
@@ -167,11 +164,5 @@ def security_grant(directory, device_id) -> None:
 @click.argument("device_id")
 def security_revoke(directory, device_id) -> None:
     """Delete DEVICE_ID's broker account; its live session is cut at once."""
-    from .broker.mosquitto_auth import SecurityDirError
-
-    sec = _security_for(directory)
-    try:
-        sec.revoke_device(device_id)
-    except (SecurityDirError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    _change_account(directory, lambda sec: sec.revoke_device(device_id))
     console.print(f"device {device_id}: broker account removed")

@@ -26,8 +26,10 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_E
 
 def test_install_script_is_shellcheck_clean():
     if shutil.which("shellcheck") is None:
-        pytest.fail("shellcheck is not installed: sh scripts/ensure-shellcheck.sh (make test does this)")
-    scripts = [str(SCRIPT), str(REPO / "scripts" / "ensure-shellcheck.sh")]
+        pytest.fail("shellcheck is not installed: sh scripts/ensure-tool.sh shellcheck shellcheck "
+                    "(make test does this)")
+    scripts = [str(SCRIPT), str(REPO / "scripts" / "ensure-tool.sh"),
+               str(REPO / "scripts" / "ensure-mosquitto.sh")]
     out = subprocess.run(["shellcheck", "--severity=style", *scripts], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
 
