@@ -134,14 +134,26 @@ def security_show(directory) -> None:
     console.print(f"devices with broker accounts ({len(sec.devices())}): {', '.join(sec.devices()) or '-'}")
 
 
-def _change_account(directory: Path, change) -> None:
-    """Run ``change(security)`` on DIR's security backend, confirmed against its broker."""
+def _security_for(directory: Path):
+    """DIR's security backend, confirming changes against DIR's own broker (ClickException if
+    DIR is not a security directory). ``devices revoke`` uses it too."""
     from .broker.mosquitto_auth import SecurityDirError
     from .broker.secured import server_connection
 
     try:
-        change(server_connection(directory)[2])
-    except (SecurityDirError, FileNotFoundError, ValueError) as exc:
+        return server_connection(directory)[2]
+    except (SecurityDirError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _change_account(directory: Path, change) -> None:
+    """Run ``change(security)`` on DIR's security backend; errors become ClickExceptions."""
+    from .broker.mosquitto_auth import SecurityDirError
+
+    security = _security_for(directory)
+    try:
+        change(security)
+    except (SecurityDirError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
