@@ -54,7 +54,16 @@ from sdk_device.runtimes.recipe import Recipe
 from ..reconstruct.graph_hypernet import GraphHypernet
 from ..reconstruct.hypernet_step import hypernet_step
 from ..reconstruct.op_graph import extract_graph, pooled_weights
-from .base import ClientUpdate, DeviceInfo, Method, TeacherSpec, TrainInstruction, Weights, split_teacher
+from .base import (
+    ClientUpdate,
+    DeviceInfo,
+    Method,
+    TeacherSpec,
+    TrainInstruction,
+    Weights,
+    label_histogram,
+    split_teacher,
+)
 from .strong_weak import STRONG, evaluate_spec, strong_weak
 
 LARGE, SMALL = "large", "small"
@@ -114,13 +123,9 @@ class RecipFL(Method):
 
     def set_label_counts(self, device_id: str, counts) -> None:
         """Store a device's descriptor (its label histogram, normalised); bad input is ignored."""
-        values = np.asarray(counts, np.float64).ravel()
-        if (values.size > self.num_classes or not np.isfinite(values).all() or (values < 0).any()
-                or values.sum() <= 0):
-            return
-        padded = np.zeros(self.num_classes)
-        padded[:values.size] = values
-        self.descriptors[device_id] = (padded / padded.sum()).astype(np.float32)
+        histogram = label_histogram(counts, self.num_classes)
+        if histogram is not None and histogram.sum() > 0:
+            self.descriptors[device_id] = (histogram / histogram.sum()).astype(np.float32)
 
     def descriptor(self, device_id: str) -> np.ndarray:
         return self.descriptors.get(device_id, np.full(self.num_classes, 1.0 / self.num_classes, np.float32))
@@ -173,27 +178,27 @@ class RecipFL(Method):
         self._load(global_weights)
         returned = [(u.device_id, self.returned_models(u)) for u in updates]
         random.Random(self.seed * 100003 + round_number).shuffle(returned)
-        gaps = []
+        gaps, norms = [], []
         groups = [returned] if self.server_step == "round" else [[item] for item in returned]
         for group in groups:
             generated, trained = [], []
             for device_id, models in group:
                 for model, weights in models.items():
                     fresh = self.generate(device_id, model)
-                    generated += [fresh[name].reshape(-1) for name in self.shapes[model]]
-                    trained += [torch.from_numpy(np.asarray(weights[name], np.float32)).reshape(-1)
+                    generated += [fresh[name] for name in self.shapes[model]]
+                    trained += [torch.from_numpy(np.asarray(weights[name], np.float32))
                                 for name in self.shapes[model]]
-            generated_flat, trained_flat = torch.cat(generated), torch.cat(trained)
-            hypernet_step(generated_flat, trained_flat, list(self.hypernet.parameters()), self.optimizer,
-                          max_norm=self.max_norm)
-            gaps.append(float((generated_flat.detach() - trained_flat).pow(2).mean().sqrt()))
+            norms.append(hypernet_step(generated, trained, list(self.hypernet.parameters()), self.optimizer,
+                                       max_norm=self.max_norm))
+            gaps.append(_rms_gap(generated, trained))
         for device_id, models in returned:
             self.pooled[device_id] = {**self.pooled.get(device_id, {}),
                                       **{m: pooled_weights(self.graphs[m], w) for m, w in models.items()}}
         for update in updates:
             if "label_counts" in update.metrics:
                 self.set_label_counts(update.device_id, update.metrics["label_counts"])
-        self.last_round = {"hn_gap_rms": float(np.mean(gaps)), "hn_models": sum(len(m) for _, m in returned),
+        self.last_round = {"hn_gap_rms": float(np.mean(gaps)), "hn_grad_norm": float(np.mean(norms)),
+                           "hn_models": sum(len(m) for _, m in returned),
                            "hn_server_s": time.perf_counter() - started}
         return self.hypernet_weights()
 
@@ -227,3 +232,9 @@ class RecipFL(Method):
         self.descriptors = {k: np.asarray(v, np.float32) for k, v in state.get("descriptors", {}).items()}
         self.pooled = {dev: {m: [np.asarray(p, np.float32) for p in nodes] for m, nodes in models.items()}
                        for dev, models in state.get("pooled", {}).items()}
+
+
+def _rms_gap(generated: list[torch.Tensor], trained: list[torch.Tensor]) -> float:
+    """Root-mean-square of generated - trained over every element (before the step)."""
+    squares = sum(float((g.detach() - t).pow(2).sum()) for g, t in zip(generated, trained, strict=True))
+    return (squares / max(sum(t.numel() for t in trained), 1)) ** 0.5

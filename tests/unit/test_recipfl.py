@@ -69,7 +69,8 @@ def test_aggregate_moves_the_generated_weights_toward_the_trained_ones(server_st
     shift = {model: {k: 0.05 * rng.standard_normal(v.shape).astype(np.float32) for k, v in sent.items()}
              for model, sent in (("small", weak.weights), ("large", strong.teacher.weights))}
     teacher = {f"teacher.{k}": v for k, v in _shifted(strong.teacher.weights, shift["large"]).items()}
-    updates = [ClientUpdate("w0", 40, _shifted(weak.weights, shift["small"]), {"label_counts": [4] * K}, weak),
+    counts = {"label_counts": [4] * K}
+    updates = [ClientUpdate("w0", 40, _shifted(weak.weights, shift["small"]), counts, weak),
                ClientUpdate("s0", 200, {**_shifted(strong.weights, shift["small"]), **teacher}, {}, strong)]
     assert not method.pooled  # nothing returned yet: generation read the initial weights, uniform labels
     strong_student, strong_teacher = split_teacher(updates[1].weights)
@@ -108,7 +109,7 @@ def test_the_printed_sign_moves_the_generated_weights_away():
         generated = torch.cat([t.reshape(-1) for t in hn.generate(graph, pooled, np.full(K, 0.1)).values()])
         noise = torch.from_numpy(rng.standard_normal(generated.shape).astype(np.float32))
         trained = generated.detach() + 0.1 * noise
-        hypernet_step(generated, trained, list(hn.parameters()), optimizer, weight=sign)
+        hypernet_step([generated], [trained], list(hn.parameters()), optimizer, weight=sign)
         again = torch.cat([t.reshape(-1) for t in hn.generate(graph, pooled, np.full(K, 0.1)).values()])
         distances[sign] = (float((generated.detach() - trained).norm()),
                            float((again.detach() - trained).norm()))
