@@ -20,7 +20,8 @@ Methods:
 * DepthFL (depth only): LeNet-5 with an exit after its second conv block; weak devices train
   the prefix through it (the same small architecture as the others), strong devices
   everything (``depthfl``: sum of CE over exits, no self-distillation).
-* RecipFL, and RecipFL w/o KT (the strong device's small model trained with CE only).
+* RecipFL (GHN Adam lr 1e-3, the authors' code), RecipFL w/o KT (the strong device's small
+  model trained with CE only), and RecipFL with GHN lr 1e-2 (sensitivity).
 
 Measure (the paper's): in each of the last 20% of rounds, every device takes the model the
 method would send it next round, its *target* model (strong: the large one; weak: the small
@@ -60,10 +61,10 @@ from server_toolkit.sim.partition import partition
 from server_toolkit.submodels.exit_split import prefix_spec
 
 SMALL_RATIO = 0.3
-METHODS = ("allsmall", "exclusivefl", "heterofl", "depthfl", "recipfl", "recipfl-nokt")
+METHODS = ("allsmall", "exclusivefl", "heterofl", "depthfl", "recipfl", "recipfl-nokt", "recipfl-lr1e-2")
 APPLIES = {"heterofl": "width", "depthfl": "depth"}  # the baselines that need one kind of small model
 LABELS = {"allsmall": "AllSmall", "exclusivefl": "ExclusiveFL", "heterofl": "HeteroFL", "depthfl": "DepthFL",
-          "recipfl": "RecipFL", "recipfl-nokt": "RecipFL w/o KT"}
+          "recipfl": "RecipFL", "recipfl-nokt": "RecipFL w/o KT", "recipfl-lr1e-2": "RecipFL lr 1e-2"}
 
 
 def lenet5_with_exit(input_shape, num_classes: int) -> dict:
@@ -122,7 +123,8 @@ def build(key: str, setting: str, input_shape, num_classes: int, recipe: Recipe,
         devices = [dataclasses.replace(d, info=dataclasses.replace(d.info, tier="2" if d.info.tier == "strong"
                                                                      else "1")) for d in devices]
     else:
-        method = RecipFL(spec, recipe, small_model=small, kt=key == "recipfl")
+        method = RecipFL(spec, recipe, small_model=small, kt=key != "recipfl-nokt",
+                         hn_lr=1e-2 if key == "recipfl-lr1e-2" else 1e-3)
     return method, devices
 
 
