@@ -29,7 +29,8 @@ one; AllSmall: the small one for everybody; DepthFL: the weak device's prefix, e
 its exit), fine-tunes it one epoch on its local train split (all methods, as the paper), and
 is scored on its local test split. Reported: mean over strong devices and over weak
 devices, averaged over those rounds; RecipFL's gain over the best of ExclusiveFL/AllSmall;
-the hypernetwork's parameter memory (+ Adam state) and its server time per round.
+the hypernetwork's parameter memory (+ Adam state) and the server time per round (the
+method's configure_train + aggregate_train, one thread).
 Paper anchor: RecipFL +3.6 (strong) / +8.7 (weak) points over the best of those two.
 
     nice -n 10 .venv/bin/python bench/accuracy_recipfl.py                  # alpha 0.5 and 0.1
@@ -152,21 +153,27 @@ def run_method(key: str, setting: str, fleet: Fleet, data, args) -> dict:
     by_id = {d.info.device_id: d for d in devices}
     first_scored = args.rounds - max(1, round(0.2 * args.rounds)) + 1
     strong_scores, weak_scores, server_s = [], [], []
-    aggregate = method.aggregate_train
+    configure, aggregate = method.configure_train, method.aggregate_train
+
+    def timed_configure(round_number, global_weights, infos):
+        started = time.perf_counter()
+        instructions = configure(round_number, global_weights, infos)
+        server_s.append(time.perf_counter() - started)
+        return instructions
 
     def timed_aggregate(round_number, global_weights, updates):
         started = time.perf_counter()
         new = aggregate(round_number, global_weights, updates)
-        server_s.append(time.perf_counter() - started)
+        server_s[-1] += time.perf_counter() - started  # server time of the round: configure + aggregate
         if round_number >= first_scored:  # score every device on what it would get next round
-            for instruction in method.configure_train(round_number + 1, new, [d.info for d in devices]):
+            for instruction in configure(round_number + 1, new, [d.info for d in devices]):
                 device = by_id[instruction.device_id]
                 spec, weights = target_model(instruction)
                 acc = personal_accuracy(spec, weights, device, fleet.tests[instruction.device_id], recipe)
                 (strong_scores if instruction.device_id in fleet.strong else weak_scores).append(acc)
         return new
 
-    method.aggregate_train = timed_aggregate
+    method.configure_train, method.aggregate_train = timed_configure, timed_aggregate
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     per_round = min(len(devices), args.clients_per_round)
