@@ -35,7 +35,8 @@ initialisation; every returned model counts equally (no sample weighting); Batch
 statistics are not generated and stay on the device (a task carries only parameters); the
 generated weights are deterministic (no dropout in the GHN). Central evaluation (server test
 data) generates each architecture with the test labels' distribution and the mean pooled
-weights of the devices running it; the personalised accuracy is what
+weights of the devices running it, and re-estimates BatchNorm statistics on the test
+images (the devices' own stay on the devices); the personalised accuracy is what
 ``bench/accuracy_recipfl.py`` measures. The Adam state is not checkpointed: ``--resume``
 restarts it.
 """
@@ -219,7 +220,7 @@ class RecipFL(Method):
                 generated = self.hypernet.generate(graph, pooled, descriptor)
             generated = {name: tensor.numpy() for name, tensor in generated.items()}
             weights = {**state_numpy(build_model(self.specs[model], seed=self.seed)), **generated}
-            stats = evaluate_spec(self.specs[model], weights, x, y)
+            stats = evaluate_spec(self.specs[model], weights, x, y, calibrate_bn=True)
             out[f"accuracy_{model}"], out[f"loss_{model}"] = stats["accuracy"], stats["loss"]
         return {"accuracy": out["accuracy_large"], "loss": out["loss_large"], **out}
 

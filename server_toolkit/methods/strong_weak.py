@@ -100,13 +100,28 @@ def strong_weak(global_spec: dict, small_model: str | dict = "width:0.25",
                       frozenset(n.strip() for n in names if n.strip()))
 
 
-def evaluate_spec(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> dict:
-    """Accuracy and mean CE of the model ``spec`` with ``weights`` on (x, y)."""
+def evaluate_spec(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                  calibrate_bn: bool = False) -> dict:
+    """Accuracy and mean CE of the model ``spec`` with ``weights`` on (x, y).
+    ``calibrate_bn``: first re-estimate BatchNorm running statistics from ``x`` (one pass in
+    training mode, cumulative averages), for models whose statistics stayed on the devices."""
+    import torch
+
     from sdk_device.protocol import modelspec
     from sdk_device.runtimes.torch_runtime import TorchRuntime
 
     runtime = TorchRuntime()
     runtime.load_program(modelspec.dumps(spec), modelspec.FORMAT)
     runtime.set_weights(weights)
+    norms = [m for m in runtime.model.modules()
+             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if calibrate_bn and norms:
+        for norm in norms:
+            norm.reset_running_stats()
+            norm.momentum = None
+        runtime.model.train()
+        with torch.no_grad():
+            for start in range(0, len(x), 256):
+                runtime.model(torch.from_numpy(np.ascontiguousarray(x[start:start + 256], np.float32)))
     stats = runtime.evaluate(x, y)
     return {"accuracy": stats.accuracy, "loss": stats.loss}

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_model import build_model, state_numpy
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.exclusivefl import without_prefix
-from server_toolkit.methods.strong_weak import strong_weak
+from server_toolkit.methods.strong_weak import evaluate_spec, strong_weak
 from server_toolkit.models.zoo import lenet5, resnet_small
 
 SHAPE, K = (1, 8, 8), 10
@@ -72,3 +73,21 @@ def test_exclusivefl_keeps_two_federations_apart():
     x = np.random.default_rng(0).random((20, *SHAPE), np.float32)
     scores = method.evaluate(weights, x, np.arange(20) % K)
     assert {"accuracy", "accuracy_large", "accuracy_small"} <= set(scores)
+
+
+def test_bn_calibration_replaces_statistics_left_on_the_devices():
+    spec = resnet_small(SHAPE, K, widths=(4, 8))
+    model = build_model(spec, seed=0)
+    x = np.random.default_rng(0).random((40, *SHAPE), np.float32)
+    y = np.arange(40) % K
+    for norm in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+        norm.momentum = None  # cumulative: the statistics of exactly these 40 images
+    model.train()
+    with torch.no_grad():
+        model(torch.from_numpy(x))
+    calibrated = state_numpy(model)
+    wrong = {k: np.full_like(v, 100.0) if "running" in k else v for k, v in calibrated.items()}
+    expected = evaluate_spec(spec, calibrated, x, y)
+    assert evaluate_spec(spec, wrong, x, y)["loss"] != pytest.approx(expected["loss"])
+    recalibrated = evaluate_spec(spec, wrong, x, y, calibrate_bn=True)
+    assert recalibrated["loss"] == pytest.approx(expected["loss"], rel=1e-4)
