@@ -85,6 +85,9 @@ class RecipFL(Method):
         self.specs = {LARGE: self.fleet.large, SMALL: self.fleet.small}
         self.graphs = {model: extract_graph(spec) for model, spec in self.specs.items()}
         self.shapes = {model: graph.param_shapes() for model, graph in self.graphs.items()}
+        if self.shapes[LARGE] == self.shapes[SMALL]:
+            raise ValueError("the small model has the large model's shapes: a strong device's two models "
+                             "could not be told apart (choose a smaller small_model)")
         self.num_classes = int(global_spec["num_classes"])
         self.hn_options = {"hidden": hidden, "weight_dim": weight_dim, "decoder_hidden": decoder_hidden,
                            "steps": steps, "max_dim": max_dim}

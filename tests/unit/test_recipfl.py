@@ -130,5 +130,7 @@ def test_state_survives_a_json_round_trip_and_a_foreign_update_is_refused():
     wrong = {k: np.zeros((3, 3), np.float32) for k in weak.weights}
     with pytest.raises(ValueError, match="neither"):
         method.aggregate_train(2, weights, [ClientUpdate("w0", 40, wrong, {}, weak)])
+    with pytest.raises(ValueError, match="told apart"):
+        make(small_model="width:1.0")
     with pytest.raises(ValueError, match="hypernetwork"):
         method.configure_train(2, {"x": np.zeros(1)}, [WEAK])
