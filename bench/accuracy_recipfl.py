@@ -34,7 +34,8 @@ the hypernetwork's parameter memory (+ Adam state) and the server time per round
 method's configure_train + aggregate_train, one thread).
 Paper anchor: RecipFL +3.6 (strong) / +8.7 (weak) points over the best of those two.
 
-    nice -n 10 .venv/bin/python bench/accuracy_recipfl.py                  # alpha 0.5 and 0.1
+    nice -n 10 .venv/bin/python bench/accuracy_recipfl.py                  # alpha 0.5 and 0.1, seed 0
+    nice -n 10 .venv/bin/python bench/accuracy_recipfl.py --seeds 0,1,2 --alphas 0.5 --settings width
     nice -n 10 .venv/bin/python bench/accuracy_recipfl.py --rounds 10 --alphas 0.5 --methods recipfl,allsmall
 """
 
@@ -148,8 +149,8 @@ def personal_accuracy(spec: dict, weights: dict, device: LocalDevice, test, reci
     return runtime.evaluate(*test).accuracy
 
 
-def run_method(key: str, setting: str, fleet: Fleet, data, args) -> dict:
-    recipe = Recipe(epochs=args.epochs, batch_size=16, optimizer="sgd", lr=0.01, momentum=0.9, seed=args.seed)
+def run_method(key: str, setting: str, fleet: Fleet, data, args, seed: int) -> dict:
+    recipe = Recipe(epochs=args.epochs, batch_size=16, optimizer="sgd", lr=0.01, momentum=0.9, seed=seed)
     method, devices = build(key, setting, data.input_shape, data.num_classes, recipe, fleet)
     by_id = {d.info.device_id: d for d in devices}
     first_scored = args.rounds - max(1, round(0.2 * args.rounds)) + 1
@@ -175,14 +176,23 @@ def run_method(key: str, setting: str, fleet: Fleet, data, args) -> dict:
         return new
 
     method.configure_train, method.aggregate_train = timed_configure, timed_aggregate
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     started = time.perf_counter()
     per_round = min(len(devices), args.clients_per_round)
-    run_rounds(method, devices, args.rounds, seed=args.seed, clients_per_round=per_round)
+    run_rounds(method, devices, args.rounds, seed=seed, clients_per_round=per_round)
     hn = getattr(method, "hypernet", None)
     return {"strong": float(np.mean(strong_scores)), "weak": float(np.mean(weak_scores)),
             "seconds": time.perf_counter() - started, "server_s": float(np.mean(server_s)),
             "hn_mb": hn.memory_bytes() * 3 / 2**20 if hn is not None else None}
+
+
+def combine(results: list[dict]) -> dict:
+    """Mean (and std over seeds) of one method's per-seed results."""
+    out = {key: float(np.mean([r[key] for r in results])) for key in ("strong", "weak", "server_s")}
+    out.update(strong_std=float(np.std([r["strong"] for r in results])),
+               weak_std=float(np.std([r["weak"] for r in results])),
+               seconds=float(sum(r["seconds"] for r in results)), hn_mb=results[0]["hn_mb"])
+    return out
 
 
 def main() -> None:
@@ -195,35 +205,40 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--clients-per-round", type=int, default=10)
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="comma-separated; each seed re-partitions and re-runs")
     parser.add_argument("--methods", default=",".join(METHODS))
     args = parser.parse_args()
     torch.set_num_threads(1)  # tiny models; the machine is shared
+    seeds = [int(v) for v in args.seeds.split(",")]
     tables = {}
     for setting in args.settings.split(","):
         for alpha in [float(a) for a in args.alphas.split(",")]:
-            fleet, data = make_fleet(alpha, args.strong, args.weak, args.seed)
             print(f"{setting} scaling, alpha {alpha}:", flush=True)
-            rows = {}
-            for key in args.methods.split(","):
-                if APPLIES.get(key, setting) != setting:
-                    continue
-                rows[key] = r = run_method(key, setting, fleet, data, args)
-                print(f"  {LABELS[key]:<15} strong {r['strong']:.4f}  weak {r['weak']:.4f}  "
-                      f"server {r['server_s'] * 1000:.0f} ms/round  ({r['seconds']:.0f} s)", flush=True)
-            tables[(setting, alpha)] = rows
+            runs: dict[str, list[dict]] = {}
+            for seed in seeds:
+                fleet, data = make_fleet(alpha, args.strong, args.weak, seed)
+                for key in args.methods.split(","):
+                    if APPLIES.get(key, setting) != setting:
+                        continue
+                    r = run_method(key, setting, fleet, data, args, seed)
+                    runs.setdefault(key, []).append(r)
+                    print(f"  seed {seed} {LABELS[key]:<15} strong {r['strong']:.4f}  weak {r['weak']:.4f}  "
+                          f"server {r['server_s'] * 1000:.0f} ms/round  ({r['seconds']:.0f} s)", flush=True)
+            tables[(setting, alpha)] = {key: combine(results) for key, results in runs.items()}
     print(f"\ndigits, quantity skew: {args.strong} strong devices (50% of the data, IID) + {args.weak} weak "
           f"(Dir(alpha)), {args.clients_per_round} per round, {args.rounds} rounds, {args.epochs} local "
           f"epochs, "
-          f"LeNet-5 large, seed {args.seed}; accuracy = mean over the last 20% of "
-          f"rounds after 1 epoch of local fine-tuning, on each device's own test split")
-    print(f"{'small':<6} {'alpha':>5}  {'method':<15} {'strong':>7} {'weak':>7} {'server ms/rd':>12} "
+          f"LeNet-5 large, seeds {args.seeds}; accuracy = mean over the last 20% of rounds after 1 epoch "
+          f"of local fine-tuning, on each device's own test split (± = std over seeds)")
+    print(f"{'small':<6} {'alpha':>5}  {'method':<15} {'strong':>13} {'weak':>13} {'server ms/rd':>12} "
           f"{'HN MB':>6} {'time s':>7}")
     for (setting, alpha), rows in tables.items():
         for key, r in rows.items():
             mb = f"{r['hn_mb']:.1f}" if r["hn_mb"] is not None else "-"
-            print(f"{setting:<6} {alpha:>5}  {LABELS[key]:<15} {100 * r['strong']:>7.2f} "
-                  f"{100 * r['weak']:>7.2f} {1000 * r['server_s']:>12.0f} {mb:>6} {r['seconds']:>7.0f}")
+            strong = f"{100 * r['strong']:.2f} ±{100 * r['strong_std']:.2f}"
+            weak = f"{100 * r['weak']:.2f} ±{100 * r['weak_std']:.2f}"
+            print(f"{setting:<6} {alpha:>5}  {LABELS[key]:<15} {strong:>13} {weak:>13} "
+                  f"{1000 * r['server_s']:>12.0f} {mb:>6} {r['seconds']:>7.0f}")
         base = [rows[k] for k in ("allsmall", "exclusivefl") if k in rows]
         if "recipfl" in rows and base:
             best_strong, best_weak = max(b["strong"] for b in base), max(b["weak"] for b in base)
