@@ -45,6 +45,7 @@ class AgentConfig:
     username: str | None = None
     password: str | None = None
     ca_file: str | None = None
+    insecure: bool = False  # allow plain mqtt:// to a non-loopback broker
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     heartbeat_s: float = 10.0
     extra_profile: dict = field(default_factory=dict)
@@ -65,6 +66,7 @@ class DeviceAgent:
             username=config.username,
             password=config.password,
             ca_file=config.ca_file,
+            insecure=config.insecure,
         )
         self.chooser = RuntimeChooser(Path(config.work_dir))
         self._stop = threading.Event()

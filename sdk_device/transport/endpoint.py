@@ -77,6 +77,7 @@ class Endpoint:
         client_id: str | None = None,
         ephemeral: bool = False,
         tls_verify: bool = True,
+        insecure: bool = False,
     ) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
@@ -118,6 +119,7 @@ class Endpoint:
             tls_verify=tls_verify,
             clean_session=ephemeral,
             max_payload=max(MAX_CHUNK_BYTES + 4096, msgs.MAX_CONTROL_BYTES),
+            insecure=insecure,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
