@@ -76,6 +76,7 @@ def run(
         username = username or stored.username
         password = password or stored.password
         ca_file = ca_file or stored.ca_file
+        insecure = insecure or stored.insecure
         data_path = data_path or (Path(stored.data_path) if stored.data_path else None)
         work_dir = work_dir or (Path(stored.work_dir) if stored.work_dir else None)
     if data_path is None:

@@ -19,8 +19,6 @@ Every failure is a ``PairingError`` whose ``kind`` says which one (``EXIT_CODES`
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
 import queue
 import ssl
 import tempfile
@@ -33,6 +31,7 @@ from .protocol.pair_topics import PairTopics, new_client_id
 from .transport.blob_store import BlobStore
 from .transport.endpoint import SERVER, Endpoint
 from .transport.mqtt_link import BrokerAddress
+from .transport.tls import certificate_fingerprint, is_loopback
 
 PAIR_USERNAME = "fedsdk-pair"
 PAIR_PASSWORD = "fedsdk-pair"  # public by design: the broker's ACL confines the account
@@ -57,12 +56,6 @@ class PairingError(Exception):
         return EXIT_CODES.get(self.kind, EXIT_CODES["failed"])
 
 
-def ca_fingerprint(pem: str) -> str:
-    """``sha256:<hex>`` of a PEM certificate's DER bytes (``openssl x509 -fingerprint -sha256``
-    shows the same digits, upper case with colons)."""
-    return "sha256:" + hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
-
-
 def normalize_fingerprint(text: str) -> str:
     """Accept ``sha256:ab12…``, ``AB:12:…`` or bare hex; returns ``sha256:<lower hex>``."""
     digits = text.strip().lower().removeprefix("sha256:").removeprefix("sha256=").replace(":", "")
@@ -70,15 +63,6 @@ def normalize_fingerprint(text: str) -> str:
         raise PairingError("usage", f"{text!r} is not a SHA-256 fingerprint (64 hex digits, "
                                     "as `fedsdk-server pair-code` prints it)")
     return f"sha256:{digits}"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def explain_connect_error(exc: ConnectionError, url: str) -> PairingError:
@@ -119,6 +103,7 @@ class PairClient:
         if ca_file and ca_fingerprint:
             raise PairingError("usage", "give --ca-file or --ca-fingerprint, not both")
         self.url = self.address.url
+        self.insecure = insecure
         self.ca_file = ca_file
         self.pin = normalize_fingerprint(ca_fingerprint) if ca_fingerprint else None
         self.timeout_s = timeout_s
@@ -145,7 +130,8 @@ class PairClient:
             ca_path.write_text(self.ca_pem)
         endpoint = Endpoint(self.address, PairTopics(), BlobStore(self.tmp / "blobs"), device_id=client_id,
                             client_id=client_id, username=PAIR_USERNAME, password=PAIR_PASSWORD,
-                            ca_file=str(ca_path) if ca_path else None, ephemeral=True, tls_verify=verify)
+                            ca_file=str(ca_path) if ca_path else None, ephemeral=True, tls_verify=verify,
+                            insecure=self.insecure)
         try:
             endpoint.start(timeout_s=min(self.timeout_s, 15.0))
         except ConnectionError as exc:
@@ -173,7 +159,7 @@ class PairClient:
         finally:
             endpoint.close()
         try:
-            got = ca_fingerprint(answer.ca_pem)
+            got = certificate_fingerprint(answer.ca_pem)
         except ValueError:
             raise PairingError("tls_trust", "the server sent a CA that is not a PEM certificate") from None
         if got != self.pin:

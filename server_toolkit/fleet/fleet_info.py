@@ -18,9 +18,11 @@ FILE_NAME = "fleet.json"
 
 @dataclass
 class FleetInfo:
-    """The serving fleet. ``tier_costs``: tier -> SpecCost dict; ``full_cost``: the model the
+    """The serving fleet. ``broker_url``: what devices connect to (may differ from the
+    server's own address); ``tier_costs``: tier -> SpecCost dict; ``full_cost``: the model the
     devices benchmark; ``recipe``: the devices' recipe (dict); ``ca_file``: the CA that signed
-    the broker's certificate (mqtts), handed to paired devices."""
+    the broker's certificate (mqtts), handed to paired devices; ``security_dir``: the broker
+    security directory (``--broker-security``), None when the broker enforces no accounts."""
 
     fleet: str
     broker_url: str
@@ -35,7 +37,10 @@ class FleetInfo:
     memory_share: float = 0.5
     time_share: float = 0.5
     lockout: dict = field(default_factory=dict)  # LockoutPolicy fields
-    security: bool = False  # broker credentials and ACL enforced
+    security_dir: str | None = None
+    insecure: bool = False  # plain mqtt:// to a non-loopback broker allowed
+    server_pid: int = 0  # the `fedsdk-server run` process serving this run directory
+    server_host: str = ""
 
     def save(self, run_dir: Path) -> None:
         path = Path(run_dir) / FILE_NAME

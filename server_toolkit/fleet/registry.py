@@ -205,6 +205,9 @@ class FleetRegistry:
             return self._query("SELECT COUNT(*) AS n FROM updates")[0]["n"]
         return self._query("SELECT COUNT(*) AS n FROM updates WHERE round=?", (rnd,))[0]["n"]
 
+    def count_device_updates(self, device_id: str) -> int:
+        return self._query("SELECT COUNT(*) AS n FROM updates WHERE device_id=?", (device_id,))[0]["n"]
+
     def add_rejection(
         self, rnd: int | None, device_id: str, task_id: str | None, code: str, detail: str
     ) -> None:
