@@ -56,6 +56,11 @@ class ProgramCache:
             raise ValueError(f"no exporter for {unknown}; known formats: {', '.join(EXPORTERS)}")
         self._built: dict[tuple[str, str, str, int], bytes] = {}
 
+    def put(self, spec: dict, recipe: Recipe, fmt: str, program: bytes) -> None:
+        """Remember a program built elsewhere (e.g. exported earlier and kept on disk)."""
+        spec_id = hashlib.sha256(modelspec.dumps(spec)).hexdigest()
+        self._built[(spec_id, fmt, recipe.loss, recipe.batch_size)] = program
+
     def programs(self, spec: dict, recipe: Recipe) -> list[tuple[str, bytes]]:
         """``[(format, program bytes), ...]`` in the configured order."""
         spec_id = hashlib.sha256(modelspec.dumps(spec)).hexdigest()

@@ -101,7 +101,11 @@ def run(
     try:
         agent.run(max_tasks=max_tasks)
     except ConnectionError as exc:
-        raise click.ClickException(str(exc)) from None
+        hint = ""
+        if stored is not None and "refused us" in str(exc):
+            hint = (f"\nThe broker refused {device_id}'s credentials: the device may have been revoked. "
+                    "Check with `fedsdk status`; pair again with `fedsdk pair --force ...`.")
+        raise click.ClickException(f"{exc}{hint}") from None
     except KeyboardInterrupt:
         agent.stop()
 

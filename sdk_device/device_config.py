@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import stat
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,6 @@ class DeviceConfig:
     work_dir: str = ""
     insecure: bool = False  # plain mqtt:// to a non-loopback broker was allowed at pairing
     paired_at: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     def save(self, directory: Path | None = None) -> Path:
         """Write ``device.json`` (0600, atomically) in ``directory``; returns its path."""

@@ -40,7 +40,7 @@ def _fail(err) -> None:
 @click.option("--runtime", "runtimes", multiple=True, help="Benchmark only these runtimes (default: all here).")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The agent's blob cache (default: see `fedsdk status`).")
-@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for each server answer.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each server answer.")
 @click.option("--force", is_flag=True, help="Pair again even if this device is already paired.")
 def pair(server_url, code, name, data_path, ca_fingerprint, ca_file, insecure, runtimes, work_dir, timeout,
          force) -> None:
@@ -211,7 +211,7 @@ def _check_server(config: DeviceConfig, timeout_s: float) -> dict:
 
     link = MqttLink(BrokerAddress.parse(config.broker_url), f"fedsdk-status-{secrets.token_hex(6)}", on_message,
                     subscriptions=[topics.server_status], username=config.username, password=config.password,
-                    ca_file=config.ca_file, clean_session=True)
+                    ca_file=config.ca_file, clean_session=True, insecure=config.insecure)
     try:
         link.connect(timeout_s)
     except ConnectionError as exc:

@@ -107,12 +107,23 @@ class PairingService:
 
     # -- the loop (own thread) ---------------------------------------------------------------
     def _loop(self) -> None:
+        self._prepare()
         while not self._stop.is_set():
             try:
                 incoming = self.endpoint.inbox.get(timeout=0.5)
             except queue.Empty:
                 continue
             self.handle(incoming)
+
+    def _prepare(self) -> None:
+        """Build the programs pairing offers now (an ExecuTorch export takes seconds to
+        minutes), so the first device does not wait for it; requests queue meanwhile."""
+        try:
+            spec, recipe = self.method.tier_plan(None)
+            self.programs.programs(spec, recipe)
+            self._initial_weights(spec)
+        except Exception:  # the offer will try again and report the error to the device
+            log.exception("pairing: could not prepare the fleet's programs")
 
     def handle(self, incoming: Incoming) -> None:
         """Answer one incoming request (errors are answered, logged and never raised)."""

@@ -21,22 +21,27 @@ from server_toolkit.fleet.pairing_setup import describe_fleet, start_pairing
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
+from tests.unit.pte_cache import cached_programs  # noqa: F401 (the program_for fixture)
 
 pytestmark = pytest.mark.integration
 
 TIERS = ["1.0", "0.5", "0.25"]
 
 
-def _serve(secured, run_dir, policy: LockoutPolicy):
+def _method() -> HeteroFL:
+    return HeteroFL(model_spec("small_cnn", (1, 8, 8), 10), Recipe(epochs=1, batch_size=16))
+
+
+def _serve(secured, run_dir, policy: LockoutPolicy, programs: ProgramCache | None = None):
     """The pairing service of a heterofl fleet with three tiers, logged in as fedsdk-server."""
     registry = FleetRegistry(run_dir / "registry.sqlite")
-    method = HeteroFL(model_spec("small_cnn", (1, 8, 8), 10), Recipe(epochs=1, batch_size=16))
+    method = _method()
     info = describe_fleet(method, secured.fleet, secured.url, TIERS, 60.0, method_name="heterofl",
                           model="small_cnn", ca_file=secured.ca_file,
                           security_dir=str(secured.security.directory), insecure=False, lockout=policy)
     user, password = secured.security.server_credentials()
-    service = start_pairing(run_dir, info, secured.address, method, registry, ProgramCache(), username=user,
-                            password=password, ca_file=secured.ca_file, security=secured.security)
+    service = start_pairing(run_dir, info, secured.address, method, registry, programs or ProgramCache(),
+                            username=user, password=password, ca_file=secured.ca_file, security=secured.security)
     return service, registry, PairCodes(registry, run_dir, policy)
 
 
@@ -46,7 +51,7 @@ def _pair(url: str, code: str, name: str = "dev", **trust):
     def benchmark(offer, programs, weights):
         return _benchmark(offer, programs, weights, None, None, None)
 
-    with PairClient(url, timeout_s=20, **trust) as client:
+    with PairClient(url, timeout_s=60, **trust) as client:
         return client.pair(code, name, profile, benchmark)
 
 
@@ -57,16 +62,24 @@ def _kind(url: str, code: str, **trust) -> str:
 
 
 def test_codes_fail_each_with_its_own_error_and_wrong_codes_lock_pairing(
-        secured_mosquitto, tmp_path, one_torch_thread, caplog):
+        secured_mosquitto, tmp_path, one_torch_thread, caplog, program_for):
     secured = secured_mosquitto
-    service, registry, codes = _serve(secured, tmp_path / "run", LockoutPolicy(3, 60.0, 4.0))
+    programs = ProgramCache(["torchspec/1", "pte/1"])  # the fleet offers ExecuTorch programs too
+    spec, recipe = _method().tier_plan(None)
+    programs.put(spec, recipe, "pte/1", program_for(spec, {"kind": recipe.loss}, recipe.batch_size))
+    service, registry, codes = _serve(secured, tmp_path / "run", LockoutPolicy(3, 60.0, 4.0), programs)
     try:
         code, _ = codes.issue(600)
         accept = _pair(secured.url, code, name="pi-kitchen")
         assert accept.device_id == "pi-kitchen" and accept.username == "pi-kitchen"
         assert accept.tier == "1.0" and "tier 1.0" in accept.tier_reason  # plenty of memory and time
         assert probe_login(secured.address, accept.username, accept.password) == "Success"
-        assert registry.is_known("pi-kitchen") and registry.device("pi-kitchen")["pair_profile"]["bench"]
+        assert registry.is_known("pi-kitchen")
+        # the step time of the fleet's model on each runtime here, from the programs the fleet offers
+        bench = registry.device("pi-kitchen")["pair_profile"]["bench"]
+        assert {r["runtime"]: r["format"] for r in bench["runtimes"]} == {"torch": "torchspec/1",
+                                                                          "executorch": "pte/1"}
+        assert all(r["ms_per_step"] > 0 for r in bench["runtimes"]), bench
 
         kind, text = _kind(secured.url, code)
         assert kind == "code_used" and "already used" in text
@@ -111,6 +124,16 @@ def test_revoked_device_cannot_reconnect_and_strangers_cannot_connect(
         assert probe_login(secured.address, "cam", accept.password) != "Success"
         time.sleep(2.5)  # the running server's registry sees the other process's write
         assert not registry.is_known("cam") and registry.device("cam")["status"] == "revoked"
+
+        # a device can unpair itself (proving its password); the wrong password is refused
+        other = _pair(secured.url, codes.issue(600)[0], name="cam")
+        assert other.device_id == "cam-2"  # a revoked id is never reused
+        with PairClient(secured.url) as client, pytest.raises(PairingError, match="not_paired"):
+            client.unpair("cam-2", "wrong")
+        with PairClient(secured.url) as client:
+            client.unpair("cam-2", other.password)
+        assert probe_login(secured.address, "cam-2", other.password) != "Success"
+        assert not registry.is_known("cam-2")
     finally:
         service.close()
 
