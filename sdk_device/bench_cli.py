@@ -18,7 +18,7 @@ from .device_config import DeviceConfig
 from .profile import device_profile
 from .runtimes.registry import available_runtimes
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 def _defaults(work_dir: Path | None, data_path: Path | None) -> tuple[Path, Path | None]:
@@ -77,33 +77,50 @@ def run_bench(work_dir: Path | None, data_path: Path | None, steps: int, as_json
         xs, ys = bench_inputs(spec, max(recipe.batch_size * steps, 64), x, y, recipe.seed)
         rows = run_selftest(programs, weights, xs, ys, recipe, steps=steps)
         if as_json:
-            click.echo(json.dumps({"profile": profile, "model": "fleet (last task)", "round": task.round,
-                                   "selftest": [r.to_dict() for r in rows]}, indent=2))
+            click.echo(
+                json.dumps(
+                    {
+                        "profile": profile,
+                        "model": "fleet (last task)",
+                        "round": task.round,
+                        "selftest": [r.to_dict() for r in rows],
+                    },
+                    indent=2,
+                )
+            )
             return
-        console.print(f"\nthe fleet's model (last task, round {task.round}), batch {recipe.batch_size}, "
-                      f"{recipe.optimizer}: parity against torch autograd and speed")
+        console.print(
+            f"\nthe fleet's model (last task, round {task.round}), batch {recipe.batch_size}, "
+            f"{recipe.optimizer}: parity against torch autograd and speed"
+        )
         click.echo(format_table(rows))
         if missing:
             click.echo(f"(programs not cached here, not tested: {', '.join(missing)})")
         click.echo(f"fastest runtime that passed parity: {fastest_passing(rows) or 'none'}")
         return
     if "torch" not in available_runtimes():
-        raise click.ClickException("no task of a fleet is cached here and torch (which builds the reference "
-                                   "model) is not installed: pair and run once, then bench again")
+        raise click.ClickException(
+            "no task of a fleet is cached here and torch (which builds the reference "
+            "model) is not installed: pair and run once, then bench again"
+        )
     recipe = Recipe(epochs=1, batch_size=32, optimizer="sgd")
     programs = {"torchspec/1": modelspec.dumps(REFERENCE_SPEC)}
     bench = bench_programs(programs, initial_weights(REFERENCE_SPEC), recipe, x, y, steps=steps)
     if as_json:
         click.echo(json.dumps({"profile": profile, "model": "reference", "bench": bench}, indent=2))
         return
-    console.print(f"\nreference CNN (1x28x28 -> 10 classes), batch {recipe.batch_size}, sgd "
-                  "(no fleet task cached here yet):")
+    console.print(
+        f"\nreference CNN (1x28x28 -> 10 classes), batch {recipe.batch_size}, sgd "
+        "(no fleet task cached here yet):"
+    )
     table = Table("runtime", "format", "ms per step", "note")
     for row in bench["runtimes"]:
         ms = f"{row['ms_per_step']:.1f}" if row["ms_per_step"] is not None else "-"
         table.add_row(row["runtime"], row["format"], ms, row["error"])
     console.print(table)
-    console.print(f"memory: {bench['base_rss_mb']:.0f} MB with the runtime loaded, peak {bench['peak_rss_mb']:.0f} MB")
+    console.print(
+        f"memory: {bench['base_rss_mb']:.0f} MB with the runtime loaded, peak {bench['peak_rss_mb']:.0f} MB"
+    )
 
 
 def _print_profile(profile: dict) -> None:
@@ -113,10 +130,13 @@ def _print_profile(profile: dict) -> None:
         return f"{v:.0f} MB" if v else "?"
 
     for label, value in [
-        ("board", profile.get("board") or "-"), ("cpu", profile.get("cpu_model") or "?"),
-        ("arch", profile["arch"]), ("cores", str(profile["cpu_count"])),
+        ("board", profile.get("board") or "-"),
+        ("cpu", profile.get("cpu_model") or "?"),
+        ("arch", profile["arch"]),
+        ("cores", str(profile["cpu_count"])),
         ("memory", f"{mb(profile['memory_mb'])} ({mb(profile['memory_available_mb'])} available)"),
-        ("os", profile["os"]), ("python", profile["python"]),
+        ("os", profile["os"]),
+        ("python", profile["python"]),
         ("runtimes", ", ".join(profile["runtimes"]) or "none"),
     ]:
         table.add_row(f"[bold]{label}[/]", value)

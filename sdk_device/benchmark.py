@@ -26,13 +26,19 @@ from .runtimes.registry import FORMATS, available_runtimes, create_runtime
 
 EVAL_ONLY = ("onnx", "litert")
 REFERENCE_SPEC = {
-    "format": "torchspec/1", "input_shape": [1, 28, 28], "num_classes": 10,
+    "format": "torchspec/1",
+    "input_shape": [1, 28, 28],
+    "num_classes": 10,
     "layers": [
-        {"op": "conv2d", "in": 1, "out": 16, "k": 3, "stride": 1, "pad": 1, "bias": True}, {"op": "relu"},
+        {"op": "conv2d", "in": 1, "out": 16, "k": 3, "stride": 1, "pad": 1, "bias": True},
+        {"op": "relu"},
         {"op": "maxpool2d", "k": 2},
-        {"op": "conv2d", "in": 16, "out": 32, "k": 3, "stride": 1, "pad": 1, "bias": True}, {"op": "relu"},
+        {"op": "conv2d", "in": 16, "out": 32, "k": 3, "stride": 1, "pad": 1, "bias": True},
+        {"op": "relu"},
         {"op": "maxpool2d", "k": 2},
-        {"op": "flatten"}, {"op": "linear", "in": 1568, "out": 64}, {"op": "relu"},
+        {"op": "flatten"},
+        {"op": "linear", "in": 1568, "out": 64},
+        {"op": "relu"},
         {"op": "linear", "in": 64, "out": 10},
     ],
 }
@@ -63,8 +69,9 @@ def trainable(programs: dict[str, bytes], allowed: list[str] | None = None) -> d
     return out
 
 
-def bench_inputs(spec: dict, count: int, x: np.ndarray | None = None, y: np.ndarray | None = None,
-                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def bench_inputs(
+    spec: dict, count: int, x: np.ndarray | None = None, y: np.ndarray | None = None, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """``count`` samples for ``spec``: the device's own when they fit its input, else random."""
     shape = tuple(spec["input_shape"])
     k = spec["num_classes"]
@@ -82,10 +89,16 @@ def initial_weights(spec: dict, seed: int = 0) -> dict[str, np.ndarray]:
     return state_numpy(build_model(spec, seed=seed))
 
 
-def bench_programs(programs: dict[str, bytes], weights: dict[str, np.ndarray], recipe: Recipe,
-                   x: np.ndarray | None = None, y: np.ndarray | None = None, steps: int = 5,
-                   allowed: list[str] | None = None,
-                   on_runtime: Callable[[str, BenchRow | None], None] | None = None) -> dict:
+def bench_programs(
+    programs: dict[str, bytes],
+    weights: dict[str, np.ndarray],
+    recipe: Recipe,
+    x: np.ndarray | None = None,
+    y: np.ndarray | None = None,
+    steps: int = 5,
+    allowed: list[str] | None = None,
+    on_runtime: Callable[[str, BenchRow | None], None] | None = None,
+) -> dict:
     """Time every trainable runtime on ``programs``; returns the profile's ``bench`` entry::
 
         {"runtimes": [BenchRow dicts], "batch_size": B, "steps": steps,
@@ -113,8 +126,14 @@ def bench_programs(programs: dict[str, bytes], weights: dict[str, np.ndarray], r
         rows.append(row)
         if on_runtime:
             on_runtime(name, row)
-    return {"runtimes": [r.to_dict() for r in rows], "batch_size": recipe.batch_size, "steps": steps,
-            "base_rss_mb": base_rss, "peak_rss_mb": peak_rss_mb(), "measured_at": time.time()}
+    return {
+        "runtimes": [r.to_dict() for r in rows],
+        "batch_size": recipe.batch_size,
+        "steps": steps,
+        "base_rss_mb": base_rss,
+        "peak_rss_mb": peak_rss_mb(),
+        "measured_at": time.time(),
+    }
 
 
 def fastest(bench: dict) -> dict | None:

@@ -23,7 +23,8 @@ def main(verbose: int) -> None:
 
 
 @main.command()
-@click.option("--broker", "broker_url", help="mqtt://host:port or mqtts://host:port (default: the paired server).")
+@click.option("--broker", "broker_url",
+              help="mqtt://host:port or mqtts://host:port (default: the paired server).")
 @click.option("--fleet", help="Fleet name (the server's --fleet; default: the paired fleet).")
 @click.option("--device-id", help="This device's id, as registered on the server (default: the paired id).")
 @click.option(

@@ -71,8 +71,9 @@ class DeviceConfig:
             return None
         mode = stat.S_IMODE(path.stat().st_mode)
         if mode & 0o077:
-            log.warning("%s is readable by others (mode %o): it holds the broker password; "
-                        "chmod 600 it", path, mode)
+            log.warning(
+                "%s is readable by others (mode %o): it holds the broker password; chmod 600 it", path, mode
+            )
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:

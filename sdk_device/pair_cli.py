@@ -14,7 +14,7 @@ from rich.console import Console
 from . import device_config
 from .device_config import DeviceConfig
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 def _ok(text: str) -> None:
@@ -28,22 +28,40 @@ def _fail(err) -> None:
 
 
 @click.command()
-@click.option("--server", "server_url", required=True, metavar="URL",
-              help="The fleet's broker: mqtts://HOST:8883 (or mqtt://127.0.0.1:1883 on this machine).")
+@click.option(
+    "--server",
+    "server_url",
+    required=True,
+    metavar="URL",
+    help="The fleet's broker: mqtts://HOST:8883 (or mqtt://127.0.0.1:1883 on this machine).",
+)
 @click.option("--code", prompt="Pairing code (from `fedsdk-server pair-code`)", help="The one-time code.")
 @click.option("--name", default=None, help="This device's name in the fleet (default: the host name).")
-@click.option("--data", "data_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Local training data (.npz with x, y); stored for `fedsdk run`.")
+@click.option(
+    "--data",
+    "data_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Local training data (.npz with x, y); stored for `fedsdk run`.",
+)
 @click.option("--ca-fingerprint", help="sha256:… of the server's CA, as `pair-code` prints it (mqtts).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="The server's CA file (mqtts).")
-@click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to another machine (trusted network only).")
-@click.option("--runtime", "runtimes", multiple=True, help="Benchmark only these runtimes (default: all here).")
-@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The agent's blob cache (default: see `fedsdk status`).")
+@click.option(
+    "--insecure", is_flag=True, help="Allow plain mqtt:// to another machine (trusted network only)."
+)
+@click.option(
+    "--runtime", "runtimes", multiple=True, help="Benchmark only these runtimes (default: all here)."
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The agent's blob cache (default: see `fedsdk status`).",
+)
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each server answer.")
 @click.option("--force", is_flag=True, help="Pair again even if this device is already paired.")
-def pair(server_url, code, name, data_path, ca_fingerprint, ca_file, insecure, runtimes, work_dir, timeout,
-         force) -> None:
+def pair(
+    server_url, code, name, data_path, ca_fingerprint, ca_file, insecure, runtimes, work_dir, timeout, force
+) -> None:
     """Join a fleet with a one-time code: profile this device, get its own credentials and tier.
 
     Exit codes: 0 paired; 3 broker unreachable; 4 TLS trust failure; 5 pairing account refused;
@@ -60,7 +78,8 @@ def pair(server_url, code, name, data_path, ca_fingerprint, ca_file, insecure, r
         raise click.ClickException(
             f"this device is already paired as {existing.device_id!r} in fleet {existing.fleet!r} "
             f"({device_config.config_dir() / device_config.CONFIG_FILE}). Run `fedsdk unpair` first, "
-            "or pass --force to replace that pairing.")
+            "or pass --force to replace that pairing."
+        )
     name = name or socket.gethostname() or "device"
     x = y = None
     if data_path is not None:
@@ -71,22 +90,35 @@ def pair(server_url, code, name, data_path, ca_fingerprint, ca_file, insecure, r
     here = [r for r in available_runtimes() if r not in ("onnx", "litert")]
     here = [r for r in here if not runtimes or r in runtimes]
     if not here:
-        _fail(PairingError("no_runtime", "no training runtime is installed here: "
-                           "pip install 'fedsdk[torch]' (or an ExecuTorch / ONNX Runtime build)"))
+        _fail(
+            PairingError(
+                "no_runtime",
+                "no training runtime is installed here: "
+                "pip install 'fedsdk[torch]' (or an ExecuTorch / ONNX Runtime build)",
+            )
+        )
     profile = device_profile(here)
     profile["num_samples"] = len(y) if y is not None else None
     console.print(f"[bold]fedsdk pair[/] → {server_url} as [bold]{name}[/]")
-    console.print(f"  this device: {profile.get('board') or profile['arch']}, {profile.get('cpu_model') or '?'}, "
-                  f"{profile['cpu_count']} cores, {_mb(profile['memory_mb'])} RAM "
-                  f"({_mb(profile['memory_available_mb'])} free), {profile['os']}, Python {profile['python']}, "
-                  f"runtimes: {', '.join(here)}")
+    console.print(
+        f"  this device: {profile.get('board') or profile['arch']}, {profile.get('cpu_model') or '?'}, "
+        f"{profile['cpu_count']} cores, {_mb(profile['memory_mb'])} RAM "
+        f"({_mb(profile['memory_available_mb'])} free), {profile['os']}, Python {profile['python']}, "
+        f"runtimes: {', '.join(here)}"
+    )
 
     def benchmark(offer, programs, weights_blob) -> dict:
         return _benchmark(offer, programs, weights_blob, x, y, list(runtimes) or None)
 
     try:
-        with PairClient(server_url, ca_file=ca_file, ca_fingerprint=ca_fingerprint, insecure=insecure,
-                        timeout_s=timeout, say=_ok) as client:
+        with PairClient(
+            server_url,
+            ca_file=ca_file,
+            ca_fingerprint=ca_fingerprint,
+            insecure=insecure,
+            timeout_s=timeout,
+            say=_ok,
+        ) as client:
             with console.status("pairing…"):
                 accept = client.pair(code, name, profile, benchmark)
             ca_pem = accept.ca_pem or client.ca_pem
@@ -97,14 +129,25 @@ def pair(server_url, code, name, data_path, ca_fingerprint, ca_file, insecure, r
     if ca_pem:
         stored_ca = str(device_config.write_private(directory / device_config.CA_FILE, ca_pem))
     config = DeviceConfig(
-        broker_url=client.url, fleet=accept.fleet, device_id=accept.device_id, username=accept.username,
-        password=accept.password, name=name, tier=accept.tier, tier_reason=accept.tier_reason,
-        ca_file=stored_ca, data_path=str(data_path.resolve()) if data_path else None,
+        broker_url=client.url,
+        fleet=accept.fleet,
+        device_id=accept.device_id,
+        username=accept.username,
+        password=accept.password,
+        name=name,
+        tier=accept.tier,
+        tier_reason=accept.tier_reason,
+        ca_file=stored_ca,
+        data_path=str(data_path.resolve()) if data_path else None,
         work_dir=str(work_dir.resolve() if work_dir else device_config.default_work_dir()),
-        insecure=insecure, paired_at=time.time())
+        insecure=insecure,
+        paired_at=time.time(),
+    )
     path = config.save(directory)
-    _ok(f"paired as [bold]{accept.device_id}[/] in fleet [bold]{accept.fleet}[/]"
-        + (f", tier [bold]{accept.tier}[/]" if accept.tier is not None else ""))
+    _ok(
+        f"paired as [bold]{accept.device_id}[/] in fleet [bold]{accept.fleet}[/]"
+        + (f", tier [bold]{accept.tier}[/]" if accept.tier is not None else "")
+    )
     if accept.tier_reason:
         console.print(f"  {accept.tier_reason}")
     console.print(f"  configuration saved to {path} (mode 600)")
@@ -121,10 +164,14 @@ def _benchmark(offer, programs: dict[str, bytes], weights_blob: bytes, x, y, all
     spec = loads(programs["torchspec/1"])
     recipe = Recipe.from_dict(offer.recipe)
     if x is not None and tuple(x.shape[1:]) != tuple(spec["input_shape"]):
-        console.print(f"[yellow]! your data's samples have shape {tuple(x.shape[1:])} but the fleet's model "
-                      f"takes {tuple(spec['input_shape'])}: training will fail until the data fits[/]")
-    console.print(f"  measuring a training step of the fleet's model (batch {recipe.batch_size}, "
-                  f"{recipe.optimizer}) on each runtime:")
+        console.print(
+            f"[yellow]! your data's samples have shape {tuple(x.shape[1:])} but the fleet's model "
+            f"takes {tuple(spec['input_shape'])}: training will fail until the data fits[/]"
+        )
+    console.print(
+        f"  measuring a training step of the fleet's model (batch {recipe.batch_size}, "
+        f"{recipe.optimizer}) on each runtime:"
+    )
 
     def on_runtime(name, row) -> None:
         if row is None:
@@ -134,8 +181,9 @@ def _benchmark(offer, programs: dict[str, bytes], weights_blob: bytes, x, y, all
         else:
             console.print(f"    {name:<12} [yellow]failed: {row.error}[/]")
 
-    return bench_programs(programs, decode_tensors(weights_blob), recipe, x, y, allowed=allowed,
-                          on_runtime=on_runtime)
+    return bench_programs(
+        programs, decode_tensors(weights_blob), recipe, x, y, allowed=allowed, on_runtime=on_runtime
+    )
 
 
 def _mb(value) -> str:
@@ -166,23 +214,40 @@ def status(timeout, as_json) -> None:
         if as_json:
             click.echo(json.dumps({"paired": False, "config": str(where)}))
         else:
-            console.print(f"not paired (no {where}). Pair with: fedsdk pair --server mqtts://HOST:8883 --code CODE")
+            console.print(
+                f"not paired (no {where}). Pair with: fedsdk pair --server mqtts://HOST:8883 --code CODE"
+            )
         sys.exit(1)
     reach = _check_server(config, timeout)
     last = _last_task(Path(config.work_dir))
-    info = {"paired": True, "config": str(where), "device_id": config.device_id, "fleet": config.fleet,
-            "tier": config.tier, "broker_url": config.broker_url, "paired_at": config.paired_at,
-            "data_path": config.data_path, "work_dir": config.work_dir, **reach, "last_task": last}
+    info = {
+        "paired": True,
+        "config": str(where),
+        "device_id": config.device_id,
+        "fleet": config.fleet,
+        "tier": config.tier,
+        "broker_url": config.broker_url,
+        "paired_at": config.paired_at,
+        "data_path": config.data_path,
+        "work_dir": config.work_dir,
+        **reach,
+        "last_task": last,
+    }
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
         tier = f", tier {config.tier}" if config.tier is not None else ""
-        console.print(f"paired: [bold]{config.device_id}[/] in fleet [bold]{config.fleet}[/]{tier} "
-                      f"(since {time.strftime('%Y-%m-%d %H:%M', time.localtime(config.paired_at))})")
+        console.print(
+            f"paired: [bold]{config.device_id}[/] in fleet [bold]{config.fleet}[/]{tier} "
+            f"(since {time.strftime('%Y-%m-%d %H:%M', time.localtime(config.paired_at))})"
+        )
         if reach["reachable"]:
             server = {"online": "[green]online[/]", "offline": "[yellow]offline[/]"}.get(
-                reach["server_status"], "[yellow]unknown (never seen)[/]")
-            console.print(f"broker: {config.broker_url} reachable, credentials accepted; fleet server {server}")
+                reach["server_status"], "[yellow]unknown (never seen)[/]"
+            )
+            console.print(
+                f"broker: {config.broker_url} reachable, credentials accepted; fleet server {server}"
+            )
         else:
             console.print(f"broker: {config.broker_url} [red]{reach['error']}[/]")
         if last:
@@ -209,15 +274,27 @@ def _check_server(config: DeviceConfig, timeout_s: float) -> dict:
         seen["status"] = payload.decode("utf-8", "replace")
         arrived.set()
 
-    link = MqttLink(BrokerAddress.parse(config.broker_url), f"fedsdk-status-{secrets.token_hex(6)}", on_message,
-                    subscriptions=[topics.server_status], username=config.username, password=config.password,
-                    ca_file=config.ca_file, clean_session=True, insecure=config.insecure)
+    link = MqttLink(
+        BrokerAddress.parse(config.broker_url),
+        f"fedsdk-status-{secrets.token_hex(6)}",
+        on_message,
+        subscriptions=[topics.server_status],
+        username=config.username,
+        password=config.password,
+        ca_file=config.ca_file,
+        clean_session=True,
+        insecure=config.insecure,
+    )
     try:
         link.connect(timeout_s)
     except ConnectionError as exc:
         from .pairing import explain_connect_error
 
-        return {"reachable": False, "server_status": None, "error": str(explain_connect_error(exc, config.broker_url))}
+        return {
+            "reachable": False,
+            "server_status": None,
+            "error": str(explain_connect_error(exc, config.broker_url)),
+        }
     try:
         arrived.wait(timeout_s)
     finally:
@@ -255,15 +332,20 @@ def unpair(yes, timeout) -> None:
         console.print("not paired: nothing to do")
         return
     if not yes:
-        click.confirm(f"Unpair {config.device_id!r} from fleet {config.fleet!r}? Its credentials stop working",
-                      abort=True)
+        click.confirm(
+            f"Unpair {config.device_id!r} from fleet {config.fleet!r}? Its credentials stop working",
+            abort=True,
+        )
     try:
-        with PairClient(config.broker_url, ca_file=config.ca_file, insecure=config.insecure,
-                        timeout_s=timeout) as client:
+        with PairClient(
+            config.broker_url, ca_file=config.ca_file, insecure=config.insecure, timeout_s=timeout
+        ) as client:
             client.unpair(config.device_id, config.password)
         _ok(f"the server revoked {config.device_id}")
     except PairingError as err:
-        console.print(f"[yellow]! the server did not confirm ({err}).\n  Its operator can revoke the device "
-                      f"with: fedsdk-server devices revoke {config.device_id} --run-dir RUN_DIR[/]")
+        console.print(
+            f"[yellow]! the server did not confirm ({err}).\n  Its operator can revoke the device "
+            f"with: fedsdk-server devices revoke {config.device_id} --run-dir RUN_DIR[/]"
+        )
     for path in device_config.forget():
         _ok(f"deleted {path}")

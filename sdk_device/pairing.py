@@ -37,11 +37,26 @@ PAIR_USERNAME = "fedsdk-pair"
 PAIR_PASSWORD = "fedsdk-pair"  # public by design: the broker's ACL confines the account
 
 # kind -> process exit code of ``fedsdk pair`` (scripts can tell failures apart)
-EXIT_CODES = {"usage": 2, "unreachable": 3, "tls_trust": 4, "refused": 5, "no_server": 6,
-              "code_wrong": 7, "code_expired": 8, "code_used": 9, "locked": 10, "insecure": 11,
-              "no_runtime": 12, "failed": 13}
-SERVER_CODES = {"code_wrong": "code_wrong", "code_expired": "code_expired", "code_used": "code_used",
-                "pairing_locked": "locked"}
+EXIT_CODES = {
+    "usage": 2,
+    "unreachable": 3,
+    "tls_trust": 4,
+    "refused": 5,
+    "no_server": 6,
+    "code_wrong": 7,
+    "code_expired": 8,
+    "code_used": 9,
+    "locked": 10,
+    "insecure": 11,
+    "no_runtime": 12,
+    "failed": 13,
+}
+SERVER_CODES = {
+    "code_wrong": "code_wrong",
+    "code_expired": "code_expired",
+    "code_used": "code_used",
+    "pairing_locked": "locked",
+}
 
 
 class PairingError(Exception):
@@ -60,8 +75,10 @@ def normalize_fingerprint(text: str) -> str:
     """Accept ``sha256:ab12…``, ``AB:12:…`` or bare hex; returns ``sha256:<lower hex>``."""
     digits = text.strip().lower().removeprefix("sha256:").removeprefix("sha256=").replace(":", "")
     if len(digits) != 64 or any(c not in "0123456789abcdef" for c in digits):
-        raise PairingError("usage", f"{text!r} is not a SHA-256 fingerprint (64 hex digits, "
-                                    "as `fedsdk-server pair-code` prints it)")
+        raise PairingError(
+            "usage",
+            f"{text!r} is not a SHA-256 fingerprint (64 hex digits, as `fedsdk-server pair-code` prints it)",
+        )
     return f"sha256:{digits}"
 
 
@@ -69,37 +86,59 @@ def explain_connect_error(exc: ConnectionError, url: str) -> PairingError:
     """Turn the transport's ConnectionError into the user's distinct failure."""
     cause = exc.__cause__
     if isinstance(cause, ssl.SSLCertVerificationError):
-        return PairingError("tls_trust", f"TLS: the broker's certificate at {url} is not trusted "
-                            f"({cause.verify_message or cause.reason}). Give the CA the server uses: "
-                            "--ca-fingerprint as printed by `fedsdk-server pair-code`, or --ca-file.")
+        return PairingError(
+            "tls_trust",
+            f"TLS: the broker's certificate at {url} is not trusted "
+            f"({getattr(cause, 'verify_message', None) or cause}). Give the CA the server uses: "
+            "--ca-fingerprint as printed by `fedsdk-server pair-code`, or --ca-file.",
+        )
     if isinstance(cause, ssl.SSLError):
-        return PairingError("tls_trust", f"TLS handshake with {url} failed ({cause.reason or cause}): "
-                            "is that port really mqtts:// (TLS)?")
+        return PairingError(
+            "tls_trust",
+            f"TLS handshake with {url} failed ({getattr(cause, 'reason', None) or cause}): "
+            "is that port really mqtts:// (TLS)?",
+        )
     if isinstance(cause, OSError):
-        return PairingError("unreachable", f"cannot reach the broker at {url} ({cause.strerror or cause}). "
-                            "Is the server running, the address right and the port open from here?")
+        return PairingError(
+            "unreachable",
+            f"cannot reach the broker at {url} ({cause.strerror or cause}). "
+            "Is the server running, the address right and the port open from here?",
+        )
     text = str(exc)
     if "refused us" in text and "no answer" not in text:
-        return PairingError("refused", f"the broker at {url} refused the pairing account ({text.split(': ')[-1]}): "
-                            "is broker security with pairing set up on the server?")
+        return PairingError(
+            "refused",
+            f"the broker at {url} refused the pairing account ({text.split(': ')[-1]}): "
+            "is broker security with pairing set up on the server?",
+        )
     return PairingError("unreachable", f"no MQTT answer from {url}: {text}")
 
 
 class PairClient:
     """One pairing conversation with the server behind ``server_url`` (see the module docstring)."""
 
-    def __init__(self, server_url: str, *, ca_file: str | None = None, ca_fingerprint: str | None = None,
-                 insecure: bool = False, timeout_s: float = 30.0,
-                 say: Callable[[str], None] = lambda text: None) -> None:
+    def __init__(
+        self,
+        server_url: str,
+        *,
+        ca_file: str | None = None,
+        ca_fingerprint: str | None = None,
+        insecure: bool = False,
+        timeout_s: float = 30.0,
+        say: Callable[[str], None] = lambda text: None,
+    ) -> None:
         try:
             self.address = BrokerAddress.parse(server_url)
         except ValueError as exc:
             raise PairingError("usage", str(exc)) from None
         if not self.address.tls and not is_loopback(self.address.host) and not insecure:
-            raise PairingError("insecure", f"{server_url} is plain TCP to another machine: the pairing code and "
-                               "this device's password would cross the network readable by anyone. Use "
-                               "mqtts:// (the server's `fedsdk-server pair-code` prints the command), or add "
-                               "--insecure on a network you trust.")
+            raise PairingError(
+                "insecure",
+                f"{server_url} is plain TCP to another machine: the pairing code and "
+                "this device's password would cross the network readable by anyone. Use "
+                "mqtts:// (the server's `fedsdk-server pair-code` prints the command), or add "
+                "--insecure on a network you trust.",
+            )
         if ca_file and ca_fingerprint:
             raise PairingError("usage", "give --ca-file or --ca-fingerprint, not both")
         self.url = self.address.url
@@ -128,10 +167,19 @@ class PairClient:
         if self.ca_pem is not None:
             ca_path = self.tmp / "ca.pem"
             ca_path.write_text(self.ca_pem)
-        endpoint = Endpoint(self.address, PairTopics(), BlobStore(self.tmp / "blobs"), device_id=client_id,
-                            client_id=client_id, username=PAIR_USERNAME, password=PAIR_PASSWORD,
-                            ca_file=str(ca_path) if ca_path else None, ephemeral=True, tls_verify=verify,
-                            insecure=self.insecure)
+        endpoint = Endpoint(
+            self.address,
+            PairTopics(),
+            BlobStore(self.tmp / "blobs"),
+            device_id=client_id,
+            client_id=client_id,
+            username=PAIR_USERNAME,
+            password=PAIR_PASSWORD,
+            ca_file=str(ca_path) if ca_path else None,
+            ephemeral=True,
+            tls_verify=verify,
+            insecure=self.insecure,
+        )
         try:
             endpoint.start(timeout_s=min(self.timeout_s, 15.0))
         except ConnectionError as exc:
@@ -163,13 +211,21 @@ class PairClient:
         except ValueError:
             raise PairingError("tls_trust", "the server sent a CA that is not a PEM certificate") from None
         if got != self.pin:
-            raise PairingError("tls_trust", f"the CA offered at {self.url} has fingerprint {got}, not the "
-                               f"{self.pin} you gave: this may not be your server. Nothing was sent.")
+            raise PairingError(
+                "tls_trust",
+                f"the CA offered at {self.url} has fingerprint {got}, not the "
+                f"{self.pin} you gave: this may not be your server. Nothing was sent.",
+            )
         self.ca_pem = answer.ca_pem
         self.say(f"CA checked: {got[:23]}… matches the fingerprint you gave")
 
-    def _wait(self, endpoint: Endpoint, request: msgs.Message, expected: tuple[type, ...],
-              timeout_s: float | None = None) -> msgs.Message:
+    def _wait(
+        self,
+        endpoint: Endpoint,
+        request: msgs.Message,
+        expected: tuple[type, ...],
+        timeout_s: float | None = None,
+    ) -> msgs.Message:
         """The server's answer to ``request``: one of ``expected``, or PairingError."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while (left := deadline - time.monotonic()) > 0:
@@ -182,15 +238,27 @@ class PairClient:
                 return message
             if isinstance(message, msgs.Error) and message.ref in (request.msg_id, None):
                 kind = SERVER_CODES.get(message.code, "failed")
-                raise PairingError(kind, message.detail if kind != "failed"
-                                   else f"the server refused: {message.code}: {message.detail}")
-        raise PairingError("no_server", f"the broker at {self.url} let us in, but no fedsdk server answered "
-                           f"within {timeout_s or self.timeout_s:.0f} s: is `fedsdk-server run` serving with "
-                           "this broker?")
+                raise PairingError(
+                    kind,
+                    message.detail
+                    if kind != "failed"
+                    else f"the server refused: {message.code}: {message.detail}",
+                )
+        raise PairingError(
+            "no_server",
+            f"the broker at {self.url} let us in, but no fedsdk server answered "
+            f"within {timeout_s or self.timeout_s:.0f} s: is `fedsdk-server run` serving with "
+            "this broker?",
+        )
 
     # -- the exchange ------------------------------------------------------------------------
-    def pair(self, code: str, name: str, profile: dict,
-             benchmark: Callable[[msgs.PairOffer, dict[str, bytes], bytes], dict]) -> msgs.PairAccept:
+    def pair(
+        self,
+        code: str,
+        name: str,
+        profile: dict,
+        benchmark: Callable[[msgs.PairOffer, dict[str, bytes], bytes], dict],
+    ) -> msgs.PairAccept:
         """Run the whole exchange. ``benchmark(offer, programs by format, weights blob)``
         measures the fleet's model here and returns the profile's ``bench`` entry."""
         self.establish_trust()
@@ -204,8 +272,11 @@ class PairClient:
             from .benchmark import trainable
 
             wanted = {"torchspec/1", *trainable({p.format: b"" for p in offer.programs}).values()}
-            programs = {p.format: endpoint.fetch(SERVER, p, timeout_s=120) for p in offer.programs
-                        if p.format in wanted}
+            programs = {
+                p.format: endpoint.fetch(SERVER, p, timeout_s=120)
+                for p in offer.programs
+                if p.format in wanted
+            }
             weights = endpoint.fetch(SERVER, offer.weights, timeout_s=120)
             bench = benchmark(offer, programs, weights)
             confirm = msgs.PairConfirm(session=offer.session, name=name, profile={**profile, "bench": bench})

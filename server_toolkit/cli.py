@@ -367,9 +367,10 @@ def run(
         )
         the_method = method_class(method)(spec, recipe)
         fleet_info = describe_fleet(
-            the_method, fleet, device_url_for(address, ca_file, device_url), parse_tiers(tiers), round_timeout,
-            method_name=method, model=model, ca_file=ca_file, security_dir=str(security_dir) if security_dir else None,
-            insecure=insecure, lockout=LockoutPolicy(pair_max_failures, pair_lockout, pair_lockout))
+            the_method, fleet, device_url_for(address, ca_file, device_url), parse_tiers(tiers),
+            round_timeout, method_name=method, model=model, ca_file=ca_file,
+            security_dir=str(security_dir) if security_dir else None, insecure=insecure,
+            lockout=LockoutPolicy(pair_max_failures, pair_lockout, pair_lockout))
     except (ValueError, SecurityDirError, FileNotFoundError) as exc:
         if broker:
             broker.stop()

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 RunDir = click.Path(file_okay=False, path_type=Path)
 
 
@@ -39,19 +39,41 @@ def parse_tiers(text: str | None) -> list[str]:
 
 def pairing_options(f):
     """The options ``fedsdk-server run`` takes for pairing and tiers."""
-    for opt in reversed([
-        click.option("--tiers", default=None,
-                     help="Tiers new devices are assigned from (by measured memory and step time), e.g. "
-                          "1.0,0.5,0.25 (width methods) or 1,2,3 (exit methods). Default: no tiers."),
-        click.option("--programs", "program_formats", default="torchspec/1", show_default=True,
-                     help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...)."),
-        click.option("--device-url", default=None,
-                     help="The broker URL devices use (default: --broker, or the broker certificate's host name)."),
-        click.option("--pair-max-failures", default=5, show_default=True,
-                     help="Wrong pairing codes that lock pairing (within --pair-lockout)."),
-        click.option("--pair-lockout", default="5m", show_default=True, callback=_duration,
-                     help="How long pairing stays locked after too many wrong codes."),
-    ]):
+    for opt in reversed(
+        [
+            click.option(
+                "--tiers",
+                default=None,
+                help="Tiers new devices are assigned from (by measured memory and step time), e.g. "
+                "1.0,0.5,0.25 (width methods) or 1,2,3 (exit methods). Default: no tiers.",
+            ),
+            click.option(
+                "--programs",
+                "program_formats",
+                default="torchspec/1",
+                show_default=True,
+                help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...).",
+            ),
+            click.option(
+                "--device-url",
+                default=None,
+                help="The broker URL devices use (default: --broker, or the broker certificate's host name).",
+            ),
+            click.option(
+                "--pair-max-failures",
+                default=5,
+                show_default=True,
+                help="Wrong pairing codes that lock pairing (within --pair-lockout).",
+            ),
+            click.option(
+                "--pair-lockout",
+                default="5m",
+                show_default=True,
+                callback=_duration,
+                help="How long pairing stays locked after too many wrong codes.",
+            ),
+        ]
+    ):
         f = opt(f)
     return f
 
@@ -60,8 +82,9 @@ def _registry(run_dir: Path):
     from .fleet.registry import FleetRegistry
 
     if not (run_dir / "registry.sqlite").is_file():
-        raise click.ClickException(f"no fleet registry in {run_dir}: is that the run directory of "
-                                   "`fedsdk-server run --run-dir`?")
+        raise click.ClickException(
+            f"no fleet registry in {run_dir}: is that the run directory of `fedsdk-server run --run-dir`?"
+        )
     return FleetRegistry(run_dir / "registry.sqlite")
 
 
@@ -80,12 +103,25 @@ def _server_running(info) -> bool | None:
 
 @click.command("pair-code")
 @click.option("--run-dir", type=RunDir, required=True, help="The run directory of `fedsdk-server run`.")
-@click.option("--ttl", default="10m", show_default=True, callback=_duration,
-              help="How long the code stays valid (e.g. 90s, 10m, 2h).")
-@click.option("--tier", default="auto", show_default=True,
-              help="auto (from the device's measured profile) or a tier name of the fleet.")
-@click.option("--server", "server_url", default=None,
-              help="The broker URL the device should use (default: the one `run` serves).")
+@click.option(
+    "--ttl",
+    default="10m",
+    show_default=True,
+    callback=_duration,
+    help="How long the code stays valid (e.g. 90s, 10m, 2h).",
+)
+@click.option(
+    "--tier",
+    default="auto",
+    show_default=True,
+    help="auto (from the device's measured profile) or a tier name of the fleet.",
+)
+@click.option(
+    "--server",
+    "server_url",
+    default=None,
+    help="The broker URL the device should use (default: the one `run` serves).",
+)
 @click.option("--count", default=1, show_default=True, help="How many codes (one per device).")
 def pair_code(run_dir, ttl, tier, server_url, count) -> None:
     """Make one-time pairing codes and print the exact command to type on the device."""
@@ -98,8 +134,10 @@ def pair_code(run_dir, ttl, tier, server_url, count) -> None:
 
     info = FleetInfo.load(run_dir)
     if info is None and not server_url:
-        raise click.ClickException(f"`fedsdk-server run --run-dir {run_dir}` has not served yet, so the fleet's "
-                                   "broker is unknown: start it first (or pass --server URL)")
+        raise click.ClickException(
+            f"`fedsdk-server run --run-dir {run_dir}` has not served yet, so the fleet's "
+            "broker is unknown: start it first (or pass --server URL)"
+        )
     tier_name = None if tier == "auto" else tier
     if tier_name is not None and info is not None and tier_name not in info.tiers:
         known = ", ".join(info.tiers) or "none (the fleet has no --tiers)"
@@ -123,18 +161,26 @@ def pair_code(run_dir, ttl, tier, server_url, count) -> None:
         console.print(f"  [bold]fedsdk pair --server {url}{trust} --code {code}[/]", soft_wrap=True)
     console.print("  (add --data FILE.npz to store the device's training data, --name NAME to name it)")
     if insecure:
-        console.print(f"[yellow]! {url} is plain TCP: the device must add --insecure, and its code and password "
-                      "cross the network in clear. Prefer TLS (fedsdk-server certs init).[/]")
+        console.print(
+            f"[yellow]! {url} is plain TCP: the device must add --insecure, and its code and password "
+            "cross the network in clear. Prefer TLS (fedsdk-server certs init).[/]"
+        )
     if is_loopback(address.host):
-        console.print(f"[yellow]! {address.host} is this machine: a device elsewhere needs this server's "
-                      "address (--server here, or `run --device-url`).[/]")
+        console.print(
+            f"[yellow]! {address.host} is this machine: a device elsewhere needs this server's "
+            "address (--server here, or `run --device-url`).[/]"
+        )
     locked = codes.locked_until()
     if locked:
-        console.print(f"[yellow]! pairing is locked after wrong codes until "
-                      f"{time.strftime('%H:%M:%S', time.localtime(locked))}[/]")
+        console.print(
+            f"[yellow]! pairing is locked after wrong codes until "
+            f"{time.strftime('%H:%M:%S', time.localtime(locked))}[/]"
+        )
     if info is not None and _server_running(info) is False:
-        console.print(f"[yellow]! `fedsdk-server run --run-dir {run_dir}` is not running: start it, "
-                      "the device pairs through it[/]")
+        console.print(
+            f"[yellow]! `fedsdk-server run --run-dir {run_dir}` is not running: start it, "
+            "the device pairs through it[/]"
+        )
 
 
 @click.command("show")
@@ -156,7 +202,8 @@ def devices_show(run_dir, device_id) -> None:
         ("device", f"{d['device_id']} (name {d['name']})"),
         ("status", d["status"] + (f", revoked {when(d['revoked_at'])}" if d["revoked"] else "")),
         ("tier", d["tier"] if d["tier"] is not None else "- (full model)"),
-        ("paired", when(d.get("paired_at"))), ("last seen", when(d["last_seen"])),
+        ("paired", when(d.get("paired_at"))),
+        ("last seen", when(d["last_seen"])),
         ("board / cpu", f"{profile.get('board') or '-'} / {profile.get('cpu_model') or '-'}"),
         ("arch, cores", f"{profile.get('arch', '-')}, {profile.get('cpu_count', '-')}"),
         ("memory", _memory(profile)),
@@ -169,8 +216,13 @@ def devices_show(run_dir, device_id) -> None:
     console.print(facts)
     bench = profile.get("bench") or {}
     if bench.get("runtimes"):
-        table = Table("runtime", "format", "ms per step", "note", title=f"measured at pairing "
-                      f"(fleet model, batch {bench.get('batch_size')})")
+        table = Table(
+            "runtime",
+            "format",
+            "ms per step",
+            "note",
+            title=f"measured at pairing (fleet model, batch {bench.get('batch_size')})",
+        )
         for r in bench["runtimes"]:
             ms = f"{r['ms_per_step']:.1f}" if r.get("ms_per_step") is not None else "-"
             table.add_row(r["runtime"], r["format"], ms, r.get("error", ""))
@@ -189,34 +241,56 @@ def _print_reason(reason: dict | None) -> None:
     if not reason:
         console.print("tier decision: none recorded (registered by hand)")
         return
-    console.print(f"[bold]tier decision[/] ({reason.get('mode')}): {reason.get('summary') or reason.get('note', '')}")
+    console.print(
+        f"[bold]tier decision[/] ({reason.get('mode')}): {reason.get('summary') or reason.get('note', '')}"
+    )
     if reason.get("mode") != "auto":
         return
     budget = reason.get("memory_budget_mb")
     console.print(
         f"  memory budget {budget:.0f} MB ({reason['memory_available_mb']:.0f} MB available x share)"
-        if budget else "  memory budget: unknown (the device did not report its memory)")
-    console.print(f"  time budget {reason['time_budget_s']:.0f} s of local training per round; "
-                  f"{reason['steps_per_round']} steps ({reason['samples']} samples"
-                  f"{' assumed' if reason['samples_assumed'] else ''}); full-model step "
-                  + (f"{reason['full_step_ms']:.1f} ms on {reason['runtime']}" if reason.get("full_step_ms")
-                     else "not measured"))
+        if budget
+        else "  memory budget: unknown (the device did not report its memory)"
+    )
+    console.print(
+        f"  time budget {reason['time_budget_s']:.0f} s of local training per round; "
+        f"{reason['steps_per_round']} steps ({reason['samples']} samples"
+        f"{' assumed' if reason['samples_assumed'] else ''}); full-model step "
+        + (
+            f"{reason['full_step_ms']:.1f} ms on {reason['runtime']}"
+            if reason.get("full_step_ms")
+            else "not measured"
+        )
+    )
     table = Table("tier", "params", "MFLOPs/sample", "memory MB", "step ms", "round s", "fits")
     for r in reason["tiers"]:
-        fits = "yes" if r["fits_memory"] and r["fits_time"] else (
-            "no: memory" if not r["fits_memory"] else "no: time")
+        fits = (
+            "yes"
+            if r["fits_memory"] and r["fits_time"]
+            else ("no: memory" if not r["fits_memory"] else "no: time")
+        )
         chosen = " ←" if r["tier"] == reason["tier"] else ""
-        table.add_row(f"{r['tier'] if r['tier'] is not None else 'full'}{chosen}", f"{r['params']:,}",
-                      f"{r['mflops']:.2f}", f"{r['memory_mb']:.0f}",
-                      f"{r['step_ms']:.1f}" if r["step_ms"] is not None else "-",
-                      f"{r['round_s']:.1f}" if r["round_s"] is not None else "-", fits)
+        table.add_row(
+            f"{r['tier'] if r['tier'] is not None else 'full'}{chosen}",
+            f"{r['params']:,}",
+            f"{r['mflops']:.2f}",
+            f"{r['memory_mb']:.0f}",
+            f"{r['step_ms']:.1f}" if r["step_ms"] is not None else "-",
+            f"{r['round_s']:.1f}" if r["round_s"] is not None else "-",
+            fits,
+        )
     console.print(table)
 
 
 @click.command("revoke")
 @click.option("--run-dir", type=RunDir, required=True)
-@click.option("--broker-security", "security_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              default=None, help="Broker security directory (default: the one `run` uses).")
+@click.option(
+    "--broker-security",
+    "security_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Broker security directory (default: the one `run` uses).",
+)
 @click.argument("device_id")
 def devices_revoke(run_dir, security_dir, device_id) -> None:
     """Revoke a device: its broker account is deleted (its session is cut) and the server refuses it."""
@@ -233,8 +307,10 @@ def devices_revoke(run_dir, security_dir, device_id) -> None:
         _security_for(security_dir).revoke_device(device_id)
         console.print(f"broker account of {device_id} deleted (live session cut)")
     else:
-        console.print("[yellow]! no broker security directory: only the registry refuses the device "
-                      "(the broker enforces no accounts)[/]")
+        console.print(
+            "[yellow]! no broker security directory: only the registry refuses the device "
+            "(the broker enforces no accounts)[/]"
+        )
     registry.revoke(device_id)
     console.print(f"{device_id} revoked: the server refuses it from now on")
 
@@ -256,15 +332,31 @@ def devices_retier(run_dir, device_id, tier) -> None:
     info = FleetInfo.load(run_dir)
     if tier == "auto":
         if info is None or not d["pair_profile"]:
-            raise click.ClickException("auto needs the device's pairing profile and the fleet's tiers "
-                                       "(from `fedsdk-server run`); give a tier name instead")
-        choice = choose_tier(d["pair_profile"], info.costs(), info.full(), info.recipe, info.round_timeout_s,
-                             info.memory_share, info.time_share)
+            raise click.ClickException(
+                "auto needs the device's pairing profile and the fleet's tiers "
+                "(from `fedsdk-server run`); give a tier name instead"
+            )
+        choice = choose_tier(
+            d["pair_profile"],
+            info.costs(),
+            info.full(),
+            info.recipe,
+            info.round_timeout_s,
+            info.memory_share,
+            info.time_share,
+        )
         new_tier, reason = choice.tier, choice.reason
     else:
         if info is not None and info.tiers and tier not in info.tiers:
-            raise click.ClickException(f"tier {tier!r} is not one of the fleet's tiers: {', '.join(info.tiers)}")
-        new_tier, reason = tier, {"mode": "manual", "tier": tier, "note": "set with `fedsdk-server devices retier`"}
+            raise click.ClickException(
+                f"tier {tier!r} is not one of the fleet's tiers: {', '.join(info.tiers)}"
+            )
+        new_tier, reason = (
+            tier,
+            {"mode": "manual", "tier": tier, "note": "set with `fedsdk-server devices retier`"},
+        )
     registry.set_tier(device_id, new_tier, reason)
-    console.print(f"{device_id}: tier {d['tier'] or '-'} -> {new_tier or '- (full model)'} (from its next round)")
+    console.print(
+        f"{device_id}: tier {d['tier'] or '-'} -> {new_tier or '- (full model)'} (from its next round)"
+    )
     _print_reason(reason)

@@ -80,7 +80,7 @@ class PairTopics:
         prefix = f"{PAIR_ROOT}/"
         if not topic.startswith(prefix):
             raise ValueError(f"not a pairing topic: {topic!r}")
-        client_id, _, rest = topic[len(prefix):].partition("/")
+        client_id, _, rest = topic[len(prefix) :].partition("/")
         if check_name("pairing client id", client_id) == SERVER_LEVEL:
             raise ValueError("the server's own topic")
         rest = {"req": "up", "req/chunk": "up/chunk", "status": "status"}.get(rest)

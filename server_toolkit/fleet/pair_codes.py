@@ -132,8 +132,11 @@ class PairCodes:
         now = time.time()
         until = self.locked_until(now)
         if until is not None:
-            raise ProtocolError("pairing_locked", f"too many wrong codes: pairing is locked for "
-                                f"{until - now:.0f} s more (until {time.strftime('%H:%M:%S', time.localtime(until))})")
+            raise ProtocolError(
+                "pairing_locked",
+                f"too many wrong codes: pairing is locked for "
+                f"{until - now:.0f} s more (until {time.strftime('%H:%M:%S', time.localtime(until))})",
+            )
         canonical = normalize(typed)
         candidate = self._hash(canonical) if canonical else ""
         match = None
@@ -143,8 +146,13 @@ class PairCodes:
         if match is None:
             self.registry.add_pair_failure(client_id, "wrong code")
             failures = len(self.registry.pair_failures(since=now - self.policy.window_s))
-            log.warning("pairing: wrong code from %s (%d of %d allowed in %.0f s)", client_id, failures,
-                        self.policy.max_failures, self.policy.window_s)
+            log.warning(
+                "pairing: wrong code from %s (%d of %d allowed in %.0f s)",
+                client_id,
+                failures,
+                self.policy.max_failures,
+                self.policy.window_s,
+            )
             if self.locked_until() is not None:
                 log.error("pairing: locked for %.0f s after %d wrong codes", self.policy.lockout_s, failures)
             raise ProtocolError("code_wrong", "this pairing code is not valid (check it and try again)")
@@ -156,8 +164,11 @@ class PairCodes:
                 return Claim(match["id"], match["tier"], session, session_expires)
             raise ProtocolError("code_used", "this pairing code was already used (a code works once)")
         if match["expires_at"] < now:
-            raise ProtocolError("code_expired", f"this pairing code expired at "
-                                f"{time.strftime('%H:%M:%S', time.localtime(match['expires_at']))}")
+            raise ProtocolError(
+                "code_expired",
+                f"this pairing code expired at "
+                f"{time.strftime('%H:%M:%S', time.localtime(match['expires_at']))}",
+            )
         if not self.registry.claim_pair_code(match["id"], client_id, sha256_text(session), session_expires):
             raise ProtocolError("code_used", "this pairing code was just used by another device")
         return Claim(match["id"], match["tier"], session, session_expires)
@@ -171,6 +182,9 @@ class PairCodes:
             if row["session_hash"] and hmac.compare_digest(row["session_hash"], wanted) and found is None:
                 found = row
         if found is None or found["session_expires"] < now or found["device_id"] is not None:
-            raise ProtocolError("session_unknown", "no open pairing session with this token "
-                                "(it expired or already finished): pair again with a new code")
+            raise ProtocolError(
+                "session_unknown",
+                "no open pairing session with this token "
+                "(it expired or already finished): pair again with a new code",
+            )
         return found

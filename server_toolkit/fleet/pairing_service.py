@@ -77,9 +77,17 @@ class PairingService:
     devices must trust for ``mqtts://`` (sent in ``pair_ca`` and ``pair_accept``).
     """
 
-    def __init__(self, endpoint: Endpoint, registry: FleetRegistry, codes: PairCodes, method: Method,
-                 info: FleetInfo, programs: ProgramCache, security: CredentialIssuer | None = None,
-                 ca_pem: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        registry: FleetRegistry,
+        codes: PairCodes,
+        method: Method,
+        info: FleetInfo,
+        programs: ProgramCache,
+        security: CredentialIssuer | None = None,
+        ca_pem: str | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.registry = registry
         self.codes = codes
@@ -133,8 +141,12 @@ class PairingService:
         self._seen[message.msg_id] = None
         while len(self._seen) > 1000:
             self._seen.popitem(last=False)
-        handlers = {msgs.PairCaRequest: self._on_ca_request, msgs.PairRequest: self._on_request,
-                    msgs.PairConfirm: self._on_confirm, msgs.UnpairRequest: self._on_unpair}
+        handlers = {
+            msgs.PairCaRequest: self._on_ca_request,
+            msgs.PairRequest: self._on_request,
+            msgs.PairConfirm: self._on_confirm,
+            msgs.UnpairRequest: self._on_unpair,
+        }
         handler = handlers.get(type(message))
         if handler is None:
             log.debug("pairing: ignoring %s from %s", message.TYPE, client)
@@ -146,7 +158,9 @@ class PairingService:
             answer = msgs.Error(code=err.code, detail=err.detail[:500], ref=message.msg_id)
         except Exception as exc:  # never let one request end the service
             log.exception("pairing: %s from %s failed", message.TYPE, client)
-            answer = msgs.Error(code="pairing_failed", detail=f"server error: {exc}"[:500], ref=message.msg_id)
+            answer = msgs.Error(
+                code="pairing_failed", detail=f"server error: {exc}"[:500], ref=message.msg_id
+            )
         try:
             self.endpoint.send(client, answer)
         except Exception:
@@ -160,14 +174,23 @@ class PairingService:
 
     def _on_request(self, client: str, request: msgs.PairRequest) -> msgs.Message:
         claim = self.codes.claim(request.code, client)
-        log.info("pairing: %s presented a valid code (name %r); offering the fleet's model", client,
-                 request.name)
+        log.info(
+            "pairing: %s presented a valid code (name %r); offering the fleet's model", client, request.name
+        )
         spec, recipe = self.method.tier_plan(None)
-        programs = [self.endpoint.offer(client, data, "program", fmt)
-                    for fmt, data in self.programs.programs(spec, recipe)]
+        programs = [
+            self.endpoint.offer(client, data, "program", fmt)
+            for fmt, data in self.programs.programs(spec, recipe)
+        ]
         weights = self.endpoint.offer(client, self._initial_weights(spec), "weights", "safetensors")
-        return msgs.PairOffer(session=claim.session, fleet=self.info.fleet, programs=programs, weights=weights,
-                              recipe=recipe.to_dict(), expires_at=claim.session_expires)
+        return msgs.PairOffer(
+            session=claim.session,
+            fleet=self.info.fleet,
+            programs=programs,
+            weights=weights,
+            recipe=recipe.to_dict(),
+            expires_at=claim.session_expires,
+        )
 
     def _on_confirm(self, client: str, confirm: msgs.PairConfirm) -> msgs.Message:
         row = self.codes.session(confirm.session)
@@ -175,11 +198,20 @@ class PairingService:
             raise ProtocolError("session_unknown", "this session belongs to another pairing client")
         profile = dict(confirm.profile)
         if row["tier"]:
-            tier, reason = row["tier"], {"mode": "code", "tier": row["tier"],
-                                         "note": "set by the pairing code (pair-code --tier)"}
+            tier, reason = (
+                row["tier"],
+                {"mode": "code", "tier": row["tier"], "note": "set by the pairing code (pair-code --tier)"},
+            )
         else:
-            choice = choose_tier(profile, self.info.costs(), self.info.full(), self.info.recipe,
-                                 self.info.round_timeout_s, self.info.memory_share, self.info.time_share)
+            choice = choose_tier(
+                profile,
+                self.info.costs(),
+                self.info.full(),
+                self.info.recipe,
+                self.info.round_timeout_s,
+                self.info.memory_share,
+                self.info.time_share,
+            )
             tier, reason = choice.tier, choice.reason
         device_id = device_id_for(confirm.name, self.registry.name_taken)
         password = secrets.token_urlsafe(24)
@@ -191,9 +223,16 @@ class PairingService:
         self.paired.append(device_id)
         summary = reason.get("summary") or reason.get("note", "")
         log.warning("pairing: paired %s as %s (%s)", confirm.name, device_id, summary)
-        return msgs.PairAccept(device_id=device_id, username=device_id, password=password, fleet=self.info.fleet,
-                               broker_url=self.info.broker_url, tier=tier, tier_reason=summary[:1000],
-                               ca_pem=self.ca_pem)
+        return msgs.PairAccept(
+            device_id=device_id,
+            username=device_id,
+            password=password,
+            fleet=self.info.fleet,
+            broker_url=self.info.broker_url,
+            tier=tier,
+            tier_reason=summary[:1000],
+            ca_pem=self.ca_pem,
+        )
 
     def _on_unpair(self, client: str, request: msgs.UnpairRequest) -> msgs.Message:
         stored = self.registry.password_hash(request.device_id)

@@ -39,9 +39,20 @@ def device_url_for(address: BrokerAddress, ca_file: str | None, explicit: str | 
     return address.url
 
 
-def describe_fleet(method: Method, fleet: str, device_url: str, tiers: list[str], round_timeout_s: float, *,
-                   method_name: str, model: str, ca_file: str | None, security_dir: str | None,
-                   insecure: bool, lockout: LockoutPolicy) -> FleetInfo:
+def describe_fleet(
+    method: Method,
+    fleet: str,
+    device_url: str,
+    tiers: list[str],
+    round_timeout_s: float,
+    *,
+    method_name: str,
+    model: str,
+    ca_file: str | None,
+    security_dir: str | None,
+    insecure: bool,
+    lockout: LockoutPolicy,
+) -> FleetInfo:
     """The fleet as pairing and the ``devices``/``pair-code`` commands see it. ValueError
     when a tier is not one the method understands."""
     full_spec, recipe = method.tier_plan(None)
@@ -50,23 +61,52 @@ def describe_fleet(method: Method, fleet: str, device_url: str, tiers: list[str]
         spec, _ = method.tier_plan(tier)
         costs[tier] = spec_cost(spec).to_dict()
     return FleetInfo(
-        fleet=fleet, broker_url=device_url, method=method_name, model=model, ca_file=ca_file, tiers=list(tiers),
-        tier_costs=costs, full_cost=spec_cost(full_spec).to_dict(), recipe=recipe.to_dict(),
-        round_timeout_s=round_timeout_s, lockout=vars(lockout).copy(), security_dir=security_dir,
-        insecure=insecure, server_pid=os.getpid(), server_host=socket.gethostname(),
+        fleet=fleet,
+        broker_url=device_url,
+        method=method_name,
+        model=model,
+        ca_file=ca_file,
+        tiers=list(tiers),
+        tier_costs=costs,
+        full_cost=spec_cost(full_spec).to_dict(),
+        recipe=recipe.to_dict(),
+        round_timeout_s=round_timeout_s,
+        lockout=vars(lockout).copy(),
+        security_dir=security_dir,
+        insecure=insecure,
+        server_pid=os.getpid(),
+        server_host=socket.gethostname(),
     )
 
 
-def start_pairing(run_dir: Path, info: FleetInfo, address: BrokerAddress, method: Method,
-                  registry: FleetRegistry, programs: ProgramCache, *, username: str | None = None,
-                  password: str | None = None, ca_file: str | None = None, insecure: bool = False,
-                  security: CredentialIssuer | None = None) -> PairingService:
+def start_pairing(
+    run_dir: Path,
+    info: FleetInfo,
+    address: BrokerAddress,
+    method: Method,
+    registry: FleetRegistry,
+    programs: ProgramCache,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    ca_file: str | None = None,
+    insecure: bool = False,
+    security: CredentialIssuer | None = None,
+) -> PairingService:
     """Write ``fleet.json`` and start the pairing service on its own connection and thread."""
     info.save(run_dir)
-    endpoint = Endpoint(address, PairTopics(), BlobStore(Path(run_dir) / "pairing-blobs"),
-                        client_id=f"fedsdk-server-{info.fleet}-pair", username=username, password=password,
-                        ca_file=ca_file, insecure=insecure)
+    endpoint = Endpoint(
+        address,
+        PairTopics(),
+        BlobStore(Path(run_dir) / "pairing-blobs"),
+        client_id=f"fedsdk-server-{info.fleet}-pair",
+        username=username,
+        password=password,
+        ca_file=ca_file,
+        insecure=insecure,
+    )
     ca_pem = Path(ca_file).read_text() if ca_file and address.tls else None
     codes = PairCodes(registry, run_dir, LockoutPolicy(**info.lockout))
-    return PairingService(endpoint, registry, codes, method, info, programs, security=security,
-                          ca_pem=ca_pem).start()
+    return PairingService(
+        endpoint, registry, codes, method, info, programs, security=security, ca_pem=ca_pem
+    ).start()

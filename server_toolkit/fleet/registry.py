@@ -233,7 +233,8 @@ class FleetRegistry:
         return [dict(r) for r in self._query(
             "SELECT * FROM pair_codes WHERE created_at>=? ORDER BY id DESC", (since,))]
 
-    def claim_pair_code(self, code_id: int, client_id: str, session_hash: str, session_expires: float) -> bool:
+    def claim_pair_code(self, code_id: int, client_id: str, session_hash: str,
+                        session_expires: float) -> bool:
         """Mark code ``code_id`` used by ``client_id`` (atomic: False if it was already used)."""
         return self._write_count(
             "UPDATE pair_codes SET used_at=?, used_by=?, session_hash=?, session_expires=? "

@@ -44,23 +44,23 @@ class SpecCost:
 
 def spec_cost(spec: dict) -> SpecCost:
     """Cost of a torchspec/1 model (see the module docstring)."""
-    params, flops, acts = _layers_cost(spec["layers"], tuple(spec["input_shape"]))
+    params, flops, acts, _ = _layers_cost(spec["layers"], tuple(spec["input_shape"]))
     return SpecCost(params, flops, acts)
 
 
-def _layers_cost(layers: list[dict], shape: tuple) -> tuple[int, float, int]:
+def _layers_cost(layers: list[dict], shape: tuple) -> tuple[int, float, int, tuple]:
+    """(params, flops, activations, output shape) of ``layers`` on per-sample input ``shape``."""
     params = flops = acts = 0
     for layer in layers:
         op = layer["op"]
-        if op == "exit":
-            p, f, a = _layers_cost(layer["head"], shape)
-            params, flops, acts = params + p, flops + f, acts + a
-            continue
-        if op == "residual":
-            for key in ("body", "shortcut"):
-                p, f, a = _layers_cost(layer.get(key, []), shape)
+        if op in ("exit", "residual"):
+            out = shape
+            for key in ("head",) if op == "exit" else ("shortcut", "body"):
+                p, f, a, out = _layers_cost(layer.get(key, []), shape)
                 params, flops, acts = params + p, flops + f, acts + a
-            acts += math.prod(shape)  # the sum
+            if op == "residual":
+                acts += math.prod(out)  # the sum
+                shape = out  # the trunk continues after a residual, not after an exit
             continue
         out = infer_shapes([layer], shape, "cost")[0]
         if op == "conv2d":
@@ -74,7 +74,7 @@ def _layers_cost(layers: list[dict], shape: tuple) -> tuple[int, float, int]:
             params += 2 * layer["c"]
         acts += math.prod(out)
         shape = out
-    return params, flops, acts
+    return params, flops, acts, shape
 
 
 def train_memory_mb(cost: SpecCost, batch_size: int, optimizer: str) -> float:
@@ -92,8 +92,15 @@ class TierChoice:
     reason: dict
 
 
-def choose_tier(profile: dict, costs: dict[str, SpecCost], full: SpecCost, recipe: dict,
-                round_timeout_s: float, memory_share: float = 0.5, time_share: float = 0.5) -> TierChoice:
+def choose_tier(
+    profile: dict,
+    costs: dict[str, SpecCost],
+    full: SpecCost,
+    recipe: dict,
+    round_timeout_s: float,
+    memory_share: float = 0.5,
+    time_share: float = 0.5,
+) -> TierChoice:
     """Pick the largest tier of ``costs`` (tier name -> cost; empty = no tiers) that fits the
     device described by ``profile`` (see the module docstring). ``full`` is the cost of the
     model the device benchmarked; ``recipe`` the fleet's device recipe (a dict)."""
@@ -115,12 +122,18 @@ def choose_tier(profile: dict, costs: dict[str, SpecCost], full: SpecCost, recip
         need_mb = base_mb + train_memory_mb(cost, batch, recipe.get("optimizer", "sgd"))
         step_ms = fastest["ms_per_step"] * cost.flops / full.flops if fastest and full.flops else None
         round_s = steps * step_ms / 1000 if step_ms is not None else None
-        rows.append({
-            "tier": name, "params": cost.params, "mflops": cost.flops / 1e6,
-            "memory_mb": need_mb, "step_ms": step_ms, "round_s": round_s,
-            "fits_memory": memory_budget is None or need_mb <= memory_budget,
-            "fits_time": round_s is None or round_s <= time_budget,
-        })
+        rows.append(
+            {
+                "tier": name,
+                "params": cost.params,
+                "mflops": cost.flops / 1e6,
+                "memory_mb": need_mb,
+                "step_ms": step_ms,
+                "round_s": round_s,
+                "fits_memory": memory_budget is None or need_mb <= memory_budget,
+                "fits_time": round_s is None or round_s <= time_budget,
+            }
+        )
     fitting = [r for r in rows if r["fits_memory"] and r["fits_time"]]
     chosen = fitting[0] if fitting else rows[-1]
     reason = {
@@ -148,11 +161,15 @@ def summarize(reason: dict) -> str:
     if reason.get("mode") != "auto":
         return f"tier {name}: {reason.get('note', 'set by the operator')}"
     row = next(r for r in reason["tiers"] if r["tier"] == reason["tier"])
-    parts = [f"~{row['memory_mb']:.0f} MB"
-             + (f" of a {reason['memory_budget_mb']:.0f} MB budget" if reason["memory_budget_mb"] else "")]
+    parts = [
+        f"~{row['memory_mb']:.0f} MB"
+        + (f" of a {reason['memory_budget_mb']:.0f} MB budget" if reason["memory_budget_mb"] else "")
+    ]
     if row["round_s"] is not None:
-        parts.append(f"~{row['round_s']:.1f} s of local training per round "
-                     f"(budget {reason['time_budget_s']:.0f} s, {reason['runtime']})")
+        parts.append(
+            f"~{row['round_s']:.1f} s of local training per round "
+            f"(budget {reason['time_budget_s']:.0f} s, {reason['runtime']})"
+        )
     else:
         parts.append("no step time measured")
     larger = [r for r in reason["tiers"] if r["mflops"] > row["mflops"]]

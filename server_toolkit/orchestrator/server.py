@@ -196,8 +196,8 @@ class Orchestrator:
         # The registry is the truth for revocations and tiers (`fedsdk-server devices revoke|retier`
         # may change them while we run).
         candidates = sorted(
-            (dataclasses.replace(d, tier=self.registry.tier_of(d.device_id))
-             for d in self.online.values() if d.device_id not in exclude and self.registry.is_known(d.device_id)),
+            (dataclasses.replace(d, tier=self.registry.tier_of(d.device_id)) for d in self.online.values()
+             if d.device_id not in exclude and self.registry.is_known(d.device_id)),
             key=lambda d: d.device_id,
         )
         want = self._wanted()

@@ -36,12 +36,32 @@ def _serve(secured, run_dir, policy: LockoutPolicy, programs: ProgramCache | Non
     """The pairing service of a heterofl fleet with three tiers, logged in as fedsdk-server."""
     registry = FleetRegistry(run_dir / "registry.sqlite")
     method = _method()
-    info = describe_fleet(method, secured.fleet, secured.url, TIERS, 60.0, method_name="heterofl",
-                          model="small_cnn", ca_file=secured.ca_file,
-                          security_dir=str(secured.security.directory), insecure=False, lockout=policy)
+    info = describe_fleet(
+        method,
+        secured.fleet,
+        secured.url,
+        TIERS,
+        60.0,
+        method_name="heterofl",
+        model="small_cnn",
+        ca_file=secured.ca_file,
+        security_dir=str(secured.security.directory),
+        insecure=False,
+        lockout=policy,
+    )
     user, password = secured.security.server_credentials()
-    service = start_pairing(run_dir, info, secured.address, method, registry, programs or ProgramCache(),
-                            username=user, password=password, ca_file=secured.ca_file, security=secured.security)
+    service = start_pairing(
+        run_dir,
+        info,
+        secured.address,
+        method,
+        registry,
+        programs or ProgramCache(),
+        username=user,
+        password=password,
+        ca_file=secured.ca_file,
+        security=secured.security,
+    )
     return service, registry, PairCodes(registry, run_dir, policy)
 
 
@@ -62,7 +82,8 @@ def _kind(url: str, code: str, **trust) -> str:
 
 
 def test_codes_fail_each_with_its_own_error_and_wrong_codes_lock_pairing(
-        secured_mosquitto, tmp_path, one_torch_thread, caplog, program_for):
+    secured_mosquitto, tmp_path, one_torch_thread, caplog, program_for
+):
     secured = secured_mosquitto
     programs = ProgramCache(["torchspec/1", "pte/1"])  # the fleet offers ExecuTorch programs too
     spec, recipe = _method().tier_plan(None)
@@ -77,8 +98,10 @@ def test_codes_fail_each_with_its_own_error_and_wrong_codes_lock_pairing(
         assert registry.is_known("pi-kitchen")
         # the step time of the fleet's model on each runtime here, from the programs the fleet offers
         bench = registry.device("pi-kitchen")["pair_profile"]["bench"]
-        assert {r["runtime"]: r["format"] for r in bench["runtimes"]} == {"torch": "torchspec/1",
-                                                                          "executorch": "pte/1"}
+        assert {r["runtime"]: r["format"] for r in bench["runtimes"]} == {
+            "torch": "torchspec/1",
+            "executorch": "pte/1",
+        }
         assert all(r["ms_per_step"] > 0 for r in bench["runtimes"]), bench
 
         kind, text = _kind(secured.url, code)
@@ -105,7 +128,8 @@ def test_codes_fail_each_with_its_own_error_and_wrong_codes_lock_pairing(
 
 
 def test_revoked_device_cannot_reconnect_and_strangers_cannot_connect(
-        secured_mosquitto, tmp_path, one_torch_thread):
+    secured_mosquitto, tmp_path, one_torch_thread
+):
     secured = secured_mosquitto
     run_dir = tmp_path / "run"
     service, registry, codes = _serve(secured, run_dir, LockoutPolicy())
@@ -117,8 +141,21 @@ def test_revoked_device_cannot_reconnect_and_strangers_cannot_connect(
         assert probe_login(secured.address, "cam2", accept.password) != "Success"
         assert probe_login(secured.address, "cam", "guess") != "Success"
 
-        revoke = subprocess.run([sys.executable, "-m", "server_toolkit.cli", "devices", "revoke", "--run-dir",
-                                 str(run_dir), "cam"], capture_output=True, text=True, timeout=60)
+        revoke = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "server_toolkit.cli",
+                "devices",
+                "revoke",
+                "--run-dir",
+                str(run_dir),
+                "cam",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert revoke.returncode == 0, revoke.stderr
         assert "broker account of cam deleted" in revoke.stdout
         assert probe_login(secured.address, "cam", accept.password) != "Success"
