@@ -363,7 +363,8 @@ def run(
             address = broker.address
         endpoint = Endpoint(
             address, FleetTopics(fleet), BlobStore(run_dir / "blobs"), is_known_peer=registry.is_known,
-            username=username, password=password, ca_file=ca_file, insecure=insecure,
+            username=username, password=password, ca_file=ca_file,
+            insecure=insecure or insecure_embedded_broker,  # that flag already accepts plain TCP
         )
         the_method = method_class(method)(spec, recipe)
         fleet_info = describe_fleet(

@@ -135,6 +135,8 @@ def security_show(directory) -> None:
 
 
 def _security_for(directory: Path):
+    """DIR's security backend, confirming changes against DIR's own broker (ClickException if
+    DIR is not a security directory). ``devices revoke`` uses it too."""
     from .broker.mosquitto_auth import SecurityDirError
     from .broker.secured import server_connection
 
@@ -144,20 +146,27 @@ def _security_for(directory: Path):
         raise click.ClickException(str(exc)) from None
 
 
+def _change_account(directory: Path, change) -> None:
+    """Run ``change(security)`` on DIR's security backend; errors become ClickExceptions."""
+    from .broker.mosquitto_auth import SecurityDirError
+
+    security = _security_for(directory)
+    try:
+        change(security)
+    except (SecurityDirError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @security.command("grant")
 @click.option("--dir", "directory", type=click.Path(exists=True, file_okay=False, path_type=Path),
               required=True)
 @click.argument("device_id")
 def security_grant(directory, device_id) -> None:
     """Give DEVICE_ID a broker account by hand (pairing does this for you); prints its password."""
-    from .broker.mosquitto_auth import SecurityDirError, new_password
+    from .broker.mosquitto_auth import new_password
 
-    sec = _security_for(directory)
     password = new_password()
-    try:
-        sec.grant_device(device_id, password)
-    except (SecurityDirError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    _change_account(directory, lambda sec: sec.grant_device(device_id, password))
     console.print(f"device {device_id}: username {device_id}, password {password} (shown once)")
 
 
@@ -167,11 +176,5 @@ def security_grant(directory, device_id) -> None:
 @click.argument("device_id")
 def security_revoke(directory, device_id) -> None:
     """Delete DEVICE_ID's broker account; its live session is cut at once."""
-    from .broker.mosquitto_auth import SecurityDirError
-
-    sec = _security_for(directory)
-    try:
-        sec.revoke_device(device_id)
-    except (SecurityDirError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    _change_account(directory, lambda sec: sec.revoke_device(device_id))
     console.print(f"device {device_id}: broker account removed")

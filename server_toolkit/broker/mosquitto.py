@@ -59,7 +59,8 @@ def mosquitto_config(
                   f"keyfile {tls_dir}/server.key", "tls_version tlsv1.2"]
     if security_dir is not None:
         lines += ["allow_anonymous false", f"password_file {security_dir}/mosquitto.passwd",
-                  f"acl_file {security_dir}/mosquitto.acl", f"pid_file {security_dir}/mosquitto.pid"]
+                  f"acl_file {security_dir}/mosquitto.acl", f"pid_file {security_dir}/mosquitto.pid",
+                  "persistent_client_expiration 30d"]  # drop sessions of long-gone (revoked) devices
     else:
         lines.append("allow_anonymous true")
     lines += [

@@ -240,6 +240,9 @@ class MosquittoAuthFiles:
         pid_path = self.directory / PID_FILE
         try:
             pid = int(pid_path.read_text().strip())
+            comm = Path(f"/proc/{pid}/comm")
+            if comm.exists() and comm.read_text().strip() != "mosquitto":  # a stale pid, reused
+                raise ProcessLookupError(f"process {pid} is {comm.read_text().strip()!r}, not mosquitto")
             os.kill(pid, signal.SIGHUP)
         except FileNotFoundError:
             raise SecurityDirError(

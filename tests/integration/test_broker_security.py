@@ -160,3 +160,41 @@ def test_pairing_account_reaches_only_its_own_pairing_topics(fleet):
     p1.publish(pair_topic("p1", "req"), b"pairing request p1")
     assert server.wait_for(b"pairing request p1")
     assert b"forged by pairing" not in server.payloads() | a.payloads() | p2.payloads()
+
+
+def test_cli_sets_up_a_tls_broker_and_grants_and_revokes_by_hand(tmp_path):
+    """certs init -> security init -> (broker) -> security grant/show/revoke, as a user types them."""
+    import re
+
+    from click.testing import CliRunner
+
+    from server_toolkit.broker.mosquitto import free_port
+    from server_toolkit.broker.secured import server_connection, start_secured_broker
+    from server_toolkit.cli import main
+
+    d = tmp_path / "broker"
+    runner = CliRunner()
+    made = runner.invoke(main, ["certs", "init", "--dir", str(d), "--host", "localhost",
+                                "--host", "127.0.0.1"])
+    assert made.exit_code == 0 and "sha256:" in made.output, made.output
+    port = str(free_port())
+    init = runner.invoke(main, ["security", "init", "--dir", str(d), "--fleet", "lab", "--host", "127.0.0.1",
+                                "--port", port])
+    assert init.exit_code == 0, init.output
+    assert "mqtts://127.0.0.1:" + port in init.output and (d / "mosquitto.conf").is_file()
+    again = runner.invoke(main, ["security", "init", "--dir", str(d), "--fleet", "lab"])
+    assert again.exit_code != 0 and "exists already" in again.output
+
+    with start_secured_broker(d, workdir=tmp_path / "data") as secured:
+        granted = runner.invoke(main, ["security", "grant", "--dir", str(d), "pi-7"])
+        assert granted.exit_code == 0, granted.output
+        password = re.search(r"password (\S+) \(shown once\)", granted.output).group(1)
+        address, ca_file, _ = server_connection(d)
+        assert address.tls and address.port == int(port)
+        assert probe_login(address, "pi-7", password, ca_file=ca_file) == "Success"
+        assert "pi-7" in runner.invoke(main, ["security", "show", "--dir", str(d)]).output
+        assert runner.invoke(main, ["security", "revoke", "--dir", str(d), "pi-7"]).exit_code == 0
+        assert probe_login(address, "pi-7", password, ca_file=ca_file) == "Not authorized"
+        bad = runner.invoke(main, ["security", "grant", "--dir", str(d), "fedsdk-server"])
+        assert bad.exit_code != 0 and "taken" in bad.output
+        assert secured.security.devices() == []

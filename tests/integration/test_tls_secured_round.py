@@ -94,3 +94,22 @@ def test_plain_mqtt_to_another_machine_needs_insecure(tmp_path):
         capture_output=True, text=True, env=ENV, timeout=60)
     assert out.returncode != 0
     assert "refusing plain mqtt:// to 10.255.255.1" in out.stderr and "--insecure" in out.stderr
+
+
+def test_server_refuses_plain_mqtt_to_another_machine_and_a_secured_embedded_broker(tmp_path):
+    from click.testing import CliRunner
+
+    from server_toolkit.broker.mosquitto_auth import MosquittoAuthFiles
+    from server_toolkit.cli import main
+
+    runner = CliRunner()
+    assert runner.invoke(main, ["devices", "add", "--run-dir", str(tmp_path / "run"), "d1"]).exit_code == 0
+    plain = runner.invoke(main, ["run", "--broker", "mqtt://10.255.255.1:1883", "--fleet", "f",
+                                 "--run-dir", str(tmp_path / "run"), "--rounds", "1"])
+    assert plain.exit_code != 0 and "refusing plain mqtt:// to 10.255.255.1" in plain.output, plain.output
+
+    MosquittoAuthFiles.create(tmp_path / "sec", "f")
+    amqtt = runner.invoke(main, ["broker", "--security", str(tmp_path / "sec")])
+    assert amqtt.exit_code != 0 and "embedded broker (amqtt 0.12) cannot run a secured fleet" in amqtt.output
+    anonymous = runner.invoke(main, ["broker", "--mosquitto", "--host", "0.0.0.0"])
+    assert anonymous.exit_code != 0 and "would let anyone in" in anonymous.output

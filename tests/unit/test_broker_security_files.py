@@ -193,3 +193,10 @@ def test_mqtt_link_refuses_plain_remote_before_connecting():
         MqttLink(BrokerAddress.parse("mqtt://10.9.8.7:1883"), "c", lambda t, p: None)
     MqttLink(BrokerAddress.parse("mqtt://10.9.8.7:1883"), "c", lambda t, p: None, insecure=True)
     MqttLink(BrokerAddress.parse("mqtts://10.9.8.7:8883"), "c", lambda t, p: None)
+
+
+def test_reload_refuses_to_signal_a_pid_that_is_not_mosquitto(tmp_path):
+    security = MosquittoAuthFiles.create(tmp_path / "sec", "lab")
+    (tmp_path / "sec" / "mosquitto.pid").write_text(f"{os.getpid()}\n")  # this pytest process
+    with pytest.raises(SecurityDirError, match="not mosquitto"):
+        security.grant_device("pi-1", "pw")
