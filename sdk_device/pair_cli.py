@@ -15,6 +15,7 @@ from . import device_config
 from .device_config import DeviceConfig
 
 console = Console(highlight=False, soft_wrap=True)
+SERVICE_UNIT = Path("/etc/systemd/system/fedsdk-agent.service")
 
 
 def _ok(text: str) -> None:
@@ -153,6 +154,8 @@ def pair(
     console.print(f"  configuration saved to {path} (mode 600)")
     start = "fedsdk run" if data_path else "fedsdk run --data YOUR_DATA.npz"
     console.print(f"\nStart training with:  [bold]{start}[/]")
+    if SERVICE_UNIT.exists():  # installed by firmware_scripts/install-device.sh
+        console.print("or run it as the installed service:  [bold]sudo systemctl start fedsdk-agent[/]")
 
 
 def _benchmark(offer, programs: dict[str, bytes], weights_blob: bytes, x, y, allowed) -> dict:
