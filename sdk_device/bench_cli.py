@@ -33,6 +33,19 @@ def _defaults(work_dir: Path | None, data_path: Path | None) -> tuple[Path, Path
     return work_dir, data_path
 
 
+def load_data_option(data_path: Path | None):
+    """``(x, y)`` of a ``--data`` file, ``(None, None)`` without one; a ClickException says
+    what is wrong with a bad file."""
+    from .data.npz import DataError, load_npz
+
+    if data_path is None:
+        return None, None
+    try:
+        return load_npz(data_path)
+    except DataError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _cached_task(work_dir: Path):
     """(task, programs by format, weights) of the last task when all needed blobs are cached."""
     from .protocol import messages as msgs
@@ -53,18 +66,12 @@ def _cached_task(work_dir: Path):
 
 def run_bench(work_dir: Path | None, data_path: Path | None, steps: int, as_json: bool) -> None:
     from .benchmark import REFERENCE_SPEC, bench_inputs, bench_programs, initial_weights
-    from .data.npz import DataError, load_npz
     from .protocol import modelspec
     from .runtimes.recipe import Recipe
 
     work_dir, data_path = _defaults(work_dir, data_path)
     profile = device_profile(available_runtimes())
-    x = y = None
-    if data_path is not None:
-        try:
-            x, y = load_npz(data_path)
-        except DataError as exc:
-            raise click.ClickException(str(exc)) from None
+    x, y = load_data_option(data_path)
     cached = _cached_task(work_dir)
     if not as_json:
         _print_profile(profile)

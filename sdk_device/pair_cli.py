@@ -69,7 +69,8 @@ def pair(
     6 no server answered; 7 wrong code; 8 expired code; 9 code already used; 10 pairing locked;
     11 plain TCP to a remote host without --insecure; 12 no training runtime here.
     """
-    from .data.npz import DataError, load_npz
+    from .bench_cli import load_data_option
+    from .benchmark import EVAL_ONLY
     from .pairing import PairClient, PairingError
     from .profile import device_profile
     from .runtimes.registry import available_runtimes
@@ -82,13 +83,8 @@ def pair(
             "or pass --force to replace that pairing."
         )
     name = name or socket.gethostname() or "device"
-    x = y = None
-    if data_path is not None:
-        try:
-            x, y = load_npz(data_path)
-        except DataError as exc:
-            raise click.ClickException(str(exc)) from None
-    here = [r for r in available_runtimes() if r not in ("onnx", "litert")]
+    x, y = load_data_option(data_path)
+    here = [r for r in available_runtimes() if r not in EVAL_ONLY]
     here = [r for r in here if not runtimes or r in runtimes]
     if not here:
         _fail(
