@@ -104,8 +104,8 @@ def pair(
         f"runtimes: {', '.join(here)}"
     )
 
-    def benchmark(offer, programs, weights_blob) -> dict:
-        return _benchmark(offer, programs, weights_blob, x, y, list(runtimes) or None)
+    def benchmark(offer, models, fetch) -> dict:
+        return _benchmark(offer, models, fetch, x, y, list(runtimes) or None, profile["memory_available_mb"])
 
     try:
         with PairClient(
@@ -154,35 +154,66 @@ def pair(
         console.print("or run it as the installed service:  [bold]sudo systemctl start fedsdk-agent[/]")
 
 
-def _benchmark(offer, programs: dict[str, bytes], weights_blob: bytes, x, y, allowed) -> dict:
-    from .benchmark import bench_programs
+def _benchmark(offer, models: dict, fetch, x, y, allowed, available_mb: float | None = None) -> dict:
+    """Time a training step of each offered model (smallest first) on each runtime here; a
+    model whose estimated training memory exceeds ``available_mb`` is skipped, not tried."""
+    from .benchmark import bench_programs, trainable
+    from .profile import peak_rss_mb
     from .protocol.blobs import decode_tensors
     from .protocol.modelspec import loads
     from .runtimes.recipe import Recipe
 
-    spec = loads(programs["torchspec/1"])
     recipe = Recipe.from_dict(offer.recipe)
-    if x is not None and tuple(x.shape[1:]) != tuple(spec["input_shape"]):
-        console.print(
-            f"[yellow]! your data's samples have shape {tuple(x.shape[1:])} but the fleet's model "
-            f"takes {tuple(spec['input_shape'])}: training will fail until the data fits[/]"
-        )
     console.print(
-        f"  measuring a training step of the fleet's model (batch {recipe.batch_size}, "
-        f"{recipe.optimizer}) on each runtime:"
+        f"  timing a training step (batch {recipe.batch_size}, {recipe.optimizer}) of the fleet's "
+        f"model{'s' if len(models) > 1 else ''} on each runtime:"
     )
+    tiers, base_mb, shape_checked = {}, 0.0, False
+    for name, model in sorted(models.items(), key=lambda kv: kv[1].train_memory_mb or 0.0):
+        label = f"tier {name}" if name else "model"
+        if available_mb and model.train_memory_mb and model.train_memory_mb > available_mb:
+            console.print(
+                f"    {label:<10} skipped: needs ~{model.train_memory_mb:.0f} MB, {available_mb:.0f} MB free"
+            )
+            tiers[name] = {"runtimes": [], "skipped": "memory"}
+            continue
+        wanted = {"torchspec/1", *trainable(model.programs, allowed).values()}
+        programs = {fmt: fetch(ref) for fmt, ref in model.programs.items() if fmt in wanted}
+        spec = loads(programs["torchspec/1"])
+        if x is not None and not shape_checked and tuple(x.shape[1:]) != tuple(spec["input_shape"]):
+            console.print(
+                f"[yellow]! your data's samples have shape {tuple(x.shape[1:])} but the fleet's "
+                f"model takes {tuple(spec['input_shape'])}: training will fail until the data fits[/]"
+            )
+        shape_checked = True
 
-    def on_runtime(name, row) -> None:
-        if row is None:
-            return
-        if row.ms_per_step is not None:
-            console.print(f"    {name:<12} {row.ms_per_step:8.1f} ms per step")
-        else:
-            console.print(f"    {name:<12} [yellow]failed: {row.error}[/]")
+        def on_runtime(runtime, row, label=label) -> None:
+            if row is None:
+                return
+            if row.ms_per_step is not None:
+                console.print(f"    {label:<10} {runtime:<12} {row.ms_per_step:8.1f} ms per step")
+            else:
+                console.print(f"    {label:<10} {runtime:<12} [yellow]failed: {row.error}[/]")
 
-    return bench_programs(
-        programs, decode_tensors(weights_blob), recipe, x, y, allowed=allowed, on_runtime=on_runtime
-    )
+        out = bench_programs(
+            programs,
+            decode_tensors(fetch(model.weights)),
+            recipe,
+            x,
+            y,
+            allowed=allowed,
+            on_runtime=on_runtime,
+        )
+        tiers[name] = {"runtimes": out["runtimes"]}
+        base_mb = max(base_mb, out["base_rss_mb"])
+    return {
+        "tiers": tiers,
+        "batch_size": recipe.batch_size,
+        "steps": 5,
+        "base_rss_mb": base_mb,
+        "peak_rss_mb": peak_rss_mb(),
+        "measured_at": time.time(),
+    }
 
 
 def _mb(value) -> str:

@@ -24,6 +24,7 @@ import ssl
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .protocol import messages as msgs
@@ -112,6 +113,37 @@ def explain_connect_error(exc: ConnectionError, url: str) -> PairingError:
             "is broker security with pairing set up on the server?",
         )
     return PairingError("unreachable", f"no MQTT answer from {url}: {text}")
+
+
+@dataclass(frozen=True)
+class OfferedModel:
+    """One model of a ``pair_offer``: its programs by format, its weights, and the server's
+    estimate of its training memory (MiB)."""
+
+    programs: dict[str, msgs.BlobRef]
+    weights: msgs.BlobRef
+    train_memory_mb: float | None
+
+
+Benchmark = Callable[[msgs.PairOffer, dict[str, OfferedModel], Callable[[msgs.BlobRef], bytes]], dict]
+
+
+def offered_models(offer: msgs.PairOffer) -> dict[str, OfferedModel]:
+    """The offer's ``models`` (tier name -> model), checked against its ``blobs``."""
+    refs = {ref.id: ref for ref in offer.blobs}
+    models = {}
+    try:
+        for tier, entry in offer.models.items():
+            programs = {refs[i].format: refs[i] for i in entry["programs"]}
+            memory = entry.get("train_memory_mb")
+            if "torchspec/1" not in programs or not isinstance(memory, int | float | None):
+                raise ValueError(f"model {tier!r} lacks its torchspec/1 program")
+            models[tier] = OfferedModel(programs, refs[entry["weights"]], memory)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PairingError("failed", f"the server's pair_offer is malformed ({exc!r})") from None
+    if not models:
+        raise PairingError("failed", "the server's pair_offer names no model")
+    return models
 
 
 class PairClient:
@@ -252,15 +284,10 @@ class PairClient:
         )
 
     # -- the exchange ------------------------------------------------------------------------
-    def pair(
-        self,
-        code: str,
-        name: str,
-        profile: dict,
-        benchmark: Callable[[msgs.PairOffer, dict[str, bytes], bytes], dict],
-    ) -> msgs.PairAccept:
-        """Run the whole exchange. ``benchmark(offer, programs by format, weights blob)``
-        measures the fleet's model here and returns the profile's ``bench`` entry."""
+    def pair(self, code: str, name: str, profile: dict, benchmark: Benchmark) -> msgs.PairAccept:
+        """Run the whole exchange. ``benchmark(offer, models, fetch)`` times the offered models
+        here (``offered_models``; ``fetch(ref) -> bytes`` pulls a blob) and returns the
+        profile's ``bench`` entry."""
         self.establish_trust()
         endpoint = self._endpoint()
         self.say(f"connected to {self.url} as the pairing account")
@@ -268,17 +295,10 @@ class PairClient:
             request = msgs.PairRequest(code=code, name=name, profile=profile)
             endpoint.send(SERVER, request)
             offer = self._wait(endpoint, request, (msgs.PairOffer,))
-            self.say(f"code accepted by fleet {offer.fleet!r}; fetching its model")
-            from .benchmark import trainable
-
-            wanted = {"torchspec/1", *trainable({p.format: b"" for p in offer.programs}).values()}
-            programs = {
-                p.format: endpoint.fetch(SERVER, p, timeout_s=120)
-                for p in offer.programs
-                if p.format in wanted
-            }
-            weights = endpoint.fetch(SERVER, offer.weights, timeout_s=120)
-            bench = benchmark(offer, programs, weights)
+            self.say(f"code accepted by fleet {offer.fleet!r}")
+            bench = benchmark(
+                offer, offered_models(offer), lambda ref: endpoint.fetch(SERVER, ref, timeout_s=120)
+            )
             confirm = msgs.PairConfirm(session=offer.session, name=name, profile={**profile, "bench": bench})
             endpoint.send(SERVER, confirm)
             return self._wait(endpoint, confirm, (msgs.PairAccept,))

@@ -215,17 +215,21 @@ def devices_show(run_dir, device_id) -> None:
         facts.add_row(f"[bold]{label}[/]", value)
     console.print(facts)
     bench = profile.get("bench") or {}
-    if bench.get("runtimes"):
+    if bench.get("tiers"):
         table = Table(
+            "tier",
             "runtime",
             "format",
             "ms per step",
             "note",
-            title=f"measured at pairing (fleet model, batch {bench.get('batch_size')})",
+            title=f"training steps timed at pairing (batch {bench.get('batch_size')})",
         )
-        for r in bench["runtimes"]:
-            ms = f"{r['ms_per_step']:.1f}" if r.get("ms_per_step") is not None else "-"
-            table.add_row(r["runtime"], r["format"], ms, r.get("error", ""))
+        for tier, entry in bench["tiers"].items():
+            if entry.get("skipped"):
+                table.add_row(tier or "-", "-", "-", "-", f"skipped ({entry['skipped']})")
+            for r in entry.get("runtimes", []):
+                ms = f"{r['ms_per_step']:.1f}" if r.get("ms_per_step") is not None else "-"
+                table.add_row(tier or "-", r["runtime"], r["format"], ms, r.get("error", ""))
         console.print(table)
     _print_reason(d["tier_reason"])
 
@@ -254,32 +258,38 @@ def _print_reason(reason: dict | None) -> None:
     )
     console.print(
         f"  time budget {reason['time_budget_s']:.0f} s of local training per round; "
-        f"{reason['steps_per_round']} steps ({reason['samples']} samples"
-        f"{' assumed' if reason['samples_assumed'] else ''}); full-model step "
-        + (
-            f"{reason['full_step_ms']:.1f} ms on {reason['runtime']}"
-            if reason.get("full_step_ms")
-            else "not measured"
-        )
+        f"{reason['steps_per_round']} steps per round ({reason['samples']} samples"
+        f"{' assumed' if reason['samples_assumed'] else ''})"
     )
-    table = Table("tier", "params", "MFLOPs/sample", "memory MB", "step ms", "round s", "fits")
+    table = Table("tier", "params", "MFLOPs", "memory MB", "step ms", "round s", "fits")
+    notes = []
     for r in reason["tiers"]:
+        name = r["tier"] if r["tier"] is not None else "full"
         fits = (
             "yes"
             if r["fits_memory"] and r["fits_time"]
-            else ("no: memory" if not r["fits_memory"] else "no: time")
+            else "no: memory"
+            if not r["fits_memory"]
+            else "no: time"
         )
-        chosen = " ←" if r["tier"] == reason["tier"] else ""
+        step = "-"
+        if r["step_ms"] is not None:
+            scaled = r.get("step_source") not in (None, "measured")
+            step = f"{r['step_ms']:.1f}{'*' if scaled else ''} {r.get('runtime') or ''}".strip()
+            if scaled:
+                notes.append(f"* tier {name}: not timed on the device; step {r['step_source']} by FLOPs")
         table.add_row(
-            f"{r['tier'] if r['tier'] is not None else 'full'}{chosen}",
+            f"{name}{' ←' if r['tier'] == reason['tier'] else ''}",
             f"{r['params']:,}",
             f"{r['mflops']:.2f}",
             f"{r['memory_mb']:.0f}",
-            f"{r['step_ms']:.1f}" if r["step_ms"] is not None else "-",
+            step,
             f"{r['round_s']:.1f}" if r["round_s"] is not None else "-",
             fits,
         )
     console.print(table)
+    for note in notes:
+        console.print(note)
 
 
 @click.command("revoke")

@@ -182,16 +182,19 @@ class PairRequest(Message):
 
 @dataclass(frozen=True)
 class PairOffer(Message):
-    """Server -> pairing client: the code is good; benchmark the fleet's model and confirm
-    with ``session`` before ``expires_at`` (unix seconds). ``programs`` (one per format the
-    fleet offers, torchspec/1 among them) and ``weights`` are blobs offered to the client;
-    ``recipe`` gives the batch size and optimizer of a training step."""
+    """Server -> pairing client: the code is good; time a training step of each model the
+    fleet trains and confirm with ``session`` before ``expires_at`` (unix seconds).
+
+    ``models`` maps each tier name ("" when the fleet has no tiers) to ``{"programs": [blob
+    ids, one per offered format, torchspec/1 among them], "weights": blob id,
+    "train_memory_mb": the server's estimate}``; ``blobs`` are those blobs' references (offered
+    to the client); ``recipe`` gives the batch size and optimizer of a training step."""
 
     TYPE: ClassVar[str] = "pair_offer"
     session: str
     fleet: str
-    programs: list[BlobRef]
-    weights: BlobRef
+    blobs: list[BlobRef]
+    models: dict
     recipe: dict
     expires_at: float
 

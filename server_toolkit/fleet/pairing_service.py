@@ -8,8 +8,8 @@ The exchange with one pairing client (docs/protocol.md §19)::
       pair_ca_request  ─────────────────────►           (only when pinning a CA fingerprint)
                        ◄─────────────────────  pair_ca
       pair_request (code, name, profile) ───►           check + claim the code
-                       ◄─────────────────────  pair_offer (session, fleet, programs, weights)
-      (pulls the programs, times training steps on each runtime it has)
+                       ◄─────────────────────  pair_offer (session, each tier's programs + weights)
+      (pulls them, times training steps of each tier's model on each runtime it has)
       pair_confirm (session, name, profile) ►           tier, device id, credentials
                        ◄─────────────────────  pair_accept (device id, password, tier, CA, …)
       unpair_request (device id, password) ─►           revoke
@@ -33,15 +33,17 @@ from typing import Protocol
 
 from export.programs import ProgramCache
 from sdk_device.protocol import messages as msgs
+from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import encode_tensors
 from sdk_device.protocol.errors import ProtocolError
+from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
 from ..methods.base import Method
 from .fleet_info import FleetInfo
 from .pair_codes import PairCodes, sha256_text
 from .registry import FleetRegistry
-from .tiers import choose_tier
+from .tiers import choose_tier, spec_cost, train_memory_mb
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ class PairingService:
         self.security = security
         self.ca_pem = ca_pem
         self._seen: OrderedDict[str, None] = OrderedDict()  # msg ids answered (QoS-1 duplicates)
-        self._weights: bytes | None = None
+        self._weights: dict[bytes, bytes] = {}  # spec bytes -> encoded initial weights
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pairing", daemon=True)
         self.paired: list[str] = []  # device ids paired by this service (for logs and tests)
@@ -127,9 +129,9 @@ class PairingService:
         """Build the programs pairing offers now (an ExecuTorch export takes seconds to
         minutes), so the first device does not wait for it; requests queue meanwhile."""
         try:
-            spec, recipe = self.method.tier_plan(None)
-            self.programs.programs(spec, recipe)
-            self._initial_weights(spec)
+            for spec, recipe in self._models().values():
+                self.programs.programs(spec, recipe)
+                self._initial_weights(spec)
         except Exception:  # the offer will try again and report the error to the device
             log.exception("pairing: could not prepare the fleet's programs")
 
@@ -177,20 +179,32 @@ class PairingService:
         log.info(
             "pairing: %s presented a valid code (name %r); offering the fleet's model", client, request.name
         )
-        spec, recipe = self.method.tier_plan(None)
-        programs = [
-            self.endpoint.offer(client, data, "program", fmt)
-            for fmt, data in self.programs.programs(spec, recipe)
-        ]
-        weights = self.endpoint.offer(client, self._initial_weights(spec), "weights", "safetensors")
+        models, blobs = {}, {}
+        for name, (spec, recipe) in self._models().items():
+            refs = [
+                self.endpoint.offer(client, data, "program", fmt)
+                for fmt, data in self.programs.programs(spec, recipe)
+            ]
+            weights = self.endpoint.offer(client, self._initial_weights(spec), "weights", "safetensors")
+            blobs.update({ref.id: ref for ref in [*refs, weights]})
+            memory = train_memory_mb(spec_cost(spec), recipe.batch_size, recipe.optimizer)
+            models[name] = {
+                "programs": [r.id for r in refs],
+                "weights": weights.id,
+                "train_memory_mb": memory,
+            }
         return msgs.PairOffer(
             session=claim.session,
             fleet=self.info.fleet,
-            programs=programs,
-            weights=weights,
+            blobs=list(blobs.values()),
+            models=models,
             recipe=recipe.to_dict(),
             expires_at=claim.session_expires,
         )
+
+    def _models(self) -> dict[str, tuple[dict, Recipe]]:
+        """(spec, recipe) of each tier's sub-model; key "" = the one model of a fleet without tiers."""
+        return {name: self.method.tier_plan(name or None) for name in (self.info.tiers or [""])}
 
     def _on_confirm(self, client: str, confirm: msgs.PairConfirm) -> msgs.Message:
         row = self.codes.session(confirm.session)
@@ -245,8 +259,10 @@ class PairingService:
         return msgs.Ack(ref=request.msg_id, detail="revoked")
 
     def _initial_weights(self, spec: dict) -> bytes:
-        if self._weights is None:  # the benchmark needs weights of the right shapes, not trained ones
+        """Seeded weights of ``spec`` (the benchmark needs the right shapes, not trained values)."""
+        key = modelspec.dumps(spec)
+        if key not in self._weights:
             from sdk_device.runtimes.torch_model import build_model, state_numpy
 
-            self._weights = encode_tensors(state_numpy(build_model(spec, seed=0)))
-        return self._weights
+            self._weights[key] = encode_tensors(state_numpy(build_model(spec, seed=0)))
+        return self._weights[key]

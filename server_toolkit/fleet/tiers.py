@@ -3,16 +3,19 @@
 Each tier's sub-model (from the method's planner, ``Method.tier_plan``) is costed from its
 spec alone (``spec_cost``): parameters, forward FLOPs per sample (a multiply-add = 2 FLOPs;
 conv and linear layers only) and activations per sample (every layer's output, floats).
-The device measured, at pairing, the training step time of the fleet's full model on each
-runtime it has. A tier *fits* when
+The device measured, at pairing, the training step time of every tier's sub-model on each
+runtime it has (``profile["bench"]["tiers"]``). A tier *fits* when
 
 * memory: the runtime's own footprint (the pairing process's resident memory after loading
   the runtime, measured) + the tier's training memory at the recipe's batch size
   (``train_memory_mb``: weights, gradients and optimizer state, plus every activation and
   its gradient) is at most ``memory_share`` of the memory available on the device; and
-* time: the local training of one round, ``epochs * ceil(samples / batch)`` steps of
-  (measured full-model step time, fastest runtime) * (tier FLOPs / full-model FLOPs), takes
-  at most ``time_share`` of the round timeout (the rest is for transfers and stragglers).
+* time: the local training of one round, ``epochs * ceil(samples / batch)`` steps of the
+  tier's measured step time (fastest runtime), takes at most ``time_share`` of the round
+  timeout (the rest is for transfers and stragglers). A tier the device did not time (skipped
+  for memory, or its runtimes failed) gets the step time of the measured tier nearest in
+  FLOPs, scaled by the FLOPs ratio; ``bench/pairing.py`` shows why measuring every tier beats
+  that scaling (small sub-models are dominated by per-step overhead).
 
 The largest tier (by FLOPs) that fits is chosen; when none fits, the smallest, flagged.
 Without tiers the device trains the full model and the same check says whether it fits.
@@ -92,6 +95,17 @@ class TierChoice:
     reason: dict
 
 
+def measured_steps(profile: dict) -> dict[str, tuple[float, str]]:
+    """tier name -> (fastest measured ms per step, its runtime), from the profile's ``bench``."""
+    out = {}
+    for name, entry in ((profile.get("bench") or {}).get("tiers") or {}).items():
+        timed = [r for r in entry.get("runtimes", []) if isinstance(r.get("ms_per_step"), int | float)]
+        if timed:
+            best = min(timed, key=lambda r: r["ms_per_step"])
+            out[name] = (float(best["ms_per_step"]), best["runtime"])
+    return out
+
+
 def choose_tier(
     profile: dict,
     costs: dict[str, SpecCost],
@@ -101,14 +115,13 @@ def choose_tier(
     memory_share: float = 0.5,
     time_share: float = 0.5,
 ) -> TierChoice:
-    """Pick the largest tier of ``costs`` (tier name -> cost; empty = no tiers) that fits the
-    device described by ``profile`` (see the module docstring). ``full`` is the cost of the
-    model the device benchmarked; ``recipe`` the fleet's device recipe (a dict)."""
-    bench = profile.get("bench") or {}
-    timed = [r for r in bench.get("runtimes", []) if isinstance(r.get("ms_per_step"), int | float)]
-    fastest = min(timed, key=lambda r: r["ms_per_step"]) if timed else None
+    """Pick the largest tier of ``costs`` (tier name -> cost; empty = no tiers: the one model,
+    of cost ``full``, named "") that fits the device described by ``profile`` (see the module
+    docstring). ``recipe`` is the fleet's device recipe (a dict)."""
+    costs = costs or {"": full}
+    measured = measured_steps(profile)
     available = profile.get("memory_available_mb") or profile.get("memory_mb")
-    base_mb = float(bench.get("base_rss_mb") or 0.0)
+    base_mb = float((profile.get("bench") or {}).get("base_rss_mb") or 0.0)
     samples = profile.get("num_samples")
     assumed = not isinstance(samples, int) or samples <= 0
     samples = ASSUMED_SAMPLES if assumed else samples
@@ -116,19 +129,20 @@ def choose_tier(
     steps = int(recipe.get("epochs", 1)) * math.ceil(samples / batch)
     memory_budget = available * memory_share if available else None
     time_budget = round_timeout_s * time_share
-    candidates = sorted(costs.items(), key=lambda kv: -kv[1].flops) or [(None, full)]
     rows = []
-    for name, cost in candidates:
+    for name, cost in sorted(costs.items(), key=lambda kv: -kv[1].flops):
         need_mb = base_mb + train_memory_mb(cost, batch, recipe.get("optimizer", "sgd"))
-        step_ms = fastest["ms_per_step"] * cost.flops / full.flops if fastest and full.flops else None
+        step_ms, runtime, source = _step_estimate(name, cost, measured, costs)
         round_s = steps * step_ms / 1000 if step_ms is not None else None
         rows.append(
             {
-                "tier": name,
+                "tier": name or None,
                 "params": cost.params,
                 "mflops": cost.flops / 1e6,
                 "memory_mb": need_mb,
                 "step_ms": step_ms,
+                "step_source": source,
+                "runtime": runtime,
                 "round_s": round_s,
                 "fits_memory": memory_budget is None or need_mb <= memory_budget,
                 "fits_time": round_s is None or round_s <= time_budget,
@@ -144,8 +158,6 @@ def choose_tier(
         "memory_budget_mb": memory_budget,
         "base_rss_mb": base_mb,
         "time_budget_s": time_budget,
-        "runtime": fastest["runtime"] if fastest else None,
-        "full_step_ms": fastest["ms_per_step"] if fastest else None,
         "samples": samples,
         "samples_assumed": assumed,
         "steps_per_round": steps,
@@ -155,20 +167,36 @@ def choose_tier(
     return TierChoice(chosen["tier"], reason)
 
 
+def _step_estimate(
+    name: str, cost: SpecCost, measured: dict[str, tuple[float, str]], costs: dict[str, SpecCost]
+) -> tuple[float | None, str | None, str | None]:
+    """(ms per step, runtime, "measured" or "scaled from tier X") of one tier: its own
+    measurement, else the measured tier nearest in FLOPs scaled by the FLOPs ratio."""
+    if name in measured:
+        return measured[name][0], measured[name][1], "measured"
+    known = [(n, costs[n]) for n in measured if n in costs and costs[n].flops > 0]
+    if not known or cost.flops <= 0:
+        return None, None, None
+    ref, ref_cost = min(known, key=lambda kv: abs(math.log(kv[1].flops / cost.flops)))
+    ms, runtime = measured[ref]
+    return ms * cost.flops / ref_cost.flops, runtime, f"scaled from tier {ref}"
+
+
 def summarize(reason: dict) -> str:
     """One sentence: what was chosen and the deciding figures."""
     name = reason["tier"] if reason["tier"] is not None else "full model"
     if reason.get("mode") != "auto":
         return f"tier {name}: {reason.get('note', 'set by the operator')}"
     row = next(r for r in reason["tiers"] if r["tier"] == reason["tier"])
-    parts = [
-        f"~{row['memory_mb']:.0f} MB"
-        + (f" of a {reason['memory_budget_mb']:.0f} MB budget" if reason["memory_budget_mb"] else "")
-    ]
+    budget = f" of a {reason['memory_budget_mb']:.0f} MB budget" if reason["memory_budget_mb"] else ""
+    parts = [f"~{row['memory_mb']:.0f} MB{budget}"]
     if row["round_s"] is not None:
+        how = (
+            row["runtime"] if row["step_source"] == "measured" else f"{row['runtime']}, {row['step_source']}"
+        )
         parts.append(
             f"~{row['round_s']:.1f} s of local training per round "
-            f"(budget {reason['time_budget_s']:.0f} s, {reason['runtime']})"
+            f"(budget {reason['time_budget_s']:.0f} s, {how})"
         )
     else:
         parts.append("no step time measured")
@@ -176,8 +204,7 @@ def summarize(reason: dict) -> str:
     why_not = ""
     if larger:
         r = larger[-1]
-        what = "memory" if not r["fits_memory"] else "time"
-        why_not = f"; tier {r['tier']} would not fit ({what})"
+        why_not = f"; tier {r['tier']} would not fit ({'memory' if not r['fits_memory'] else 'time'})"
     verdict = "" if reason["fits"] else " (below the fleet's requirements: the smallest tier)"
     samples = f", {reason['samples']} samples" + (" assumed" if reason["samples_assumed"] else "")
     return f"tier {name}{verdict}: {', '.join(parts)}{samples}{why_not}"

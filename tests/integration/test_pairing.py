@@ -32,15 +32,17 @@ def _method() -> HeteroFL:
     return HeteroFL(model_spec("small_cnn", (1, 8, 8), 10), Recipe(epochs=1, batch_size=16))
 
 
-def _serve(secured, run_dir, policy: LockoutPolicy, programs: ProgramCache | None = None):
-    """The pairing service of a heterofl fleet with three tiers, logged in as fedsdk-server."""
+def _serve(
+    secured, run_dir, policy: LockoutPolicy, programs: ProgramCache | None = None, tiers: list[str] = TIERS
+):
+    """The pairing service of a heterofl fleet with ``tiers``, logged in as fedsdk-server."""
     registry = FleetRegistry(run_dir / "registry.sqlite")
     method = _method()
     info = describe_fleet(
         method,
         secured.fleet,
         secured.url,
-        TIERS,
+        tiers,
         60.0,
         method_name="heterofl",
         model="small_cnn",
@@ -68,8 +70,8 @@ def _serve(secured, run_dir, policy: LockoutPolicy, programs: ProgramCache | Non
 def _pair(url: str, code: str, name: str = "dev", **trust):
     profile = {"arch": "x86_64", "memory_mb": 4096.0, "memory_available_mb": 2048.0, "num_samples": 200}
 
-    def benchmark(offer, programs, weights):
-        return _benchmark(offer, programs, weights, None, None, None)
+    def benchmark(offer, models, fetch):
+        return _benchmark(offer, models, fetch, None, None, None, profile["memory_available_mb"])
 
     with PairClient(url, timeout_s=60, **trust) as client:
         return client.pair(code, name, profile, benchmark)
@@ -88,21 +90,23 @@ def test_codes_fail_each_with_its_own_error_and_wrong_codes_lock_pairing(
     programs = ProgramCache(["torchspec/1", "pte/1"])  # the fleet offers ExecuTorch programs too
     spec, recipe = _method().tier_plan(None)
     programs.put(spec, recipe, "pte/1", program_for(spec, {"kind": recipe.loss}, recipe.batch_size))
-    service, registry, codes = _serve(secured, tmp_path / "run", LockoutPolicy(3, 60.0, 4.0), programs)
+    service, registry, codes = _serve(
+        secured, tmp_path / "run", LockoutPolicy(3, 60.0, 4.0), programs, tiers=[]
+    )
     try:
         code, _ = codes.issue(600)
         accept = _pair(secured.url, code, name="pi-kitchen")
         assert accept.device_id == "pi-kitchen" and accept.username == "pi-kitchen"
-        assert accept.tier == "1.0" and "tier 1.0" in accept.tier_reason  # plenty of memory and time
+        assert accept.tier is None and "full model" in accept.tier_reason  # this fleet has no tiers
         assert probe_login(secured.address, accept.username, accept.password) == "Success"
         assert registry.is_known("pi-kitchen")
         # the step time of the fleet's model on each runtime here, from the programs the fleet offers
-        bench = registry.device("pi-kitchen")["pair_profile"]["bench"]
-        assert {r["runtime"]: r["format"] for r in bench["runtimes"]} == {
+        (timed,) = registry.device("pi-kitchen")["pair_profile"]["bench"]["tiers"].values()
+        assert {r["runtime"]: r["format"] for r in timed["runtimes"]} == {
             "torch": "torchspec/1",
             "executorch": "pte/1",
         }
-        assert all(r["ms_per_step"] > 0 for r in bench["runtimes"]), bench
+        assert all(r["ms_per_step"] > 0 for r in timed["runtimes"]), timed
 
         kind, text = _kind(secured.url, code)
         assert kind == "code_used" and "already used" in text
@@ -136,6 +140,10 @@ def test_revoked_device_cannot_reconnect_and_strangers_cannot_connect(
     try:
         accept = _pair(secured.url, codes.issue(600)[0], name="cam")
         assert probe_login(secured.address, "cam", accept.password) == "Success"
+        # every tier's sub-model was timed on the device; the largest fits this test machine
+        timed = registry.device("cam")["pair_profile"]["bench"]["tiers"]
+        assert set(timed) == set(TIERS) and all(t["runtimes"][0]["ms_per_step"] > 0 for t in timed.values())
+        assert accept.tier == "1.0" and "tier 1.0" in accept.tier_reason
         # strangers: no account, a made-up account, a real account with a wrong password
         assert probe_login(secured.address, None, None) != "Success"
         assert probe_login(secured.address, "cam2", accept.password) != "Success"

@@ -33,7 +33,7 @@ PROFILE = {
     "os": "Debian 12",
     "python": "3.11",
     "bench": {
-        "runtimes": [{"runtime": "torch", "format": "torchspec/1", "ms_per_step": 400.0}],
+        "tiers": {"1.0": {"runtimes": [{"runtime": "torch", "format": "torchspec/1", "ms_per_step": 400.0}]}},
         "base_rss_mb": 300.0,
         "batch_size": 16,
     },
@@ -183,7 +183,8 @@ def test_devices_show_retier_and_revoke(tmp_path):
     assert registry.tier_of("pi") == "0.5" and "tier 1.0 would not fit (time)" in result.output
     shown = runner.invoke(main, ["devices", "show", "--run-dir", str(run_dir), "pi"])
     assert shown.exit_code == 0
-    for text in ("Raspberry Pi 4 Model B", "tier decision (auto)", "400.0", "no: time", "0.5 ←"):
+    for text in ("Raspberry Pi 4 Model B", "tier decision (auto)", "400.0", "no: time", "0.5 ←",
+                 "scaled from tier 1.0"):
         assert text in shown.output, text
     result = runner.invoke(main, ["devices", "retier", "--run-dir", str(run_dir), "pi", "0.3"])
     assert result.exit_code == 1 and "not one of the fleet's tiers" in result.output

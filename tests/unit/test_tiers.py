@@ -52,22 +52,39 @@ def test_tier_sub_models_shrink_with_the_tier():
         depth.tier_plan("7")
 
 
-def _profile(available_mb: float, step_ms: float | None, samples: int | None = 100, base_mb: float = 100.0):
-    runtimes = (
-        [] if step_ms is None else [{"runtime": "torch", "format": "torchspec/1", "ms_per_step": step_ms}]
-    )
-    return {
-        "memory_available_mb": available_mb,
-        "num_samples": samples,
-        "bench": {"runtimes": runtimes, "base_rss_mb": base_mb},
-    }
-
-
 COSTS = {
     "big": SpecCost(1_000_000, 4e8, 1_000_000),
     "mid": SpecCost(250_000, 1e8, 250_000),
     "small": SpecCost(60_000, 2.5e7, 60_000),
 }
+
+
+def _profile(
+    available_mb: float,
+    step_ms: float | None,
+    samples: int | None = 100,
+    base_mb: float = 100.0,
+    tier: str = "big",
+    flops_scaled: bool = True,
+):
+    """A profile with ``tier`` timed at ``step_ms`` and (``flops_scaled``) the other tiers at
+    that time scaled by their FLOPs; an ExecuTorch row that failed is ignored."""
+    tiers = {}
+    if step_ms is not None:
+        for name, cost in COSTS.items():
+            if name == tier or flops_scaled:
+                ms = step_ms * cost.flops / COSTS[tier].flops
+                tiers[name] = {
+                    "runtimes": [
+                        {"runtime": "torch", "format": "torchspec/1", "ms_per_step": ms},
+                        {"runtime": "executorch", "format": "pte/1", "ms_per_step": None, "error": "failed"},
+                    ]
+                }
+    return {
+        "memory_available_mb": available_mb,
+        "num_samples": samples,
+        "bench": {"tiers": tiers, "base_rss_mb": base_mb},
+    }
 
 
 def test_a_strong_device_gets_the_largest_tier():
@@ -97,6 +114,23 @@ def test_step_time_decides_for_a_slow_device():
     assert "would not fit (time)" in choice.reason["summary"]
 
 
+def test_measured_step_times_win_and_missing_tiers_are_scaled_from_the_nearest():
+    profile = _profile(64000, 1000.0, tier="mid", flops_scaled=False)  # only mid was timed: 1 s per step
+    profile["bench"]["tiers"]["small"] = {
+        "runtimes": [{"runtime": "torch", "format": "torchspec/1", "ms_per_step": 900.0}]
+    }  # overhead-bound: not 1/4
+    choice = choose_tier(profile, COSTS, COSTS["big"], RECIPE, round_timeout_s=60)
+    rows = {r["tier"]: r for r in choice.reason["tiers"]}
+    assert rows["mid"]["step_ms"] == 1000.0 and rows["mid"]["step_source"] == "measured"
+    assert rows["small"]["step_ms"] == 900.0
+    assert (
+        rows["big"]["step_ms"] == pytest.approx(4000.0)
+        and rows["big"]["step_source"] == "scaled from tier mid"
+    )
+    assert choice.tier == "mid"  # 20 s; big would be 80 s > 30 s
+    assert "scaled" not in choice.reason["summary"] and "torch" in choice.reason["summary"]
+
+
 def test_nothing_fits_the_smallest_is_flagged_and_unknowns_are_said():
     choice = choose_tier(_profile(10, 1e6, samples=None), COSTS, COSTS["big"], RECIPE, round_timeout_s=60)
     assert choice.tier == "small" and not choice.reason["fits"]
@@ -107,5 +141,11 @@ def test_nothing_fits_the_smallest_is_flagged_and_unknowns_are_said():
 
 
 def test_without_tiers_the_full_model_is_checked():
-    choice = choose_tier(_profile(8000, 10.0), {}, COSTS["mid"], RECIPE, round_timeout_s=60)
+    profile = {
+        "memory_available_mb": 8000,
+        "num_samples": 100,
+        "bench": {"tiers": {"": {"runtimes": [{"runtime": "torch", "ms_per_step": 10.0}]}}},
+    }
+    choice = choose_tier(profile, {}, COSTS["mid"], RECIPE, round_timeout_s=60)
     assert choice.tier is None and choice.reason["fits"] and "full model" in choice.reason["summary"]
+    assert choice.reason["tiers"][0]["round_s"] == pytest.approx(0.2)
