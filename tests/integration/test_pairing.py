@@ -89,7 +89,7 @@ def test_codes_fail_each_with_its_own_error_and_wrong_codes_lock_pairing(
     secured = secured_mosquitto
     programs = ProgramCache(["torchspec/1", "pte/1"])  # the fleet offers ExecuTorch programs too
     spec, recipe = _method().tier_plan(None)
-    programs.put(spec, recipe, "pte/1", program_for(spec, {"kind": recipe.loss}, recipe.batch_size))
+    programs.put(spec, recipe, "pte/1", program_for(spec, recipe.loss_dict(), recipe.batch_size))
     service, registry, codes = _serve(
         secured, tmp_path / "run", LockoutPolicy(3, 60.0, 4.0), programs, tiers=[]
     )
