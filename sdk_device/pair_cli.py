@@ -56,7 +56,7 @@ def _fail(err) -> None:
     "--work-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="The agent's blob cache (default: see `fedsdk status`).",
+    help="The agent's blob cache (default: $XDG_STATE_HOME/fedsdk/work, or $FEDSDK_CONFIG_DIR/work).",
 )
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each server answer.")
 @click.option("--force", is_flag=True, help="Pair again even if this device is already paired.")

@@ -430,7 +430,7 @@ def devices() -> None:
 @click.option("--tier", default=None)
 @click.argument("device_ids", nargs=-1, required=True)
 def devices_add(run_dir, tier, device_ids) -> None:
-    """Register devices so the server accepts them (pairing will automate this)."""
+    """Register devices by hand so the server accepts them (`pair-code` + `fedsdk pair` do it for you)."""
     from sdk_device.protocol.topics import check_name
 
     from .fleet.registry import FleetRegistry
