@@ -39,6 +39,7 @@ from sdk_device.protocol.errors import ProtocolError
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
+from ..broker.security import RESERVED_PREFIX
 from ..methods.base import Method
 from .fleet_info import FleetInfo
 from .pair_codes import PairCodes, sha256_text
@@ -47,7 +48,6 @@ from .tiers import choose_tier, spec_cost, train_memory_mb
 
 log = logging.getLogger(__name__)
 
-RESERVED_PREFIX = "fedsdk-"  # broker accounts of the server and of pairing
 
 
 class CredentialIssuer(Protocol):
