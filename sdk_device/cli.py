@@ -60,7 +60,7 @@ def run(
     from .device_config import DeviceConfig, config_dir
 
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
-    stored = None
+    stored = client_id = None
     if not (broker_url and fleet and device_id):
         try:
             stored = DeviceConfig.load()
@@ -78,6 +78,7 @@ def run(
         password = password or stored.password
         ca_file = ca_file or stored.ca_file
         insecure = insecure or stored.insecure
+        client_id = stored.client_id or None
         data_path = data_path or (Path(stored.data_path) if stored.data_path else None)
         work_dir = work_dir or (Path(stored.work_dir) if stored.work_dir else None)
     if data_path is None:
@@ -93,6 +94,7 @@ def run(
         password=password,
         ca_file=ca_file,
         insecure=insecure,
+        client_id=client_id,
     )
     try:
         agent = DeviceAgent(config)

@@ -57,6 +57,10 @@ class DeviceConfig:
     work_dir: str = ""
     insecure: bool = False  # plain mqtt:// to a non-loopback broker was allowed at pairing
     paired_at: float = 0.0
+    # The MQTT client id, with a random part: the public pairing account could otherwise
+    # connect with a device's guessable id and knock the device off the broker (a broker
+    # lets a new connection take over an existing client id). Empty: the default id.
+    client_id: str = ""
 
     def save(self, directory: Path | None = None) -> Path:
         """Write ``device.json`` (0600, atomically) in ``directory``; returns its path."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import sys
 import time
@@ -139,6 +140,7 @@ def pair(
         work_dir=str(work_dir.resolve() if work_dir else device_config.default_work_dir()),
         insecure=insecure,
         paired_at=time.time(),
+        client_id=f"fedsdk-dev-{accept.device_id}-{secrets.token_hex(8)}",
     )
     path = config.save(directory)
     _ok(

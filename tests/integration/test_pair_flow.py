@@ -95,6 +95,8 @@ def test_pair_code_pair_run_one_round(secured_mosquitto_tls, tmp_path):
         assert stat.S_IMODE(stored.stat().st_mode) == 0o600
         config = json.loads(stored.read_text())
         assert config["device_id"] == "pi-kitchen" and config["ca_file"] and config["password"]
+        # an unguessable MQTT client id: the public pairing account cannot take the device's over
+        assert config["client_id"].startswith("fedsdk-dev-pi-kitchen-") and len(config["client_id"]) >= 38
 
         agent = subprocess.run(
             [str(BIN / "fedsdk"), "run", "--max-tasks", "1"],
