@@ -439,5 +439,9 @@ def broker(host, port, insecure_embedded_broker) -> None:
         b.stop()
 
 
+from .hn_cli import hn  # noqa: E402  (the command group lives in its own module)
+
+main.add_command(hn)
+
 if __name__ == "__main__":
     main()

@@ -45,6 +45,31 @@ def paper_recipe(recipe: Recipe, lr: float, momentum: float, weight_decay: float
                                batch_size=int(batch_size))
 
 
+def pack_models(models: dict[str, Weights]) -> Weights:
+    """{key: {name: array}} -> {"key/name": array}: many models as one checkpointable dict
+    (keys are device ids or architecture names, which never contain "/")."""
+    return {f"{key}/{name}": value for key, weights in models.items() for name, value in weights.items()}
+
+
+def unpack_models(weights: Weights) -> dict[str, Weights]:
+    """The inverse of ``pack_models``."""
+    models: dict[str, Weights] = {}
+    for packed, value in weights.items():
+        key, _, name = packed.partition("/")
+        models.setdefault(key, {})[name] = value
+    return models
+
+
+def fresh_parameters(arch: Architecture, seed: int, key: str) -> Weights:
+    """Freshly initialised parameters (no buffers) of ``arch``, seeded by (seed, key)."""
+    import zlib
+
+    from sdk_device.runtimes.torch_model import build_model
+
+    model = build_model(arch.spec, seed=seed * 1_000_003 + zlib.crc32(key.encode()))
+    return {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+
+
 class PersonalizedMethod(Method):
     """Base of the methods with one model per device; see the module docstring.
 
