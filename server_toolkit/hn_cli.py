@@ -98,7 +98,8 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
     from sdk_device.protocol.topics import check_name
 
     from .methods.base import DeviceInfo, TrainInstruction
-    from .sim.personalized import PersonalDevice, Runtimes, train_instruction
+    from .sim.inprocess import _Runtimes
+    from .sim.personalized import PersonalDevice, local_test_accuracy, train_on_device
 
     if (weights_path is None) == (data_path is None):
         raise click.UsageError("give exactly one of --weights and --data")
@@ -116,7 +117,7 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
     if device_id in method.clients:
         raise click.ClickException(f"device {device_id!r} is already in this run's hypernetwork")
     summary: dict = {}
-    device, runtimes = None, Runtimes()
+    device, runtimes = None, _Runtimes()
     if weights_path is not None:
         fixed = _fit_weights(arch, weights_path)
 
@@ -143,7 +144,7 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
         def target(generated: Weights) -> np.ndarray:
             step = next(counter)
             instruction = TrainInstruction(device_id, arch.spec, generated, method.client_recipe)
-            update = train_instruction(device, instruction, runtimes, seed * 100_003 + step)
+            update = train_on_device(device, instruction, runtimes, seed * 100_003 + step)
             if step == 1:  # the fresh embedding's model, with the device's BN statistics of this pass
                 summary["accuracy_before"] = held_out_accuracy(generated)
             return arch.flatten(update.weights)
@@ -151,8 +152,7 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
     def held_out_accuracy(params: Weights) -> float | None:
         if device is None or len(device.y_test) == 0:
             return None
-        runtime, _ = runtimes.load(arch.spec, device, params)
-        return runtime.evaluate(device.x_test, device.y_test).accuracy
+        return local_test_accuracy(device, arch.spec, params, runtimes)
 
     summary.update(method.adapt_client(device_id, tier, target, steps, lr or method.hn_lr, on_step))
     summary["accuracy_after"] = held_out_accuracy(method.generated_weights(method.clients[device_id]))

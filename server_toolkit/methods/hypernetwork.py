@@ -137,9 +137,8 @@ class HypernetMethod(PersonalizedMethod):
                     train_extractor: bool = True, generated: torch.Tensor | None = None) -> None:
         """One clipped Adam step pulling ``client``'s generated vector toward ``trained`` (K,)."""
         params = self.hypernet.parameters_of(client.embedding, client.head, train_extractor)
-        self.optimizer.zero_grad(set_to_none=True)
-        hypernet_step(self.generate(client) if generated is None else generated,
-                      torch.from_numpy(np.asarray(trained, np.float32)), params, self.optimizer,
+        hypernet_step([self.generate(client) if generated is None else generated],
+                      [torch.from_numpy(np.asarray(trained, np.float32))], params, self.optimizer,
                       max_norm=self.max_norm, weight=weight)
 
     # -- global weights = the hypernetwork's tensors -------------------------------------
@@ -230,8 +229,7 @@ class HypernetMethod(PersonalizedMethod):
             generated = self.generate(client)
             trained = np.asarray(target(self.generated_weights(client)), np.float32)
             distance = float(np.linalg.norm(generated.detach().numpy() - trained))
-            optimizer.zero_grad(set_to_none=True)
-            hypernet_step(generated, torch.from_numpy(trained), params, optimizer, max_norm=self.max_norm)
+            hypernet_step([generated], [torch.from_numpy(trained)], params, optimizer, max_norm=self.max_norm)
             if on_step:
                 on_step(step, distance)
         self.hn_weights()

@@ -32,7 +32,7 @@ from sdk_device.runtimes.recipe import Recipe
 
 from ..models.architectures import Architecture, architecture, from_spec
 from ..models.personal_eval import label_weighted_accuracy
-from .base import ClientUpdate, DeviceInfo, Method, Weights
+from .base import ClientUpdate, DeviceInfo, Method, Weights, label_histogram
 
 
 def paper_recipe(recipe: Recipe, lr: float, momentum: float, weight_decay: float, epochs: int,
@@ -124,9 +124,9 @@ class PersonalizedMethod(Method):
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
         """The devices' reported metrics; remembers each device's label counts."""
         for update in updates:
-            counts = update.metrics.get("label_counts")
-            if isinstance(counts, list) and counts and all(isinstance(c, int) and c >= 0 for c in counts):
-                self.label_counts[update.device_id] = counts
+            counts = label_histogram(update.metrics.get("label_counts"), self.num_classes())
+            if counts is not None and counts.sum() > 0:
+                self.label_counts[update.device_id] = [int(c) for c in counts]
         return super().aggregate_evaluate(round_number, updates)
 
     def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
