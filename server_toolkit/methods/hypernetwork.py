@@ -143,10 +143,19 @@ class HypernetMethod(PersonalizedMethod):
 
     # -- global weights = the hypernetwork's tensors -------------------------------------
     def hn_weights(self) -> Weights:
-        """The hypernetwork's tensors as ``hn.<name>`` numpy arrays (the checkpointed state)."""
+        """The checkpointed state: the hypernetwork's tensors as ``hn.<name>`` numpy arrays
+        (plus a subclass's ``extra_weights``)."""
         weights = {PREFIX + k: v.detach().numpy().copy() for k, v in self.hypernet.state_dict().items()}
+        weights.update(self.extra_weights())
         self._synced = weights
         return weights
+
+    def extra_weights(self) -> Weights:
+        """Tensors a subclass checkpoints besides the hypernetwork (names without ``hn.``)."""
+        return {}
+
+    def load_extra_weights(self, global_weights: Weights) -> None:
+        """Restore what ``extra_weights`` returned."""
 
     def sync(self, global_weights: Weights) -> None:
         """Load ``global_weights`` into the hypernetwork unless they are what it returned last
@@ -156,6 +165,7 @@ class HypernetMethod(PersonalizedMethod):
         own = {k[len(PREFIX):]: torch.from_numpy(np.array(v)) for k, v in global_weights.items()
                if k.startswith(PREFIX)}
         self.hypernet.load_state_dict(own, strict=True)
+        self.load_extra_weights(global_weights)
         self._synced = global_weights
 
     def initial_weights(self, seed: int) -> Weights:
