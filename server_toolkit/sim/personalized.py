@@ -74,8 +74,9 @@ def personal_accuracies(method: Method, weights: Weights, devices: list[Personal
             if found is not None:
                 models[d.info.device_id] = (found[0].spec, found[1], found[0].name)
     else:
+        tiers = {d.info.device_id: d.info.tier or "model" for d in devices}
         for i in method.configure_train(next_round, weights, [d.info for d in devices]):
-            models[i.device_id] = (i.spec, i.weights, str(i.index_map.get("tier", "model")))
+            models[i.device_id] = (i.spec, i.weights, tiers[i.device_id])
     return {d.info.device_id: (models[d.info.device_id][2],
                                local_test_accuracy(d, *models[d.info.device_id][:2], runtimes))
             for d in devices if d.info.device_id in models}
