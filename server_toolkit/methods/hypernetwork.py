@@ -257,6 +257,14 @@ class HypernetMethod(PersonalizedMethod):
                             "chunk": self.chunk, "hn_lr": self.hn_lr, "max_norm": self.max_norm}}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the client table and rebuild the hypernetwork's structure; its shape
+        settings (embedding and hidden sizes, layers, chunk) come from the checkpoint, so a
+        run resumed without its ``--method-option``s still fits its tensors."""
         super().load_state_dict(state)
+        saved = state.get("options", {})
+        shape = {"embed_dim": saved.get("embed_dim"), "hidden": saved.get("hidden"),
+                 "layers": saved.get("hn_layers"), "init_std": saved.get("embed_std")}
+        self.settings.update({k: v for k, v in shape.items() if v is not None})
+        self.chunk = int(saved.get("chunk", self.chunk))
         self.clients = {c["device_id"]: HnClient(**c) for c in state.get("clients", [])}
         self._build(int(state.get("seed", self.seed)))

@@ -147,6 +147,19 @@ def test_state_round_trip_through_checkpoint_weights_and_json():
         assert all(np.array_equal(a.weights[k], b.weights[k]) for k in a.weights)
 
 
+def test_resume_without_options_keeps_the_checkpoints_shapes():
+    m, weights = method(chunk=1000, hidden=32)
+    instructions = m.configure_train(1, weights, devices(["mlp"]))
+    update = ClientUpdate("d0", 50, instructions[0].weights, {}, instructions[0])
+    saved = m.aggregate_train(1, weights, [update])
+    restored = MHPFedHN(SPEC, Recipe())  # e.g. `fedsdk-server run --resume`, which takes no method options
+    restored.load_state_dict(m.state_dict())
+    again = restored.configure_train(2, saved, devices(["mlp"]))[0]
+    assert restored.clients["d0"].head == "tau18" and restored.hypernet.hidden == 32
+    np.testing.assert_array_equal(again.weights["layers.1.weight"],
+                                  m.configure_train(2, saved, devices(["mlp"]))[0].weights["layers.1.weight"])
+
+
 def test_unknown_tier_is_a_clear_error():
     m, weights = method()
     with pytest.raises(ValueError, match="names no architecture"):
