@@ -10,48 +10,23 @@ personal model is its group's model. Global weights = every group's parameters, 
 
 from __future__ import annotations
 
-from sdk_device.runtimes.recipe import Recipe
-
+from ..models.architectures import Architecture
 from ..reconstruct.average import weighted_average
-from .base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
-from .personalized import PersonalizedMethod, fresh_parameters, pack_models, unpack_models
+from .base import ClientUpdate, Weights
+from .personalized import StoredModelsMethod, pack_models, unpack_models
 
 
-class FedAvgGroups(PersonalizedMethod):
+class FedAvgGroups(StoredModelsMethod):
     name = "fedavg_groups"
 
-    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
-        super().__init__(global_spec, recipe, **options)
-        self.seed = 0
-        self.groups: dict[str, Weights] = {}
-
-    def initial_weights(self, seed: int) -> Weights:
-        self.seed, self.groups = seed, {}
-        return {}
-
-    def configure_train(self, round_number: int, global_weights: Weights,
-                        devices: list[DeviceInfo]) -> list[TrainInstruction]:
-        self.groups = unpack_models(global_weights)
-        instructions = []
-        for device in devices:
-            arch = self.architecture_of(device)
-            if arch.name not in self.groups:
-                self.groups[arch.name] = fresh_parameters(arch, self.seed, arch.name)
-            instructions.append(TrainInstruction(device.device_id, arch.spec, self.groups[arch.name],
-                                                 self.client_recipe, {"architecture": arch.name}))
-        return instructions
+    def model_key(self, device_id: str, arch: Architecture) -> str:
+        return arch.name
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
         members: dict[str, list[tuple[Weights, float]]] = {}
         for u in updates:
             members.setdefault(u.instruction.index_map["architecture"], []).append((u.weights, u.num_samples))
-        self.groups = {**unpack_models(global_weights),
+        self.models = {**unpack_models(global_weights),
                        **{name: weighted_average(group) for name, group in members.items()}}
-        return pack_models(self.groups)
-
-    def personal_model(self, device_id: str):
-        arch = self.architecture_named(self.architectures.get(device_id, ""))
-        if device_id not in self.architectures or arch.name not in self.groups:
-            return None
-        return arch, self.groups[arch.name]
+        return pack_models(self.models)

@@ -32,7 +32,7 @@ from sdk_device.runtimes.recipe import Recipe
 
 from ..models.architectures import Architecture, architecture, from_spec
 from ..models.personal_eval import label_weighted_accuracy
-from .base import ClientUpdate, DeviceInfo, Method, Weights, label_histogram
+from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
 
 
 def paper_recipe(recipe: Recipe, lr: float, momentum: float, weight_decay: float, epochs: int,
@@ -156,3 +156,42 @@ class PersonalizedMethod(Method):
     def load_state_dict(self, state: dict) -> None:
         self.architectures.update({str(k): str(v) for k, v in state.get("architectures", {}).items()})
         self.label_counts.update({str(k): list(v) for k, v in state.get("label_counts", {}).items()})
+
+
+class StoredModelsMethod(PersonalizedMethod):
+    """Base of the baselines that keep models on the server under a key (``model_key``:
+    the device for Local, the architecture for FedAvg per group), created fresh (seeded by
+    the key) on first use; global weights = every model, packed (``pack_models``)."""
+
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        self.seed = 0
+        self.models: dict[str, Weights] = {}
+
+    @abstractmethod
+    def model_key(self, device_id: str, arch: Architecture) -> str:
+        """Under which key the model ``device_id`` trains is kept."""
+
+    def initial_weights(self, seed: int) -> Weights:
+        self.seed, self.models = seed, {}
+        return {}
+
+    def configure_train(self, round_number: int, global_weights: Weights,
+                        devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        self.models = unpack_models(global_weights)
+        instructions = []
+        for device in devices:
+            arch = self.architecture_of(device)
+            key = self.model_key(device.device_id, arch)
+            if key not in self.models:
+                self.models[key] = fresh_parameters(arch, self.seed, key)
+            instructions.append(TrainInstruction(device.device_id, arch.spec, self.models[key],
+                                                 self.client_recipe, {"architecture": arch.name}))
+        return instructions
+
+    def personal_model(self, device_id: str) -> tuple[Architecture, Weights] | None:
+        if device_id not in self.architectures:
+            return None
+        arch = self.architecture_named(self.architectures[device_id])
+        key = self.model_key(device_id, arch)
+        return (arch, self.models[key]) if key in self.models else None

@@ -30,7 +30,6 @@ from server_toolkit.hn_cli import load_hypernet_run
 from server_toolkit.methods.mh_pfedhngd import MHPFedHNGD
 from server_toolkit.models.architectures import architecture
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.orchestrator.server import Orchestrator, OrchestratorConfig
 
 from .harness import RECIPE, Fleet
 
@@ -100,12 +99,7 @@ def test_mh_pfedhngd_round_sends_the_global_model_as_teacher_and_devices_use_it(
     try:
         for dev, path in paths.items():
             fleet.start_process(dev, path)
-        orchestrator = Orchestrator(method, fleet.endpoint, fleet.registry, tmp_path / "server",
-                                    OrchestratorConfig(rounds=2, round_timeout_s=150),
-                                    test_data=(fleet.data.x_test, fleet.data.y_test))
-        orchestrator.start()
-        assert orchestrator.wait_for_devices(2, timeout_s=120) == 2
-        rows = orchestrator.run()
+        rows = fleet.run_method(method, rounds=2, devices=2, round_timeout_s=150)
     finally:
         fleet.close()
     assert all(r["accepted"] == 2 and r["rejected"] == 0 for r in rows), rows
