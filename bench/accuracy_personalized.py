@@ -33,6 +33,13 @@ out: it needs a multi-exit global model and exits cannot match these budgets.
 
     .venv/bin/python bench/accuracy_personalized.py                    # everything, ~1.5 h on 2 cores
     .venv/bin/python bench/accuracy_personalized.py --rounds 30 --settings homogeneous --partitions dirichlet
+    .venv/bin/python bench/accuracy_personalized.py --generalisation --partitions dirichlet   # new devices
+
+New devices (``--generalisation``): the hypernetworks train on 80% of the devices; each of the
+other 20% then joins with the hypernetwork frozen (only its embedding learns, ``--adapt-steps``
+rounds of generate -> train locally -> one step: ``HypernetMethod.adapt_client``, what
+``fedsdk-server hn adapt --data`` does). Reported: their mean accuracy with the fresh
+embedding and after adaptation, and Local trained on them for as many rounds.
 """
 
 from __future__ import annotations
@@ -123,6 +130,50 @@ def run_one(name: str, devices, tiers, args) -> dict:
     return out
 
 
+def adapt_new_device(method, device: PersonalDevice, args) -> tuple[float, float]:
+    """Bring ``device`` into ``method``'s frozen hypernetwork; (accuracy of the fresh
+    embedding's model, accuracy after ``--adapt-steps`` steps) on its local test split."""
+    from server_toolkit.sim.inprocess import _Runtimes
+    from server_toolkit.sim.personalized import local_test_accuracy, local_training_target
+
+    runtimes = _Runtimes()
+    arch = method.architecture_named(device.info.tier)
+    train = local_training_target(device, arch, method.client_recipe, runtimes, args.seed)
+    first: list[float] = []
+
+    def target(generated):
+        trained = train(generated)
+        if not first:  # the fresh embedding's model, with this pass's BN statistics
+            first.append(local_test_accuracy(device, arch.spec, generated, runtimes))
+        return trained
+
+    method.adapt_client(device.info.device_id, device.info.tier, target, args.adapt_steps, args.hn_lr)
+    generated = method.generated_weights(method.clients[device.info.device_id])
+    return first[0], local_test_accuracy(device, arch.spec, generated, runtimes)
+
+
+def generalisation(x, y, args) -> dict:
+    """New devices (the paper's Sec. 4.4), see the module docstring."""
+    scheme = args.partitions.split(",")[-1]
+    out = {}
+    for setting in args.settings.split(","):
+        tiers = SETTINGS[setting]
+        devices = make_devices(x, y, tiers, scheme, args)
+        cut = int(round(0.8 * len(devices)))
+        seen, new = devices[:cut], devices[cut:]
+        local_rows = run_personalized(build("local", tiers, args), new, args.adapt_steps, seed=args.seed)
+        local = local_rows[-1]["personal_accuracy"]
+        out[f"{scheme}/{setting}/local"] = {"after": local}
+        for name in ("mh_pfedhn", "mh_pfedhngd"):
+            method = build(name, tiers, args)
+            run_personalized(method, seen, args.rounds * (2 if name == "mh_pfedhngd" else 1), seed=args.seed)
+            before, after = np.mean([adapt_new_device(method, d, args) for d in new], axis=0)
+            out[f"{scheme}/{setting}/{name}"] = {"before": float(before), "after": float(after)}
+            print(f"new devices, {scheme} {setting} {LABELS[name]}: {before:.4f} -> {after:.4f} "
+                  f"(Local after {args.adapt_steps} rounds: {local:.4f})", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,10 +190,19 @@ def main() -> None:
     parser.add_argument("--hn-lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=Path("runs/accuracy_personalized.json"))
+    parser.add_argument("--generalisation", action="store_true",
+                        help="Only the new-device experiment (last partition), then stop.")
+    parser.add_argument("--adapt-steps", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(1)  # small models: one thread is fastest, and the machine is shared
     data = load_dataset("digits", seed=args.seed)
     x, y = np.concatenate([data.x_train, data.x_test]), np.concatenate([data.y_train, data.y_test])
+    if args.generalisation:
+        result = generalisation(x, y, args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+                                         "new_devices": result}, indent=1))
+        return
     results: dict = {}
     for scheme in args.partitions.split(","):
         for setting in args.settings.split(","):

@@ -97,9 +97,9 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
     from sdk_device.data.npz import load_npz
     from sdk_device.protocol.topics import check_name
 
-    from .methods.base import DeviceInfo, TrainInstruction
+    from .methods.base import DeviceInfo
     from .sim.inprocess import _Runtimes
-    from .sim.personalized import PersonalDevice, local_test_accuracy, train_on_device
+    from .sim.personalized import PersonalDevice, local_test_accuracy, local_training_target
 
     if (weights_path is None) == (data_path is None):
         raise click.UsageError("give exactly one of --weights and --data")
@@ -137,17 +137,15 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
         cut = len(y) - int(round(test_fraction * len(y)))
         if cut < 1:
             raise click.UsageError("--test-fraction leaves no training data")
-        train, test = order[:cut], order[cut:]
-        device = PersonalDevice(DeviceInfo(device_id, len(train), tier), x[train], y[train], x[test], y[test])
-        counter = iter(range(1, 10**9))
+        own, held = order[:cut], order[cut:]
+        device = PersonalDevice(DeviceInfo(device_id, len(own), tier), x[own], y[own], x[held], y[held])
+        train_locally = local_training_target(device, arch, method.client_recipe, runtimes, seed)
 
         def target(generated: Weights) -> np.ndarray:
-            step = next(counter)
-            instruction = TrainInstruction(device_id, arch.spec, generated, method.client_recipe)
-            update = train_on_device(device, instruction, runtimes, seed * 100_003 + step)
-            if step == 1:  # the fresh embedding's model, with the device's BN statistics of this pass
-                summary["accuracy_before"] = held_out_accuracy(generated)
-            return arch.flatten(update.weights)
+            trained = train_locally(generated)
+            if "accuracy_before" not in summary:  # the fresh embedding's model, with the device's
+                summary["accuracy_before"] = held_out_accuracy(generated)  # BN statistics of this pass
+            return trained
 
     def held_out_accuracy(params: Weights) -> float | None:
         if device is None or len(device.y_test) == 0:

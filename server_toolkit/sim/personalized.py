@@ -18,6 +18,7 @@ once) and ``personal_accuracy_<architecture>``.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from sdk_device.local_training import LocalTensors
 from sdk_device.runtimes.recipe import Recipe
 
 from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
+from ..models.architectures import Architecture
 from .inprocess import LocalDevice, _Runtimes, train_instruction
 
 
@@ -53,6 +55,21 @@ def train_on_device(device: PersonalDevice, instruction: TrainInstruction, runti
     if teacher.stats is not None:
         metrics.update(teacher_loss=teacher.stats.loss, teacher_accuracy=teacher.stats.accuracy)
     return ClientUpdate(instruction.device_id, len(device.y), trained, metrics, instruction)
+
+
+def local_training_target(device: PersonalDevice, arch: Architecture, recipe: Recipe, runtimes: _Runtimes,
+                          seed: int) -> Callable[[Weights], np.ndarray]:
+    """``target(generated)`` for ``HypernetMethod.adapt_client``: train the generated
+    parameters on ``device`` (one task, ``recipe``) and return the trained flat (K,) vector:
+    the paper's procedure for a new client."""
+    steps = itertools.count(1)
+
+    def target(generated: Weights) -> np.ndarray:
+        instruction = TrainInstruction(device.info.device_id, arch.spec, generated, recipe)
+        update = train_on_device(device, instruction, runtimes, seed * 100_003 + next(steps))
+        return arch.flatten(update.weights)
+
+    return target
 
 
 def local_test_accuracy(device: PersonalDevice, spec: dict, params: Weights, runtimes: _Runtimes) -> float:
