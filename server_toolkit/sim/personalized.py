@@ -72,17 +72,32 @@ def local_training_target(device: PersonalDevice, arch: Architecture, recipe: Re
     return target
 
 
-def local_test_accuracy(device: PersonalDevice, spec: dict, params: Weights, runtimes: _Runtimes) -> float:
+def local_test_accuracy(device: PersonalDevice, spec: dict, params: Weights, runtimes: _Runtimes,
+                        recalibrate: bool = False) -> float:
     """Accuracy on ``device``'s test split of ``spec`` with ``params`` completed by the
-    device's own tensors (BatchNorm statistics)."""
+    device's own tensors (BatchNorm statistics). ``recalibrate``: first re-estimate the
+    BatchNorm statistics for ``params`` on the device's training data (forward passes, no
+    labels, no training), as a device could before deploying received parameters."""
+    import torch
+
     runtime, program_id = runtimes.get(spec, role="evaluate")
     runtime.set_weights(device.local.complete(program_id, params, runtime.get_weights()))
+    norms = [m for m in runtime.model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if recalibrate and norms:
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the passes
+        runtime.model.train()
+        with torch.no_grad():
+            for start in range(0, len(device.x), 256):
+                runtime.model(torch.from_numpy(np.ascontiguousarray(device.x[start:start + 256], np.float32)))
     return runtime.evaluate(device.x_test, device.y_test).accuracy
 
 
 def personal_accuracies(method: Method, weights: Weights, devices: list[PersonalDevice], runtimes: _Runtimes,
-                        next_round: int) -> dict[str, tuple[str, float]]:
-    """{device id: (architecture, accuracy of its personal model on its local test split)}."""
+                        next_round: int, recalibrate: bool = False) -> dict[str, tuple[str, float]]:
+    """{device id: (architecture, accuracy of its personal model on its local test split)}
+    (``recalibrate``: see ``local_test_accuracy``)."""
     models: dict[str, tuple[dict, Weights, str]] = {}
     personal = getattr(method, "personal_model", None)
     if personal is not None:
@@ -95,14 +110,16 @@ def personal_accuracies(method: Method, weights: Weights, devices: list[Personal
         for i in method.configure_train(next_round, weights, [d.info for d in devices]):
             models[i.device_id] = (i.spec, i.weights, tiers[i.device_id])
     return {d.info.device_id: (models[d.info.device_id][2],
-                               local_test_accuracy(d, *models[d.info.device_id][:2], runtimes))
+                               local_test_accuracy(d, *models[d.info.device_id][:2], runtimes, recalibrate))
             for d in devices if d.info.device_id in models}
 
 
 def run_personalized(method: Method, devices: list[PersonalDevice], rounds: int, seed: int = 0,
-                     clients_per_round: int | None = None,
-                     on_round: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run ``rounds`` rounds of ``method``; one metrics row per round (module docstring)."""
+                     clients_per_round: int | None = None, on_round: Callable[[dict], None] | None = None,
+                     recalibrate_bn: bool = False) -> list[dict]:
+    """Run ``rounds`` rounds of ``method``; one metrics row per round (module docstring).
+    ``recalibrate_bn`` also reports ``personal_accuracy_recalibrated`` (and per architecture):
+    the personal models with BatchNorm statistics re-estimated on each device's data."""
     rng = random.Random(seed)
     runtimes = _Runtimes()
     by_id = {d.info.device_id: d for d in devices}
@@ -120,12 +137,13 @@ def run_personalized(method: Method, devices: list[PersonalDevice], rounds: int,
         server_s += time.perf_counter() - started
         row = {"round": rnd, "accepted": len(updates), "server_s": server_s,
                **method.aggregate_evaluate(rnd, updates)}
-        accuracies = personal_accuracies(method, weights, devices, runtimes, rnd + 1)
-        if accuracies:
-            row["personal_accuracy"] = float(np.mean([a for _, a in accuracies.values()]))
-            for arch in sorted({a for a, _ in accuracies.values()}):
-                values = [a for n, a in accuracies.values() if n == arch]
-                row[f"personal_accuracy_{arch}"] = float(np.mean(values))
+        for suffix in ("", "_recalibrated") if recalibrate_bn else ("",):
+            accuracies = personal_accuracies(method, weights, devices, runtimes, rnd + 1, bool(suffix))
+            if accuracies:
+                row[f"personal_accuracy{suffix}"] = float(np.mean([a for _, a in accuracies.values()]))
+                for arch in sorted({a for a, _ in accuracies.values()}):
+                    values = [a for n, a in accuracies.values() if n == arch]
+                    row[f"personal_accuracy{suffix}_{arch}"] = float(np.mean(values))
         rows.append(row)
         if on_round:
             on_round(row)
