@@ -14,6 +14,7 @@ from sdk_device.transport.tls import is_loopback
 
 from .cli_pairing import devices_retier, devices_revoke, devices_show, pair_code, pairing_options, parse_tiers
 from .cli_security import certs, security
+from .hn_cli import hn
 
 console = Console()
 
@@ -68,7 +69,7 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     "--model",
     default="small_cnn",
     show_default=True,
-    help="small_cnn, lenet5, vgg_multi_exit or resnet_small.",
+    help="small_cnn, lenet5, vgg_multi_exit, resnet_small, lenet, vgg8, resnet10/12/18 or mlp.",
 )
 @click.option("--devices", default=8, show_default=True, help="Device processes to start (<= 10 here).")
 @click.option("--rounds", default=20, show_default=True)
@@ -519,6 +520,7 @@ main.add_command(pair_code)
 devices.add_command(devices_show)
 devices.add_command(devices_revoke)
 devices.add_command(devices_retier)
+main.add_command(hn)
 
 if __name__ == "__main__":
     main()

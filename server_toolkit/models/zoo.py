@@ -120,6 +120,9 @@ ZOO: dict[str, Callable[..., dict]] = {
 
 def model_spec(name: str, input_shape: Shape, num_classes: int, **kwargs) -> dict:
     """The spec of zoo model ``name``; ValueError listing the zoo for an unknown name."""
-    if name not in ZOO:
-        raise ValueError(f"unknown model {name!r}; the zoo has {', '.join(sorted(ZOO))}")
-    return ZOO[name](tuple(input_shape), num_classes, **kwargs)
+    from .architectures import ARCHITECTURES  # the heterogeneous-fleet architectures
+
+    builders = {**ZOO, **ARCHITECTURES}
+    if name not in builders:
+        raise ValueError(f"unknown model {name!r}; the zoo has {', '.join(sorted(builders))}")
+    return builders[name](tuple(input_shape), num_classes, **kwargs)

@@ -16,6 +16,7 @@ from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 from server_toolkit.fleet.registry import FleetRegistry
+from server_toolkit.methods.base import Method
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.orchestrator.server import Orchestrator, OrchestratorConfig
@@ -78,16 +79,25 @@ class Fleet:
         self.threads.append((agent, thread))
         return agent
 
-    def orchestrator(self, rounds: int, run_dir: Path | None = None, **config) -> Orchestrator:
+    def orchestrator(self, rounds: int, run_dir: Path | None = None, method: Method | None = None,
+                     **config) -> Orchestrator:
+        """An orchestrator of ``method`` (default: FedAvg of small_cnn) over this fleet."""
         spec = model_spec("small_cnn", self.data.input_shape, self.data.num_classes)
         return Orchestrator(
-            FedAvg(spec, RECIPE),
+            method or FedAvg(spec, RECIPE),
             self.endpoint,
             self.registry,
             run_dir or self.root / "server",
             OrchestratorConfig(rounds=rounds, **config),
             test_data=(self.data.x_test, self.data.y_test),
         )
+
+    def run_method(self, method: Method, rounds: int, devices: int, **config) -> list[dict]:
+        """Run ``rounds`` rounds of ``method`` once ``devices`` devices are online; the rows."""
+        orchestrator = self.orchestrator(rounds, method=method, **config)
+        orchestrator.start()
+        assert orchestrator.wait_for_devices(devices, timeout_s=120) == devices
+        return orchestrator.run()
 
     def close(self) -> None:
         for agent, _ in self.threads:

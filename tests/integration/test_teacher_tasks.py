@@ -12,7 +12,6 @@ import pytest
 from sdk_device.protocol import modelspec
 from server_toolkit.methods.base import Method, TeacherSpec, TrainInstruction, split_teacher
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.orchestrator.server import Orchestrator, OrchestratorConfig
 from server_toolkit.reconstruct.average import weighted_average
 
 from .harness import RECIPE, Fleet
@@ -70,12 +69,7 @@ def test_teacher_travels_and_local_statistics_stay_on_the_device(mosquitto, tmp_
     try:
         for dev, path in fleet.write_data(["dev0", "dev1"], "iid").items():
             fleet.start_process(dev, path)
-        orchestrator = Orchestrator(method, fleet.endpoint, fleet.registry, tmp_path / "server",
-                                    OrchestratorConfig(rounds=2, round_timeout_s=180),
-                                    test_data=(fleet.data.x_test, fleet.data.y_test))
-        orchestrator.start()
-        assert orchestrator.wait_for_devices(2, timeout_s=120) == 2
-        rows = orchestrator.run()
+        rows = fleet.run_method(method, rounds=2, devices=2, round_timeout_s=180)
     finally:
         fleet.close()
     assert all(r["accepted"] == 2 and r["rejected"] == 0 for r in rows), rows

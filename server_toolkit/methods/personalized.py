@@ -1,0 +1,197 @@
+"""The common frame of personalised methods for model-heterogeneous fleets (pFedHN,
+MH-pFedHN, MH-pFedHNGD and their baselines Local and FedAvg per architecture).
+
+Every device has its own model; its architecture comes from its tier (``models.architectures``):
+in order the ``tier_map`` option (device id -> tier), the device's fleet tier (``--tiers``
+in simulate), the ``tier`` key of its profile; none of these: the server's ``--model``.
+
+Client recipe: the paper's, SGD lr ``client_lr`` (1e-3), momentum ``client_momentum``
+(0.9), weight decay ``client_weight_decay`` (1e-4), ``client_epochs`` (2) epochs, batch
+``client_batch_size`` (64); the seed comes from the user's recipe. ``user_recipe=True``
+hands out the user's recipe (``--lr``, ``--local-epochs``...) unchanged.
+
+Evaluation. There is no single global model, so ``evaluate`` measures every device's
+*personal* model (the one the method would send it now) on the server's test set,
+re-weighted to the device's label distribution (the ``label_counts`` its results report):
+accuracy_i = sum_c p_i(c) * accuracy on the test samples of class c. A model with
+BatchNorm is evaluated with statistics re-estimated on a resample of the test set that
+follows p_i, because its running statistics never leave the device (see
+``models.personal_eval``). Reported: ``accuracy`` (mean over devices), ``accuracy_min``,
+``accuracy_<architecture>`` (mean per architecture) and ``personal_devices``. Before any
+device reported its label counts the test set is used as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import abstractmethod
+
+import numpy as np
+
+from sdk_device.runtimes.recipe import Recipe
+
+from ..models.architectures import Architecture, architecture, from_spec
+from ..models.personal_eval import label_weighted_accuracy
+from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
+
+
+def paper_recipe(recipe: Recipe, lr: float, momentum: float, weight_decay: float, epochs: int,
+                 batch_size: int, user_recipe: bool) -> Recipe:
+    """The recipe devices get: the user's unchanged, or SGD with the given settings."""
+    if user_recipe:
+        return recipe
+    return dataclasses.replace(recipe, optimizer="sgd", lr=float(lr), momentum=float(momentum),
+                               weight_decay=float(weight_decay), epochs=int(epochs),
+                               batch_size=int(batch_size))
+
+
+def pack_models(models: dict[str, Weights]) -> Weights:
+    """{key: {name: array}} -> {"key/name": array}: many models as one checkpointable dict
+    (keys are device ids or architecture names, which never contain "/")."""
+    return {f"{key}/{name}": value for key, weights in models.items() for name, value in weights.items()}
+
+
+def unpack_models(weights: Weights) -> dict[str, Weights]:
+    """The inverse of ``pack_models``."""
+    models: dict[str, Weights] = {}
+    for packed, value in weights.items():
+        key, _, name = packed.partition("/")
+        models.setdefault(key, {})[name] = value
+    return models
+
+
+def fresh_parameters(arch: Architecture, seed: int, key: str) -> Weights:
+    """Freshly initialised parameters (no buffers) of ``arch``, seeded by (seed, key)."""
+    import zlib
+
+    from sdk_device.runtimes.torch_model import build_model
+
+    model = build_model(arch.spec, seed=seed * 1_000_003 + zlib.crc32(key.encode()))
+    return {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+
+
+class PersonalizedMethod(Method):
+    """Base of the methods with one model per device; see the module docstring.
+
+    Subclasses implement ``configure_train``, ``aggregate_train`` and ``personal_model``.
+    """
+
+    def __init__(self, global_spec: dict, recipe: Recipe, tier_map: dict | None = None,
+                 client_lr: float = 1e-3, client_momentum: float = 0.9, client_weight_decay: float = 1e-4,
+                 client_epochs: int = 2, client_batch_size: int = 64, user_recipe: bool = False,
+                 **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        self.tier_map = {str(k): str(v) for k, v in (tier_map or {}).items()}
+        self.client_recipe = paper_recipe(recipe, client_lr, client_momentum, client_weight_decay,
+                                          client_epochs, client_batch_size, user_recipe)
+        self.default_architecture = from_spec("model", global_spec)
+        self.label_counts: dict[str, list[int]] = {}
+        self.architectures: dict[str, str] = {}  # device id -> tier of every device seen
+
+    # -- architectures -------------------------------------------------------------------
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.global_spec["input_shape"])
+
+    def num_classes(self) -> int:
+        return int(self.global_spec["num_classes"])
+
+    def tier_of(self, device: DeviceInfo) -> str | None:
+        """The tier naming ``device``'s architecture (see the module docstring), or None."""
+        tier = self.tier_map.get(device.device_id, device.tier)
+        if tier is None:
+            tier = (device.profile or {}).get("tier")
+        return None if tier is None else str(tier)
+
+    def architecture_of(self, device: DeviceInfo) -> Architecture:
+        """``device``'s architecture, remembered from its first round on (ValueError for an
+        unknown tier)."""
+        if device.device_id not in self.architectures:
+            self.architectures[device.device_id] = self.tier_of(device) or ""
+        return self.architecture_named(self.architectures[device.device_id])
+
+    def architecture_named(self, tier: str) -> Architecture:
+        """The architecture of a tier name ("" = the server's ``--model``)."""
+        if not tier:
+            return self.default_architecture
+        return architecture(tier, self.input_shape(), self.num_classes())
+
+    # -- personal models -----------------------------------------------------------------
+    @abstractmethod
+    def personal_model(self, device_id: str) -> tuple[Architecture, Weights] | None:
+        """The parameters (no device-local buffers) the method would send ``device_id`` now,
+        or None for a device it has never seen."""
+
+    def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
+        """The devices' reported metrics; remembers each device's label counts."""
+        for update in updates:
+            counts = label_histogram(update.metrics.get("label_counts"), self.num_classes())
+            if counts is not None and counts.sum() > 0:
+                self.label_counts[update.device_id] = [int(c) for c in counts]
+        return super().aggregate_evaluate(round_number, updates)
+
+    def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
+        """Personal accuracy of every device seen so far (see the module docstring)."""
+        per_device: dict[str, float] = {}
+        per_arch: dict[str, list[float]] = {}
+        for device_id in sorted(self.architectures):
+            found = self.personal_model(device_id)
+            if found is None:
+                continue
+            arch, params = found
+            accuracy = label_weighted_accuracy(arch, params, x, y, self.label_counts.get(device_id))
+            per_device[device_id] = accuracy
+            per_arch.setdefault(arch.name, []).append(accuracy)
+        if not per_device:
+            return {}
+        values = list(per_device.values())
+        out = {"accuracy": float(np.mean(values)), "accuracy_min": float(np.min(values)),
+               "personal_devices": len(values)}
+        if len(per_arch) > 1:
+            out.update({f"accuracy_{name}": float(np.mean(v)) for name, v in sorted(per_arch.items())})
+        return out
+
+    def state_dict(self) -> dict:
+        return {"architectures": dict(self.architectures), "label_counts": dict(self.label_counts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.architectures.update({str(k): str(v) for k, v in state.get("architectures", {}).items()})
+        self.label_counts.update({str(k): list(v) for k, v in state.get("label_counts", {}).items()})
+
+
+class StoredModelsMethod(PersonalizedMethod):
+    """Base of the baselines that keep models on the server under a key (``model_key``:
+    the device for Local, the architecture for FedAvg per group), created fresh (seeded by
+    the key) on first use; global weights = every model, packed (``pack_models``)."""
+
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        self.seed = 0
+        self.models: dict[str, Weights] = {}
+
+    @abstractmethod
+    def model_key(self, device_id: str, arch: Architecture) -> str:
+        """Under which key the model ``device_id`` trains is kept."""
+
+    def initial_weights(self, seed: int) -> Weights:
+        self.seed, self.models = seed, {}
+        return {}
+
+    def configure_train(self, round_number: int, global_weights: Weights,
+                        devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        self.models = unpack_models(global_weights)
+        instructions = []
+        for device in devices:
+            arch = self.architecture_of(device)
+            key = self.model_key(device.device_id, arch)
+            if key not in self.models:
+                self.models[key] = fresh_parameters(arch, self.seed, key)
+            instructions.append(TrainInstruction(device.device_id, arch.spec, self.models[key],
+                                                 self.client_recipe, {"architecture": arch.name}))
+        return instructions
+
+    def personal_model(self, device_id: str) -> tuple[Architecture, Weights] | None:
+        if device_id not in self.architectures:
+            return None
+        arch = self.architecture_named(self.architectures[device_id])
+        key = self.model_key(device_id, arch)
+        return (arch, self.models[key]) if key in self.models else None

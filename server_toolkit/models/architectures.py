@@ -1,0 +1,207 @@
+"""The architecture zoo of model-heterogeneous fleets (MH-pFedHN's Tables 16-19) and the
+tier -> architecture helper.
+
+A device's *tier* names its architecture (``--tiers lenet,vgg8,resnet10,resnet12,mlp`` or
+the registry's tier). ``architecture(tier, input_shape, num_classes)`` gives its torchspec/1
+spec, the parameter tensors a hypernetwork must generate (names and shapes, in the model's
+``named_parameters`` order), the state that stays on the device (BatchNorm running
+statistics) and K, the number of generated values: all a hypernetwork server needs.
+
+Sizes. The paper's models are for 32x32x3 CIFAR (K = 240k-570k). On 8x8 digits the same
+layer lists give very different ratios (the flattened features shrink, the convolutions do
+not), so:
+
+==========  ==================================================================  ==========
+tier        layers (``c`` = input channels)                                      K, digits
+==========  ==================================================================  ==========
+lenet       conv3x3 c->16, ReLU, pool, conv3x3 16->32, ReLU, pool, FC 108, 64   26,358
+            (the paper's widths; "LeNet-style CNN", not the zoo's ``lenet5``)
+vgg8        6 conv3x3 + ReLU at 8,8 | pool | 16,16 | pool | 32,32 | pool,         36,214
+            FC 180, 64 (half the paper's channels, no BatchNorm, no dropout)
+resnet10    conv3x3 stem + BN, basic blocks (conv3x3-BN-ReLU-conv3x3-BN, 1x1     34,660
+            conv + BN shortcut when the shape changes) x [3, 3, 4]
+resnet12    the same, blocks x [1, 5, 6]                                          52,060
+resnet18    the same, blocks x [6, 6, 6]                                          56,320
+mlp         flatten, FC 128, ReLU, FC 64, ReLU, FC classes (paper's widths)      17,226
+==========  ==================================================================  ==========
+
+The ResNets have stage widths 5, 10, 20 (the paper's 16, 32, 64 scaled by 5/16) so that
+their K keeps the paper's ratio to the LeNet (1.3x, 2.0x, 2.1x here; 1.5x, 2.2x, 2.4x in
+the paper) and every convolution has a bias, as in the authors' code. Pools are skipped
+once a feature map is 1x1; the ResNets end with a global average pool. Any other zoo
+model name (``small_cnn``, ``lenet5``...) is a valid tier too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from sdk_device.protocol import modelspec
+from sdk_device.protocol.modelspec import Shape
+
+from .zoo import ZOO, _conv, _pool_if_possible, _shape_after
+
+RESNET_WIDTHS = (5, 10, 20)
+RESNET_BLOCKS = {"resnet10": (3, 3, 4), "resnet12": (1, 5, 6), "resnet18": (6, 6, 6)}
+
+
+def _classifier(input_shape: Shape, layers: list[dict], hidden: tuple[int, ...],
+                num_classes: int) -> list[dict]:
+    """flatten -> (linear -> ReLU) per hidden width -> linear to the classes."""
+    n = _shape_after(input_shape, [*layers, {"op": "flatten"}])[0]
+    out: list[dict] = [{"op": "flatten"}]
+    for width in hidden:
+        out += [{"op": "linear", "in": n, "out": width}, {"op": "relu"}]
+        n = width
+    return [*out, {"op": "linear", "in": n, "out": num_classes}]
+
+
+def lenet_cnn(input_shape: Shape, num_classes: int) -> dict:
+    """The paper's "LeNet-style" CNN (Table 16)."""
+    layers: list[dict] = []
+    cin = input_shape[0]
+    for cout in (16, 32):
+        layers += [_conv(cin, cout), {"op": "relu"}]
+        layers += _pool_if_possible(_shape_after(input_shape, layers))
+        cin = cout
+    return modelspec.make(input_shape, num_classes,
+                          layers + _classifier(input_shape, layers, (108, 64), num_classes))
+
+
+def vgg8(input_shape: Shape, num_classes: int, channels: tuple[int, ...] = (8, 16, 32)) -> dict:
+    """The paper's simplified VGG8 (Table 18): pairs of conv3x3-ReLU, a pool after each pair."""
+    layers: list[dict] = []
+    cin = input_shape[0]
+    for cout in channels:
+        for _ in range(2):
+            layers += [_conv(cin, cout), {"op": "relu"}]
+            cin = cout
+        layers += _pool_if_possible(_shape_after(input_shape, layers))
+    return modelspec.make(input_shape, num_classes,
+                          layers + _classifier(input_shape, layers, (180, 64), num_classes))
+
+
+def _block(cin: int, cout: int, stride: int) -> list[dict]:
+    body = [_conv(cin, cout, stride=stride), {"op": "batchnorm2d", "c": cout}, {"op": "relu"},
+            _conv(cout, cout), {"op": "batchnorm2d", "c": cout}]
+    shortcut = []
+    if stride != 1 or cin != cout:
+        shortcut = [_conv(cin, cout, k=1, stride=stride, pad=0), {"op": "batchnorm2d", "c": cout}]
+    return [{"op": "residual", "body": body, "shortcut": shortcut}, {"op": "relu"}]
+
+
+def resnet(input_shape: Shape, num_classes: int, blocks: tuple[int, ...],
+           widths: tuple[int, ...] = RESNET_WIDTHS) -> dict:
+    """The paper's ResNets (Table 19): stem, stages of basic blocks (stride 2 from the
+    second stage on, while the map is larger than 1x1), global average pool, linear."""
+    layers = [_conv(input_shape[0], widths[0]), {"op": "batchnorm2d", "c": widths[0]}, {"op": "relu"}]
+    cin = widths[0]
+    for stage, (count, cout) in enumerate(zip(blocks, widths, strict=True)):
+        for b in range(count):
+            size = _shape_after(input_shape, layers)[1]
+            layers += _block(cin, cout, 2 if stage > 0 and b == 0 and size > 1 else 1)
+            cin = cout
+    layers += [{"op": "gap"}, {"op": "flatten"}, {"op": "linear", "in": cin, "out": num_classes}]
+    return modelspec.make(input_shape, num_classes, layers)
+
+
+def mlp(input_shape: Shape, num_classes: int) -> dict:
+    """The paper's MLP (Table 17): input -> 128 -> 64 -> classes."""
+    return modelspec.make(input_shape, num_classes, _classifier(input_shape, [], (128, 64), num_classes))
+
+
+def resnet10(input_shape: Shape, num_classes: int) -> dict:
+    return resnet(input_shape, num_classes, RESNET_BLOCKS["resnet10"])
+
+
+def resnet12(input_shape: Shape, num_classes: int) -> dict:
+    return resnet(input_shape, num_classes, RESNET_BLOCKS["resnet12"])
+
+
+def resnet18(input_shape: Shape, num_classes: int) -> dict:
+    return resnet(input_shape, num_classes, RESNET_BLOCKS["resnet18"])
+
+
+ARCHITECTURES: dict[str, Callable[..., dict]] = {
+    "lenet": lenet_cnn, "vgg8": vgg8, "resnet10": resnet10, "resnet12": resnet12, "resnet18": resnet18,
+    "mlp": mlp,
+}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One device architecture as a hypernetwork server sees it.
+
+    ``parameters``: (name, shape) of every generated tensor, in ``named_parameters`` order
+    (the order a flat generated vector is unpacked in); ``buffers``: the state the device
+    keeps (BatchNorm running statistics), never generated nor sent.
+    """
+
+    name: str
+    spec: dict
+    parameters: tuple[tuple[str, tuple[int, ...]], ...]
+    buffers: tuple[str, ...]
+
+    @property
+    def num_params(self) -> int:
+        """K: how many values a hypernetwork generates for this architecture."""
+        return sum(math.prod(shape) for _, shape in self.parameters)
+
+    def chunks(self, chunk: int) -> int:
+        """tau = ceil(K / chunk): the number of length-``chunk`` pieces covering K."""
+        return math.ceil(self.num_params / chunk)
+
+    def unpack(self, flat):
+        """A flat vector of K values (numpy or torch) -> {name: tensor of its shape}, views."""
+        if len(flat) != self.num_params:
+            raise ValueError(f"{self.name}: expected {self.num_params} values, got {len(flat)}")
+        out, start = {}, 0
+        for name, shape in self.parameters:
+            n = math.prod(shape)
+            out[name] = flat[start:start + n].reshape(shape)
+            start += n
+        return out
+
+    def flatten(self, weights: dict[str, np.ndarray]) -> np.ndarray:
+        """{name: array} (at least every generated tensor) -> the flat (K,) float32 vector."""
+        missing = [name for name, _ in self.parameters if name not in weights]
+        if missing:
+            raise KeyError(f"{self.name}: weights lack {missing[:5]}")
+        wrong = [(n, tuple(weights[n].shape), s) for n, s in self.parameters if tuple(weights[n].shape) != s]
+        if wrong:
+            raise ValueError(f"{self.name}: wrong shapes (name, got, expected) {wrong[:3]}")
+        return np.concatenate([np.asarray(weights[n], np.float32).reshape(-1) for n, _ in self.parameters])
+
+
+def from_spec(name: str, spec: dict) -> Architecture:
+    """The ``Architecture`` of a torchspec/1 spec (builds the model once to list its tensors)."""
+    from sdk_device.runtimes.torch_model import build_model
+
+    model = build_model(spec, seed=0)
+    params = tuple((n, tuple(p.shape)) for n, p in model.named_parameters())
+    buffers = tuple(n for n, _ in model.named_buffers() if not n.endswith("num_batches_tracked"))
+    return Architecture(name, spec, params, buffers)
+
+
+def architecture_names() -> list[str]:
+    """Every valid tier name: this module's architectures, then the rest of the zoo."""
+    return [*ARCHITECTURES, *(n for n in ZOO if n not in ARCHITECTURES)]
+
+
+@lru_cache(maxsize=64)
+def _cached(tier: str, input_shape: Shape, num_classes: int) -> Architecture:
+    builder = ARCHITECTURES.get(tier) or ZOO.get(tier)
+    if builder is None:
+        raise ValueError(f"tier {tier!r} names no architecture; known: {', '.join(architecture_names())}")
+    return from_spec(tier, builder(input_shape, num_classes))
+
+
+def architecture(tier: str, input_shape: Shape, num_classes: int) -> Architecture:
+    """The architecture a tier names, for this input shape and class count (cached);
+    ValueError listing the known names for an unknown tier."""
+    return _cached(str(tier).strip().lower(), tuple(int(d) for d in input_shape), int(num_classes))

@@ -1,0 +1,67 @@
+"""Server-side accuracy of a device's personal model, as honest as the server can make it.
+
+The server holds a test set but not the device's data. ``label_weighted_accuracy`` scores
+the model on the test set re-weighted to the device's label distribution p (from the
+``label_counts`` the device reports): sum_c p(c) * (accuracy on the test samples of class
+c), over the classes present in both. It is the expected accuracy on test data drawn like
+the device's own labels.
+
+BatchNorm. A personal model's running statistics stay on the device, so the server
+re-estimates them: ``BN_SAMPLES`` test samples drawn (seeded, with replacement) with
+probability proportional to p(label) / (test count of label), passed through the model
+in training mode once (cumulative averages), then evaluation as usual. A proxy: the
+device's statistics come from its training data, these from a resample of server data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sdk_device.runtimes.torch_model import build_model
+
+from .architectures import Architecture
+
+BN_SAMPLES = 256
+BN_BATCH = 64
+
+
+def label_weights(y: np.ndarray, label_counts: list[int] | None) -> np.ndarray:
+    """Per-test-sample weights (sum 1) making class c weigh p(c); uniform over samples
+    when ``label_counts`` is None or shares no class with ``y``."""
+    y = np.asarray(y, np.int64)
+    if label_counts is not None:
+        counts = np.zeros(max(int(y.max()) + 1, len(label_counts)))
+        counts[: len(label_counts)] = label_counts
+        test_counts = np.bincount(y, minlength=len(counts)).astype(float)
+        present = (counts > 0) & (test_counts > 0)
+        if present.any():
+            p = np.where(present, counts, 0.0) / counts[present].sum()
+            weights = p[y] / np.maximum(test_counts[y], 1)
+            return weights / weights.sum()
+    return np.full(len(y), 1.0 / len(y))
+
+
+@torch.no_grad()
+def label_weighted_accuracy(arch: Architecture, params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                            label_counts: list[int] | None, seed: int = 0) -> float:
+    """Accuracy of ``arch`` with ``params`` on (x, y) re-weighted to ``label_counts``
+    (see the module docstring). ``params`` holds the generated tensors only."""
+    weights = label_weights(y, label_counts)
+    model = build_model(arch.spec, seed=0)
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in params.items()},
+                          strict=False)
+    xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
+    if arch.buffers:
+        norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the calibration batches
+        draw = np.random.default_rng(seed).choice(len(y), size=BN_SAMPLES, p=weights)
+        model.train()
+        for start in range(0, BN_SAMPLES, BN_BATCH):
+            model(xt[draw[start:start + BN_BATCH]])
+    model.eval()
+    correct = np.concatenate([(model(xt[s:s + 256])[-1].argmax(1).numpy() == y[s:s + 256])
+                              for s in range(0, len(y), 256)])
+    return float((weights * correct).sum())
