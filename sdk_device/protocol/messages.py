@@ -80,6 +80,8 @@ class Task(Message):
 
     deadline: unix seconds after which the server no longer accepts the result.
     recipe: {"epochs", "batch_size", "optimizer", "lr", ...}; see sdk_device.runtimes.recipe.
+    smashed: optional; > 0 asks for the inputs of the last linear layer of at most this many
+    local samples with the result (see protocol.smashed); 0 (default) asks for none.
     """
 
     TYPE: ClassVar[str] = "task"
@@ -89,6 +91,11 @@ class Task(Message):
     weights: BlobRef
     recipe: dict
     deadline: float
+    smashed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.smashed < 0:
+            raise ProtocolError("invalid_field", f"task.smashed must be >= 0, got {self.smashed}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,7 @@ class Result(Message):
 
     metrics: samples (int > 0), loss (or null), accuracy, wall_time_s, fetch_s,
     peak_rss_mb, runtime, label_counts (samples per class).
+    smashed: optional second blob with the smashed data the task asked for (or null).
     """
 
     TYPE: ClassVar[str] = "result"
@@ -104,6 +112,7 @@ class Result(Message):
     round: int
     weights: BlobRef
     metrics: dict
+    smashed: BlobRef | None = None
 
 
 @dataclass(frozen=True)

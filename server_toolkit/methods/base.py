@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sdk_device.protocol.smashed import SmashedRequest
 from sdk_device.runtimes.recipe import Recipe
 
 Weights = dict[str, np.ndarray]
@@ -31,24 +32,33 @@ class DeviceInfo:
 
 @dataclass(frozen=True)
 class TrainInstruction:
-    """What one device is asked to do: train ``weights`` of model ``spec`` by ``recipe``."""
+    """What one device is asked to do: train ``weights`` of model ``spec`` by ``recipe``.
+
+    ``programs``: ready-made ``(format, bytes)`` programs to offer as they are (an edge
+    aggregator forwards its server's); empty: the orchestrator exports them from ``spec``.
+    ``smashed``: ask the device for the inputs of its last linear layer (FedConv's edge).
+    """
 
     device_id: str
     spec: dict
     weights: Weights
     recipe: Recipe
     index_map: dict = field(default_factory=dict)
+    programs: tuple[tuple[str, bytes], ...] = ()
+    smashed: SmashedRequest | None = None
 
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """An accepted result: the weights a device returned (same names/shapes as sent)."""
+    """An accepted result: the weights a device returned (same names/shapes as sent), and
+    the smashed data it sent when asked (``{"x": (n, F), "y": (n,)}``, else None)."""
 
     device_id: str
     num_samples: int
     weights: Weights
     metrics: dict
     instruction: TrainInstruction
+    smashed: Weights | None = None
 
 
 class Method(ABC):
