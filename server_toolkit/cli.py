@@ -101,6 +101,8 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...).",
 )
 @click.option("--device-runtime", default=None, help="Make every simulated device use this runtime.")
+@click.option("--edges", default=0, show_default=True,
+              help="Edge aggregator processes; edge k serves the devices of the k-th tier (round-robin).")
 @click.option(
     "--device-python",
     default=None,
@@ -143,6 +145,7 @@ def simulate(
     method_options,
     program_formats,
     device_runtime,
+    edges,
     device_python,
     local_epochs,
     batch_size,
@@ -190,6 +193,7 @@ def simulate(
             program_formats=[f.strip() for f in program_formats.split(",")],
             device_runtime=device_runtime,
             device_python=device_python,
+            edges=edges,
         )
         run_dir = new_run_dir(runs_dir)
     console.print(
@@ -211,7 +215,8 @@ def simulate(
                 kind_name = "embedded amqtt" if data["embedded"] else "external"
                 progress.console.print(f"broker: {data['url']} ({kind_name})")
             elif kind == "devices":
-                progress.console.print(f"devices online: {data['online']}/{data['expected']}")
+                what = "devices and edges" if config.edges else "devices"
+                progress.console.print(f"{what} online: {data['online']}/{data['expected']}")
             elif kind == "round":
                 acc = data.get("accuracy")
                 progress.update(
@@ -368,6 +373,67 @@ def run(
             broker.stop()
     report.write_plot()
     console.print(report.summary_table(f"{method} on fleet {fleet}"))
+
+
+@main.command()
+@click.option("--broker", "broker_url", required=True, help="mqtt[s]://host:port of the server's broker.")
+@click.option("--fleet", required=True, help="The server's fleet name.")
+@click.option("--edge-id", required=True, help="This edge's device id in the server's fleet.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The edge's registry (its devices), blobs and checkpoints.")
+@click.option("--tier", default=None, help="The tier (shrinkage ratio) of this edge's devices, e.g. 0.5.")
+@click.option("--group-fleet", default=None, help="Fleet of the group's devices [default: FLEET.EDGE_ID].")
+@click.option("--group-broker", "group_broker_url", default=None,
+              help="Broker of the group's devices [default: --broker].")
+@click.option("--min-devices", default=1, show_default=True, help="Group devices to wait for before joining.")
+@click.option("--devices-wait", default=120.0, show_default=True, help="Seconds to wait for them at most.")
+@click.option("--max-clusters", default=8, show_default=True, help="Largest K tried by the clustering.")
+@click.option("--smashed-samples", default=128, show_default=True,
+              help="Last-layer inputs asked per device and round; 0 turns the projection stage off.")
+@click.option("--pair-threshold", default=1.0, show_default=True,
+              help="Link clusters closer than this x the median client-pair KLD.")
+@click.option("--projection-lambda", default=0.5, show_default=True, help="λ of FedConv's Eq. 8.")
+@click.option("--projection-epochs", default=2, show_default=True)
+@click.option("--warmup-epochs", default=1, show_default=True, help="Local epochs of the clustering warm-up.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--username", envvar="FEDSDK_MQTT_USERNAME", help="Broker user (or FEDSDK_MQTT_USERNAME).")
+@click.option("--password", envvar="FEDSDK_MQTT_PASSWORD", help="Broker password (or FEDSDK_MQTT_PASSWORD).")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
+def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_url, min_devices, devices_wait,
+         max_clusters, smashed_samples, pair_threshold, projection_lambda, projection_epochs, warmup_epochs,
+         seed, username, password, ca_file) -> None:
+    """Run an edge aggregator: a device of the server's fleet, the server of its own group.
+
+    Register the edge on the server (`devices add --run-dir SERVER_DIR --tier T EDGE_ID`)
+    and its devices here (`devices add --run-dir EDGE_DIR DEVICE_ID`); devices then run
+    `fedsdk run --fleet FLEET.EDGE_ID …`.
+    """
+    import signal
+
+    from .edge.aggregator import EdgeAggregator, EdgeConfig
+    from .edge.relay import EdgeOptions
+
+    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    try:
+        config = EdgeConfig(
+            broker_url=broker_url, fleet=fleet, edge_id=edge_id, run_dir=run_dir, tier=tier,
+            group_fleet=group_fleet, group_broker_url=group_broker_url, min_devices=min_devices,
+            devices_wait_s=devices_wait, username=username, password=password, ca_file=ca_file,
+            options=EdgeOptions(max_clusters=max_clusters, smashed_samples=smashed_samples,
+                                pair_threshold=pair_threshold, projection_lambda=projection_lambda,
+                                projection_epochs=projection_epochs, warmup_epochs=warmup_epochs, seed=seed),
+        )
+        aggregator = EdgeAggregator(config)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    signal.signal(signal.SIGTERM, lambda *_: aggregator.stop())
+    console.print(f"edge {edge_id}: group fleet {config.group_fleet}, joining fleet {fleet} on {broker_url}")
+    try:
+        aggregator.run()
+    except (RuntimeError, ConnectionError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        aggregator.stop()
 
 
 @main.group()

@@ -96,6 +96,10 @@ class EdgeRelay(Method):
         self.centroids: np.ndarray | None = None  # (k, d) probability vectors
         self.summary: dict = {}
 
+    def initial_weights(self, seed: int) -> Weights:
+        """Nothing: every group round starts from the weights the server sent."""
+        return {}
+
     # -- what the aggregator calls -------------------------------------------------------
     def forward(self, task: ForwardedTask) -> None:
         """The server's task that the next group rounds pass on."""
