@@ -181,9 +181,8 @@ class EdgeAggregator:
                  len(self.group.online))
         started = time.time()
         margin = max(5.0, 0.15 * (task.deadline - started))  # time left for the way up
-        if self.relay.needs_warmup():
-            share = self.config.options.warmup_epochs / (self.config.options.warmup_epochs + recipe.epochs)
-            self._group_round(task, WARMUP, weights, (task.deadline - margin - started) * share)
+        if self.relay.needs_warmup():  # ends when the group answered; at most half of the time
+            self._group_round(task, WARMUP, weights, (task.deadline - margin - started) / 2)
         row = self._group_round(task, TRAIN, weights, task.deadline - margin - time.time())
         if not row["accepted"]:
             self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} returned an update")
