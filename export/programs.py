@@ -8,6 +8,7 @@ the loss and the batch size, i.e. once per (architecture, tier, runtime).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 
 from sdk_device.protocol import modelspec
@@ -23,13 +24,13 @@ def _torchspec(spec: dict, recipe: Recipe) -> bytes:
 def _pte(spec: dict, recipe: Recipe) -> bytes:
     from .executorch import export_training_program  # imports executorch only when asked
 
-    return export_training_program(spec, {"kind": recipe.loss}, max_batch=recipe.batch_size)
+    return export_training_program(spec, recipe.loss_dict(), max_batch=recipe.batch_size)
 
 
 def _ort_training(spec: dict, recipe: Recipe) -> bytes:
     from .onnx import export_ort_training_program  # needs torch here and the ORT environment
 
-    return export_ort_training_program(spec, {"kind": recipe.loss})
+    return export_ort_training_program(spec, recipe.loss_dict())
 
 
 def _onnx_eval(spec: dict, recipe: Recipe) -> bytes:
@@ -61,7 +62,7 @@ class ProgramCache:
         spec_id = hashlib.sha256(modelspec.dumps(spec)).hexdigest()
         out = []
         for fmt in self.formats:
-            key = (spec_id, fmt, recipe.loss, recipe.batch_size)
+            key = (spec_id, fmt, json.dumps(recipe.loss_dict(), sort_keys=True), recipe.batch_size)
             if key not in self._built:
                 self._built[key] = EXPORTERS[fmt](spec, recipe)
             out.append((fmt, self._built[key]))

@@ -17,8 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from .data.npz import load_npz
+from .local_training import TEACHER_PREFIX, LocalTensors, train_with_teacher
 from .profile import device_profile, peak_rss_mb
 from .protocol import messages as msgs
+from .protocol import modelspec
 from .protocol.blobs import DEFAULT_CHUNK_BYTES, decode_tensors, encode_tensors
 from .protocol.errors import ProtocolError
 from .protocol.smashed import encode_smashed
@@ -46,6 +48,7 @@ class AgentConfig:
     username: str | None = None
     password: str | None = None
     ca_file: str | None = None
+    insecure: bool = False  # allow plain mqtt:// to a non-loopback broker
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     heartbeat_s: float = 10.0
     extra_profile: dict = field(default_factory=dict)
@@ -67,8 +70,11 @@ class DeviceAgent:
             username=config.username,
             password=config.password,
             ca_file=config.ca_file,
+            insecure=config.insecure,
         )
         self.chooser = RuntimeChooser(Path(config.work_dir))
+        self.local = LocalTensors(Path(config.work_dir) / "local_state")  # tensors kept on the device
+        self._teacher: tuple[object, str] | None = None  # (torch runtime, teacher program id)
         self._stop = threading.Event()
         self._runtimes: dict[str, object] = {}
         self._loaded_program: dict[str, str] = {}  # runtime -> program blob id loaded
@@ -141,6 +147,8 @@ class DeviceAgent:
             return
         try:
             recipe = Recipe.from_dict(task.recipe)
+            if recipe.needs_teacher and task.teacher is None:
+                raise ValueError(f"loss {recipe.loss!r} needs a teacher model and the task has none")
             runtime_name, fmt = pick_runtime([p.format for p in task.programs], self.config.runtimes)
         except ValueError as exc:
             self._refuse(task, "unsupported_task", str(exc))
@@ -164,20 +172,28 @@ class DeviceAgent:
                 runtime.load_program(self.endpoint.fetch(SERVER, program_ref), fmt)
                 self._loaded_program[runtime_name] = program_ref.id
             weights = decode_tensors(self.endpoint.fetch(SERVER, task.weights))
+            runtime.set_weights(self.local.complete(program_ref.id, weights, runtime.get_weights()))
+            teacher = self._load_teacher(task.teacher) if task.teacher else None
             fetch_s = time.perf_counter() - fetch_started
-            runtime.set_weights(weights)
         except (ProtocolError, TimeoutError, ValueError, KeyError, RuntimeError) as exc:
             self._refuse(task, "bad_task", f"could not load the task: {exc}")
             return
         train_started = time.perf_counter()
-        stats = runtime.train(
-            self.x, self.y, recipe, progress=lambda f: self._heartbeat("training", task.task_id, f)
+        stats, teacher_run = train_with_teacher(
+            runtime, self.x, self.y, recipe,
+            teacher=teacher[0] if teacher else None,
+            train_teacher=bool(task.teacher and task.teacher.train),
+            progress=lambda f: self._heartbeat("training", task.task_id, f),
         )
         train_s = time.perf_counter() - train_started
-        trained = runtime.get_weights()
-        if not all(np.isfinite(v).all() for v in trained.values() if v.dtype.kind == "f"):
+        upload = self.local.remember(program_ref.id, weights, runtime.get_weights())
+        if teacher and teacher_run.weights is not None:
+            _, teacher_program, teacher_sent = teacher
+            trained_teacher = self.local.remember(teacher_program, teacher_sent, teacher_run.weights)
+            upload.update({TEACHER_PREFIX + k: v for k, v in trained_teacher.items()})
+        if not all(np.isfinite(v).all() for v in upload.values() if v.dtype.kind == "f"):
             log.warning("training diverged (NaN/Inf); uploading anyway, the server will refuse it")
-        blob_ref = self.endpoint.offer(SERVER, encode_tensors(trained), "weights", "safetensors")
+        blob_ref = self.endpoint.offer(SERVER, encode_tensors(upload), "weights", "safetensors")
         smashed_ref = self._smashed(task, runtime, recipe.seed)
         loss = stats.loss if math.isfinite(stats.loss) else None  # JSON has no NaN
         metrics = {
@@ -192,6 +208,10 @@ class DeviceAgent:
             # client descriptor need it
             "label_counts": np.bincount(self.y).tolist(),
         }
+        if teacher_run.stats is not None:
+            teacher_loss = teacher_run.stats.loss
+            metrics["teacher_loss"] = teacher_loss if math.isfinite(teacher_loss) else None
+            metrics["teacher_accuracy"] = teacher_run.stats.accuracy
         self._awaiting = task.task_id
         self.endpoint.send(
             SERVER,
@@ -206,6 +226,21 @@ class DeviceAgent:
             stats.loss,
             stats.accuracy,
         )
+
+    def _load_teacher(self, ref: msgs.Teacher) -> tuple[object, str, dict[str, np.ndarray]]:
+        """Fetch and load a task's teacher into the torch runtime (it needs ``predict``);
+        returns (runtime, its program blob id, the weights the server sent)."""
+        program = next((p for p in ref.programs if p.format == modelspec.FORMAT), None)
+        if program is None or "torch" not in available_runtimes():
+            raise ValueError("the task's teacher needs the torch runtime and a torchspec/1 program")
+        if self._teacher is None or self._teacher[1] != program.id:
+            teacher_runtime = create_runtime("torch")
+            teacher_runtime.load_program(self.endpoint.fetch(SERVER, program), modelspec.FORMAT)
+            self._teacher = (teacher_runtime, program.id)
+        teacher_runtime = self._teacher[0]
+        sent = decode_tensors(self.endpoint.fetch(SERVER, ref.weights))
+        teacher_runtime.set_weights(self.local.complete(program.id, sent, teacher_runtime.get_weights()))
+        return teacher_runtime, program.id, sent
 
     def _smashed(self, task: msgs.Task, runtime, seed: int) -> msgs.BlobRef | None:
         """Offer the smashed data ``task`` asks for: the last linear layer's inputs of at most

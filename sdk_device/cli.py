@@ -45,12 +45,13 @@ def main(verbose: int) -> None:
 @click.option("--username", envvar="FEDSDK_MQTT_USERNAME", help="Broker user (or FEDSDK_MQTT_USERNAME).")
 @click.option("--password", envvar="FEDSDK_MQTT_PASSWORD", help="Broker password (or FEDSDK_MQTT_PASSWORD).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
+@click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a broker on another machine.")
 @click.option("--max-tasks", type=int, default=None, help="Exit after this many finished tasks.")
 @click.option("--no-smashed", is_flag=True,
               help="Never send last-layer inputs of local samples, even when a task asks.")
 def run(
-    broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, max_tasks,
-    no_smashed,
+    broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, insecure,
+    max_tasks, no_smashed,
 ) -> None:
     """Connect to the fleet and train whatever tasks the server sends, until stopped."""
     from .agent import AgentConfig, DeviceAgent
@@ -67,6 +68,7 @@ def run(
         username=username,
         password=password,
         ca_file=ca_file,
+        insecure=insecure,
         share_smashed=not no_smashed,
     )
     try:

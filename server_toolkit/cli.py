@@ -10,6 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sdk_device.runtimes.recipe import Recipe
+from sdk_device.transport.tls import is_loopback
+
+from .cli_security import certs, security
 
 console = Console()
 
@@ -256,6 +259,15 @@ def simulate(
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Embedded broker address.")
 @click.option("--port", default=1883, show_default=True, help="Embedded broker port.")
+@click.option(
+    "--broker-security",
+    "security_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Broker security directory (security init): log in as fedsdk-server, manage device accounts.",
+)
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
+@click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a non-loopback broker.")
 @click.option("--fleet", required=True, help="Fleet name (devices use the same).")
 @click.option(
     "--run-dir",
@@ -286,6 +298,9 @@ def run(
     insecure_embedded_broker,
     host,
     port,
+    security_dir,
+    ca_file,
+    insecure,
     fleet,
     run_dir,
     method,
@@ -312,6 +327,8 @@ def run(
     from sdk_device.transport.mqtt_link import BrokerAddress
 
     from .broker.embedded import EmbeddedBroker
+    from .broker.mosquitto_auth import SecurityDirError
+    from .broker.secured import server_connection
     from .fleet.registry import FleetRegistry
     from .methods import method_class
     from .models.zoo import model_spec
@@ -329,17 +346,28 @@ def run(
             f"`fedsdk-server devices add --run-dir {run_dir} DEVICE_ID`"
         )
     broker = None
+    username = password = None
     try:
-        if broker_url:
+        if security_dir:
+            address, ca_file, broker_security = server_connection(security_dir, broker_url, ca_file)
+            if broker_security.fleet != fleet:
+                raise ValueError(f"{security_dir} holds the accounts of fleet {broker_security.fleet!r}, "
+                                 f"not {fleet!r}")
+            username, password = broker_security.server_credentials()
+        elif broker_url:
             address = BrokerAddress.parse(broker_url)
         else:
             broker = EmbeddedBroker(host, port, allow_remote=insecure_embedded_broker).start()
             address = broker.address
-    except ValueError as exc:
+        endpoint = Endpoint(
+            address, FleetTopics(fleet), BlobStore(run_dir / "blobs"), is_known_peer=registry.is_known,
+            username=username, password=password, ca_file=ca_file,
+            insecure=insecure or insecure_embedded_broker,  # that flag already accepts plain TCP
+        )
+    except (ValueError, SecurityDirError, FileNotFoundError) as exc:
+        if broker:
+            broker.stop()
         raise click.ClickException(str(exc)) from None
-    endpoint = Endpoint(
-        address, FleetTopics(fleet), BlobStore(run_dir / "blobs"), is_known_peer=registry.is_known
-    )
     report = (
         RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
     )
@@ -399,9 +427,10 @@ def run(
 @click.option("--username", envvar="FEDSDK_MQTT_USERNAME", help="Broker user (or FEDSDK_MQTT_USERNAME).")
 @click.option("--password", envvar="FEDSDK_MQTT_PASSWORD", help="Broker password (or FEDSDK_MQTT_PASSWORD).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
+@click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a non-loopback broker.")
 def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_url, min_devices, devices_wait,
          max_clusters, smashed_samples, pair_threshold, projection_lambda, projection_epochs, warmup_epochs,
-         seed, username, password, ca_file) -> None:
+         seed, username, password, ca_file, insecure) -> None:
     """Run an edge aggregator: a device of the server's fleet, the server of its own group.
 
     Register the edge on the server (`devices add --run-dir SERVER_DIR --tier T EDGE_ID`)
@@ -419,6 +448,7 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
             broker_url=broker_url, fleet=fleet, edge_id=edge_id, run_dir=run_dir, tier=tier,
             group_fleet=group_fleet, group_broker_url=group_broker_url, min_devices=min_devices,
             devices_wait_s=devices_wait, username=username, password=password, ca_file=ca_file,
+            insecure=insecure,
             options=EdgeOptions(max_clusters=max_clusters, smashed_samples=smashed_samples,
                                 pair_threshold=pair_threshold, projection_lambda=projection_lambda,
                                 projection_epochs=projection_epochs, warmup_epochs=warmup_epochs, seed=seed),
@@ -485,17 +515,41 @@ def devices_list(run_dir) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=1883, show_default=True)
 @click.option("--insecure-embedded-broker", is_flag=True, help="Allow a non-loopback --host.")
-def broker(host, port, insecure_embedded_broker) -> None:
-    """Run the embedded (amqtt) broker in the foreground, for trying devices on one machine."""
+@click.option("--mosquitto", "use_mosquitto", is_flag=True, help="Run mosquitto instead of amqtt.")
+@click.option(
+    "--security",
+    "security_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="With --mosquitto: enforce this broker security directory (accounts, ACL, TLS, listener).",
+)
+def broker(host, port, insecure_embedded_broker, use_mosquitto, security_dir) -> None:
+    """Run a broker in the foreground: embedded amqtt (loopback trials) or mosquitto."""
+    import signal
+    import sys
     import time
 
-    from .broker.embedded import EmbeddedBroker
+    from .broker.embedded import EmbeddedBroker, refuse_secured_mode
+    from .broker.mosquitto import MosquittoBroker
+    from .broker.secured import start_secured_broker
 
     try:
-        b = EmbeddedBroker(host, port, allow_remote=insecure_embedded_broker).start()
-    except ValueError as exc:
+        if security_dir and not use_mosquitto:
+            refuse_secured_mode()
+        if security_dir:
+            b = start_secured_broker(security_dir).broker
+        elif use_mosquitto:
+            if not is_loopback(host):
+                raise ValueError(f"an anonymous mosquitto on {host} would let anyone in: "
+                                 "use --security DIR (fedsdk-server security init)")
+            b = MosquittoBroker(port, host).start()
+        else:
+            b = EmbeddedBroker(host, port, allow_remote=insecure_embedded_broker).start()
+    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from None
-    console.print(f"embedded broker on {b.address.url}; Ctrl-C stops it")
+    kind = "mosquitto" + (f" (accounts and ACL of {security_dir})" if security_dir else "")
+    console.print(f"{kind if use_mosquitto else 'embedded broker'} on {b.address.url}; Ctrl-C stops it")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the child broker on SIGTERM too
     try:
         while b.proc and b.proc.poll() is None:
             time.sleep(1)
@@ -504,6 +558,9 @@ def broker(host, port, insecure_embedded_broker) -> None:
     finally:
         b.stop()
 
+
+main.add_command(certs)
+main.add_command(security)
 
 if __name__ == "__main__":
     main()

@@ -1,23 +1,51 @@
-"""Shared fixtures: a real mosquitto broker on a free loopback port."""
+"""Shared fixtures: a real mosquitto broker on a free loopback port (anonymous, or secured
+with per-device accounts + ACL, optionally over TLS)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 
 import pytest
 
 from server_toolkit.broker.mosquitto import MosquittoBroker
+from server_toolkit.broker.secured import make_secured_broker
+
+
+def _require_mosquitto() -> None:
+    if shutil.which("mosquitto") is None and not os.path.exists("/usr/sbin/mosquitto"):
+        pytest.fail("mosquitto is not installed: apt-get install -y mosquitto (the README's test "
+                    "command does this)")
 
 
 @pytest.fixture
 def mosquitto(tmp_path):
-    """A fresh mosquitto process for one test (fails, with the fix, if it is not installed)."""
-    if shutil.which("mosquitto") is None and not __import__("os").path.exists("/usr/sbin/mosquitto"):
-        pytest.fail("mosquitto is not installed: apt-get install -y mosquitto (the README's test "
-                    "command does this)")
+    """A fresh anonymous mosquitto process for one test (fails, with the fix, if not installed)."""
+    _require_mosquitto()
     with MosquittoBroker(workdir=tmp_path / "mosquitto") as broker:
         yield broker
+
+
+@pytest.fixture
+def secured_mosquitto(tmp_path):
+    """A mosquitto enforcing fedsdk's accounts and ACL for fleet "sec" (plain TCP, loopback).
+
+    Yields a ``SecuredBroker``: ``.security`` grants/revokes device accounts (live at once),
+    ``.security.server_credentials()``, ``.address``/``.url``, ``.fleet``.
+    """
+    _require_mosquitto()
+    with make_secured_broker(tmp_path / "secured", "sec") as secured:
+        yield secured
+
+
+@pytest.fixture
+def secured_mosquitto_tls(tmp_path):
+    """Like ``secured_mosquitto``, but the only listener is TLS (``mqtts://``) with a CA made
+    by ``certs.init_certs`` in ``<tmp>/secured/certs``; ``.ca_file`` is the CA to trust."""
+    _require_mosquitto()
+    with make_secured_broker(tmp_path / "secured", "sec", tls=True) as secured:
+        yield secured
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ import time
 import types
 import typing
 import uuid
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 from .errors import ProtocolError
@@ -75,11 +75,30 @@ class Hello(Message):
 
 
 @dataclass(frozen=True)
+class Teacher:
+    """A second model a task brings along (part of ``Task``, not a message of its own).
+
+    The device computes the teacher's outputs on its local data and feeds them to the
+    student's distillation loss (``recipe.loss``). ``train``: the device first trains the
+    teacher itself (the task's recipe with plain CE) and returns its weights too, prefixed
+    ``teacher.`` in the result blob (RecipFL's strong devices); otherwise it is frozen.
+    """
+
+    programs: list[BlobRef]
+    weights: BlobRef
+    train: bool = False
+
+
+@dataclass(frozen=True)
 class Task(Message):
     """Server -> device: train ``weights`` with one of ``programs`` following ``recipe``.
 
     deadline: unix seconds after which the server no longer accepts the result.
     recipe: {"epochs", "batch_size", "optimizer", "lr", ...}; see sdk_device.runtimes.recipe.
+    teacher: optional second model for distillation losses (see ``Teacher``).
+    ``weights`` may omit some of the program's tensors (e.g. BatchNorm running statistics
+    that stay on the device): the device keeps its own values for those and returns
+    exactly the tensors it received (plus ``teacher.*`` when it trained the teacher).
     smashed: optional; > 0 asks for the inputs of the last linear layer of at most this many
     local samples with the result (see protocol.smashed); 0 (default) asks for none.
     """
@@ -91,6 +110,7 @@ class Task(Message):
     weights: BlobRef
     recipe: dict
     deadline: float
+    teacher: Teacher | None = None
     smashed: int = 0
 
     def __post_init__(self) -> None:
@@ -240,10 +260,10 @@ def _check(hint: Any, value: Any, where: str) -> Any:
             return None
         hint = next(h for h in options if h is not type(None))
         origin = typing.get_origin(hint)
-    if hint is BlobRef:
+    if is_dataclass(hint):  # a nested object: BlobRef, Teacher
         if not isinstance(value, dict):
-            raise ProtocolError("invalid_field", f"{where}: expected a blob reference object")
-        return _build(BlobRef, value, where)
+            raise ProtocolError("invalid_field", f"{where}: expected a {hint.__name__} object")
+        return _build(hint, value, where)
     if origin is list:
         if not isinstance(value, list):
             raise ProtocolError("invalid_field", f"{where}: expected a list")

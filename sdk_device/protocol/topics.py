@@ -9,8 +9,8 @@ Everything lives under ``fedsdk/v1/<fleet>/``::
     fedsdk/v1/<fleet>/dev/<id>/up/chunk      device -> server blob chunks (binary)
     fedsdk/v1/<fleet>/dev/<id>/down/chunk    server -> device blob chunks (binary)
 
-A device only ever touches its own ``dev/<id>`` subtree and reads the server status;
-per-device credentials and a broker ACL enforcing that come with pairing.
+A device only ever touches its own ``dev/<id>`` subtree and reads the server status; with
+broker security on, per-device accounts and an ACL enforce it (``server_toolkit/broker/security.py``).
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ class Runtime(Protocol):
     def get_weights(self) -> dict[str, np.ndarray]: ...
 
     def train(self, x: np.ndarray, y: np.ndarray, recipe: Recipe,
-              progress: Progress | None = None) -> StepStats: ...
+              progress: Progress | None = None,
+              extras: dict[str, np.ndarray] | None = None) -> StepStats:
+        """``extras``: per-sample teacher arrays for distillation losses (recipe.loss != "ce")."""
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> StepStats: ...

@@ -6,12 +6,20 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 OPTIMIZERS = ("sgd", "adam")
-LOSSES = ("ce",)  # cross-entropy, summed over every output (exits + final), unweighted
+# ce: cross-entropy summed over every output (exits + final), unweighted.
+# kd: (1 - alpha) * CE + alpha * T^2 * KL(teacher || student) on the final output.
+# recipfl_kt: CE + CE(student, softmax(teacher)) + KL over the last hidden features.
+# The teacher tensors come from the task's teacher model (see sdk_device.runtimes.losses).
+LOSSES = ("ce", "kd", "recipfl_kt")
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """Local training settings. ``lr`` per step; ``epochs`` full passes over local data."""
+    """Local training settings. ``lr`` per step; ``epochs`` full passes over local data.
+
+    ``temperature`` and ``alpha`` parametrise the ``kd`` loss; ``teacher_features`` is the
+    teacher's last-hidden feature size for ``recipfl_kt`` (0: no feature term; the term is
+    used only when the student's feature size is the same)."""
 
     epochs: int = 1
     batch_size: int = 32
@@ -21,10 +29,14 @@ class Recipe:
     weight_decay: float = 0.0
     loss: str = "ce"
     seed: int = 0
+    temperature: float = 1.0
+    alpha: float = 0.0
+    teacher_features: int = 0
 
     def __post_init__(self) -> None:
         for name, kind in (("epochs", int), ("batch_size", int), ("seed", int), ("optimizer", str),
-                           ("loss", str), ("lr", float), ("momentum", float), ("weight_decay", float)):
+                           ("loss", str), ("lr", float), ("momentum", float), ("weight_decay", float),
+                           ("temperature", float), ("alpha", float), ("teacher_features", int)):
             value = getattr(self, name)
             ok = (type(value) is int) if kind is int else isinstance(value, str) if kind is str else (
                 isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value))
@@ -38,6 +50,22 @@ class Recipe:
             raise ValueError(f"loss {self.loss!r} is not one of {LOSSES}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not (self.temperature > 0 and 0 <= self.alpha <= 1 and self.teacher_features >= 0):
+            raise ValueError("need temperature > 0, 0 <= alpha <= 1 and teacher_features >= 0 (got "
+                             f"{self.temperature}, {self.alpha}, {self.teacher_features})")
+
+    @property
+    def needs_teacher(self) -> bool:
+        """True when the loss reads a teacher's outputs (the task must bring a teacher)."""
+        return self.loss != "ce"
+
+    def loss_dict(self) -> dict:
+        """The loss as ``sdk_device.runtimes.losses.Loss.from_dict`` (and the exporters) take it."""
+        if self.loss == "kd":
+            return {"kind": "kd", "temperature": self.temperature, "alpha": self.alpha}
+        if self.loss == "recipfl_kt":
+            return {"kind": "recipfl_kt", "features": self.teacher_features}
+        return {"kind": "ce"}
 
     @classmethod
     def from_dict(cls, data: dict) -> Recipe:

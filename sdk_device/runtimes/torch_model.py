@@ -18,14 +18,24 @@ class SpecModel(nn.Module):
         self.layers = nn.ModuleList(_build_layer(layer) for layer in spec["layers"])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.forward_with_features(x)[0]
+
+    def forward_with_features(self, x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """``(outputs, features)``: the logits (exits, final) and the (B, F) input of the last
+        layer when it is linear (the "last hidden features" of distillation losses), else the
+        final logits themselves."""
         outputs = []
-        for layer in self.layers:
+        features = None
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
             if isinstance(layer, Exit):
                 outputs.append(layer(x))
-            else:
-                x = layer(x)
+                continue
+            if i == last and isinstance(layer, nn.Linear):
+                features = x
+            x = layer(x)
         outputs.append(x)
-        return tuple(outputs)
+        return tuple(outputs), (x if features is None else features)
 
 
 class Residual(nn.Module):

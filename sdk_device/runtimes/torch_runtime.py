@@ -22,6 +22,31 @@ def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def _loss_function(recipe: Recipe, extras: dict[str, np.ndarray] | None, n: int):
+    """``loss(outputs, features, labels, extras) -> scalar``. Plain CE keeps torch's own
+    cross-entropy; the distillation losses use the shared ``losses.Loss`` definition."""
+    if recipe.loss == "ce":
+        return lambda outputs, features, labels, extras: sum(F.cross_entropy(o, labels) for o in outputs)
+    from .losses import Loss
+
+    loss = Loss.from_dict(recipe.loss_dict())
+    extras = extras or {}
+    if "teacher_logits" not in extras:
+        raise ValueError(f"loss {recipe.loss!r} needs teacher_logits (the task's teacher model)")
+    bad = {k: v.shape for k, v in extras.items() if len(v) != n}
+    if bad:
+        raise ValueError(f"teacher arrays must have one row per sample ({n}): {bad}")
+
+    def compute(outputs, features, labels, batch_extras):
+        extras_used = dict(batch_extras)
+        if not loss.uses_features(features.shape[1]):
+            extras_used.pop("teacher_features", None)
+        mask = torch.ones(len(labels))
+        return loss(outputs, features, labels, mask, extras_used)
+
+    return compute
+
+
 class TorchRuntime:
     """Runs the model a torchspec/1 program describes, in torch eager mode on the CPU."""
 
@@ -50,8 +75,10 @@ class TorchRuntime:
         return state_numpy(self._require_model())
 
     def train(self, x: np.ndarray, y: np.ndarray, recipe: Recipe,
-              progress: Progress | None = None) -> StepStats:
-        """``recipe.epochs`` passes of mini-batch training; loss = sum of CE over outputs."""
+              progress: Progress | None = None, extras: dict[str, np.ndarray] | None = None) -> StepStats:
+        """``recipe.epochs`` passes of mini-batch training with ``recipe``'s loss (default: sum of
+        CE over outputs). ``extras``: per-sample teacher arrays the loss reads,
+        ``{"teacher_logits": (N, K), "teacher_features": (N, F)}``."""
         model = self._require_model()
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -60,6 +87,9 @@ class TorchRuntime:
         else:
             opt = torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum,
                                   weight_decay=recipe.weight_decay)
+        loss_fn = _loss_function(recipe, extras, len(y))
+        extra_t = {k: torch.from_numpy(np.ascontiguousarray(v, np.float32))
+                   for k, v in (extras or {}).items()}
         xt, yt = torch.from_numpy(np.ascontiguousarray(x, np.float32)), torch.from_numpy(y.astype(np.int64))
         gen = torch.Generator().manual_seed(recipe.seed)
         n = len(yt)
@@ -70,8 +100,8 @@ class TorchRuntime:
             order = torch.randperm(n, generator=gen)
             for step, (start, stop) in enumerate(batches):
                 idx = order[start:stop]
-                outputs = model(xt[idx])
-                loss = sum(F.cross_entropy(out, yt[idx]) for out in outputs)
+                outputs, features = model.forward_with_features(xt[idx])
+                loss = loss_fn(outputs, features, yt[idx], {k: v[idx] for k, v in extra_t.items()})
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -82,6 +112,23 @@ class TorchRuntime:
                 if progress:
                     progress((epoch * steps_per_epoch + step + 1) / (recipe.epochs * steps_per_epoch))
         return StepStats(int(seen), total_loss / max(seen, 1), correct / max(seen, 1))
+
+    @torch.no_grad()
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+        """Eval-mode ``(logits (N, K), features (N, F))`` of the final output; features are
+        the input of the model's last linear layer (see ``SpecModel.forward_with_features``)."""
+        model = self._require_model()
+        model.eval()
+        xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
+        logits, features = [], []
+        for start in range(0, len(xt), batch_size):
+            outputs, feats = model.forward_with_features(xt[start:start + batch_size])
+            logits.append(outputs[-1].numpy())
+            features.append(feats.reshape(len(feats), -1).numpy())
+        if not logits:
+            k = model.spec["num_classes"]
+            return np.zeros((0, k), np.float32), np.zeros((0, 0), np.float32)
+        return np.concatenate(logits), np.concatenate(features)
 
     @torch.no_grad()
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> StepStats:

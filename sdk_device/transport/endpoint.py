@@ -71,6 +71,7 @@ class Endpoint:
         password: str | None = None,
         ca_file: str | None = None,
         client_id: str | None = None,
+        insecure: bool = False,
     ) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
@@ -108,6 +109,7 @@ class Endpoint:
             password=password,
             ca_file=ca_file,
             max_payload=max(MAX_CHUNK_BYTES + 4096, msgs.MAX_CONTROL_BYTES),
+            insecure=insecure,
         )
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -23,6 +23,8 @@ from urllib.parse import unquote, urlparse
 
 import paho.mqtt.client as mqtt
 
+from .tls import check_plain_tcp
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024  # bytes; chunks are far smaller
@@ -75,6 +77,8 @@ class MqttLink:
     """A connected paho client: ``publish``, ``subscribe``, ``close``.
 
     ``handler(topic, payload)`` is called on paho's thread for every message received.
+    Plain ``mqtt://`` to a non-loopback broker raises ``InsecureTransportError`` unless
+    ``insecure``.
     """
 
     def __init__(
@@ -91,7 +95,9 @@ class MqttLink:
         keepalive_s: int = 30,
         max_inflight: int = 16,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        insecure: bool = False,
     ) -> None:
+        check_plain_tcp(broker.host, broker.tls, insecure)
         self.broker = broker
         self.client_id = client_id
         self.max_payload = max_payload
@@ -192,3 +198,45 @@ class MqttLink:
             self._handler(message.topic, message.payload)
         except Exception:  # a handler bug must never kill paho's thread
             log.exception("handler failed for a message on %s", message.topic)
+
+
+def probe_login(
+    broker: BrokerAddress,
+    username: str | None,
+    password: str | None,
+    *,
+    ca_file: str | None = None,
+    client_id: str = "",
+    timeout_s: float = 10.0,
+) -> str:
+    """Log in once (clean session) and disconnect; the broker's answer as text.
+
+    ``"Success"``, ``"Not authorized"``, ``"Bad user name or password"``..., or
+    ``"unreachable: <why>"`` (refused socket, TLS failure) / ``"timeout"``.
+    """
+    answer: dict[str, str] = {}
+    done = threading.Event()
+
+    def on_connect(client, userdata, flags, reason_code, properties) -> None:
+        answer["reason"] = str(reason_code)
+        done.set()
+
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=True,
+                         protocol=mqtt.MQTTv311)
+    if username is not None:
+        client.username_pw_set(username, password)
+    if broker.tls:
+        client.tls_set(ca_certs=ca_file, cert_reqs=ssl.CERT_REQUIRED)
+    client.on_connect = on_connect
+    try:
+        client.connect(broker.host, broker.port, keepalive=10)
+    except (OSError, ssl.SSLError) as exc:
+        return f"unreachable: {exc}"
+    client.loop_start()
+    try:
+        if not done.wait(timeout_s):
+            return "timeout"
+        return answer["reason"]
+    finally:
+        client.disconnect()
+        client.loop_stop()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import os
 import signal
@@ -25,17 +24,28 @@ import tempfile
 from pathlib import Path
 
 from sdk_device.transport.mqtt_link import BrokerAddress
+from sdk_device.transport.tls import is_loopback
 
 from .mosquitto import free_port, wait_for_port
 
+__all__ = ["EmbeddedBroker", "is_loopback", "refuse_secured_mode"]
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+SECURED_MODE_REFUSAL = (
+    "the embedded broker (amqtt 0.12) cannot run a secured fleet: its ACL plugin matches "
+    "usernames only (no per-client-id rule, so the shared pairing account could read every "
+    "device's pairing answer), it reads its password file once at start (a revoked device "
+    "keeps its session and can reconnect until a restart), and with its default auth plugin "
+    "allow_anonymous=false accepts any password. Use mosquitto: fedsdk-server broker --mosquitto "
+    "--security DIR."
+)
+
+
+def refuse_secured_mode() -> None:
+    """Raise the reason the embedded broker has no secured mode (measured on amqtt 0.12.1:
+    FileAuthPlugin refuses wrong passwords, but a ``fedsdk-pair`` client subscribed to
+    ``fedsdk/v1/pair/+/#`` received another pairing client's answer, and
+    AnonymousAuthPlugin(allow_anonymous=False) let ``d1`` in with a wrong password)."""
+    raise ValueError(SECURED_MODE_REFUSAL)
 
 
 class EmbeddedBroker:

@@ -1,6 +1,9 @@
 """Run a real mosquitto broker as a child process (tests, benchmarks, ``fedsdk-server broker``).
 
 mosquitto is the production broker. Debian/Ubuntu: ``apt-get install -y mosquitto``.
+Anonymous by default (loopback tests); with ``security_dir`` it requires the accounts and
+ACL of that broker security directory (``mosquitto_auth``), with ``tls_dir`` it speaks TLS
+with the certificates of ``fedsdk-server certs init``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,42 @@ def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen
     raise TimeoutError(f"nothing listened on {host}:{port} within {timeout_s} s")
 
 
+def mosquitto_config(
+    host: str,
+    port: int,
+    persistence_dir: Path,
+    security_dir: Path | None = None,
+    tls_dir: Path | None = None,
+    extra: str = "",
+) -> str:
+    """A mosquitto 2.0 configuration: one listener, persistence, fedsdk's size limits, and
+    the accounts/ACL of ``security_dir`` and the certificates of ``tls_dir`` when given."""
+    # Run as root (CI), mosquitto would switch to user "mosquitto" and then fail to read
+    # certificates or write persistence in our private work directory: keep the user.
+    lines = ["user root"] if os.geteuid() == 0 else []
+    lines.append(f"listener {port} {host}")
+    if tls_dir is not None:
+        lines += [f"cafile {tls_dir}/ca.pem", f"certfile {tls_dir}/server.pem",
+                  f"keyfile {tls_dir}/server.key", "tls_version tlsv1.2"]
+    if security_dir is not None:
+        lines += ["allow_anonymous false", f"password_file {security_dir}/mosquitto.passwd",
+                  f"acl_file {security_dir}/mosquitto.acl", f"pid_file {security_dir}/mosquitto.pid",
+                  "persistent_client_expiration 30d"]  # drop sessions of long-gone (revoked) devices
+    else:
+        lines.append("allow_anonymous true")
+    lines += [
+        "persistence true",
+        f"persistence_location {persistence_dir}/",
+        "max_queued_messages 10000",
+        "max_inflight_messages 20",
+        "max_packet_size 16777216",  # bytes; fedsdk chunks are <= 4 MiB + header
+        "set_tcp_nodelay true",
+        extra,
+        "",
+    ]
+    return "\n".join(lines)
+
+
 class MosquittoBroker:
     """A mosquitto process on a loopback port, with persistence in its own directory.
 
@@ -50,6 +89,8 @@ class MosquittoBroker:
         workdir: str | Path | None = None,
         extra_config: str = "",
         executable: str | None = None,
+        security_dir: str | Path | None = None,
+        tls_dir: str | Path | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
@@ -57,33 +98,21 @@ class MosquittoBroker:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.extra_config = extra_config
         self.executable = executable or shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        self.security_dir = Path(security_dir).resolve() if security_dir else None
+        self.tls_dir = Path(tls_dir).resolve() if tls_dir else None
         self.proc: subprocess.Popen | None = None
 
     @property
     def address(self) -> BrokerAddress:
-        return BrokerAddress(self.host, self.port)
+        return BrokerAddress(self.host, self.port, tls=self.tls_dir is not None)
 
     @property
     def url(self) -> str:
         return self.address.url
 
     def config_text(self) -> str:
-        # Run as root (CI), mosquitto would switch to user "mosquitto" and then fail to read
-        # certificates or write persistence in our private work directory: keep the user.
-        user = ["user root"] if os.geteuid() == 0 else []
-        return "\n".join([
-            *user,
-            f"listener {self.port} {self.host}",
-            "allow_anonymous true",
-            "persistence true",
-            f"persistence_location {self.workdir}/",
-            "max_queued_messages 10000",
-            "max_inflight_messages 20",
-            "max_packet_size 16777216",  # bytes; fedsdk chunks are <= 4 MiB + header
-            "set_tcp_nodelay true",
-            self.extra_config,
-            "",
-        ])
+        return mosquitto_config(self.host, self.port, self.workdir, self.security_dir, self.tls_dir,
+                                self.extra_config)
 
     def start(self, timeout_s: float = 10.0) -> MosquittoBroker:
         if not Path(self.executable).exists():

@@ -14,8 +14,8 @@ and needs no edge-specific code on the server or on the devices:
   possibly on another broker): an ``Endpoint`` and an ``Orchestrator`` driving
   ``relay.EdgeRelay``, with its own registry, blob store and checkpoints in ``--run-dir``.
 
-For each server task: pull the task's programs and weights (programs are forwarded as
-received, in every format offered) → a warm-up round on the group if clustering is due →
+For each server task: pull the task's programs and weights, and its teacher if it has one
+(all forwarded as received; programs in every format offered) → a warm-up round on the group if clustering is due →
 one training round on the group with the server's recipe (round deadline = the server's,
 minus a margin for the way up) → one ``result`` up: the relay's aggregate, ``samples`` =
 the accepted devices' samples, plus the group's loss/accuracy, label counts and the
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdk_device.protocol import messages as msgs
+from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.topics import FleetTopics, check_name
@@ -43,6 +44,7 @@ from sdk_device.transport.endpoint import SERVER, Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 
 from ..fleet.registry import FleetRegistry
+from ..methods.base import TeacherSpec
 from ..orchestrator.server import Orchestrator, OrchestratorConfig
 from .relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
 
@@ -66,6 +68,7 @@ class EdgeConfig:
     username: str | None = None
     password: str | None = None
     ca_file: str | None = None
+    insecure: bool = False  # allow plain mqtt:// to a non-loopback broker
     heartbeat_s: float = 10.0
     options: EdgeOptions = field(default_factory=EdgeOptions)
 
@@ -85,7 +88,8 @@ class EdgeAggregator:
             raise ValueError(f"no devices registered for edge {config.edge_id}: "
                              f"fedsdk-server devices add --run-dir {config.run_dir} DEVICE_ID …")
         store = BlobStore(config.run_dir / "blobs")  # one store: what comes down is offered on
-        credentials = {"username": config.username, "password": config.password, "ca_file": config.ca_file}
+        credentials = {"username": config.username, "password": config.password, "ca_file": config.ca_file,
+                       "insecure": config.insecure}
         self.up = Endpoint(BrokerAddress.parse(config.broker_url), FleetTopics(config.fleet), store,
                            device_id=config.edge_id, **credentials)
         self.down = Endpoint(BrokerAddress.parse(config.group_broker_url or config.broker_url),
@@ -173,7 +177,7 @@ class EdgeAggregator:
         try:
             programs = tuple((ref.format, self.up.fetch(SERVER, ref)) for ref in task.programs)
             weights = decode_tensors(self.up.fetch(SERVER, task.weights))
-            self.relay.forward(ForwardedTask(programs, weights, recipe))
+            self.relay.forward(ForwardedTask(programs, weights, recipe, self._teacher(task.teacher)))
         except (ProtocolError, TimeoutError, ValueError) as exc:
             self._refuse(task, "bad_task", f"could not load the task: {exc}")
             return
@@ -194,6 +198,16 @@ class EdgeAggregator:
         self.up.send(SERVER, result)
         log.info("round %d: sent the aggregate of %d device(s), %d samples", task.round, row["accepted"],
                  metrics["samples"])
+
+    def _teacher(self, teacher: msgs.Teacher | None) -> TeacherSpec | None:
+        """The task's teacher, to pass on (its program is always ``torchspec/1``)."""
+        if teacher is None:
+            return None
+        program = next((p for p in teacher.programs if p.format == modelspec.FORMAT), None)
+        if program is None:
+            raise ValueError(f"the task's teacher has no {modelspec.FORMAT} program")
+        spec = modelspec.loads(self.up.fetch(SERVER, program))
+        return TeacherSpec(spec, decode_tensors(self.up.fetch(SERVER, teacher.weights)), teacher.train)
 
     def _group_round(self, task: msgs.Task, phase: str, weights, timeout_s: float) -> dict:
         """One round on the group (WARMUP or TRAIN), starting from ``weights``."""

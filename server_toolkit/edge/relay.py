@@ -33,7 +33,7 @@ import numpy as np
 from sdk_device.protocol.smashed import SmashedRequest
 from sdk_device.runtimes.recipe import Recipe
 
-from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..methods.base import ClientUpdate, DeviceInfo, Method, TeacherSpec, TrainInstruction, Weights
 from ..reconstruct.average import weighted_average
 from .clustering import choose_clusters, layer_distribution, nearest_centroid
 from .projection import Head, run_stage, select_pairs
@@ -62,11 +62,12 @@ class EdgeOptions:
 @dataclass(frozen=True)
 class ForwardedTask:
     """A server task as the edge passes it on: the programs exactly as received
-    (``(format, bytes)``), the weights and the recipe."""
+    (``(format, bytes)``), the weights, the recipe and the task's teacher, if any."""
 
     programs: tuple[tuple[str, bytes], ...]
     weights: Weights
     recipe: Recipe
+    teacher: TeacherSpec | None = None
 
 
 def final_linear(weights: Weights) -> tuple[str, str | None]:
@@ -122,8 +123,8 @@ class EdgeRelay(Method):
         elif self.options.smashed_samples > 0:
             classes, features = task.weights[final_linear(task.weights)[0]].shape
             smashed = SmashedRequest(self.options.smashed_samples, features, classes)
-        return [TrainInstruction(d.device_id, {}, global_weights, recipe, programs=task.programs,
-                                 smashed=smashed) for d in devices]
+        return [TrainInstruction(d.device_id, {}, global_weights, recipe, teacher=task.teacher,
+                                 programs=task.programs, smashed=smashed) for d in devices]
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:

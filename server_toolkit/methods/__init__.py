@@ -11,7 +11,7 @@ import importlib
 import logging
 import pkgutil
 
-from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction
+from .base import ClientUpdate, DeviceInfo, Method, TeacherSpec, TrainInstruction, split_teacher
 
 log = logging.getLogger(__name__)
 _METHODS: dict[str, type[Method]] = {}
@@ -44,4 +44,7 @@ def method_class(name: str) -> type[Method]:
     return available[name]
 
 
-__all__ = ["ClientUpdate", "DeviceInfo", "Method", "TrainInstruction", "method_class", "methods"]
+__all__ = [
+    "ClientUpdate", "DeviceInfo", "Method", "TeacherSpec", "TrainInstruction", "method_class", "methods",
+    "split_teacher",
+]

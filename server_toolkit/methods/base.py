@@ -31,9 +31,21 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True)
+class TeacherSpec:
+    """A teacher model sent with a task (see ``sdk_device.protocol.messages.Teacher``):
+    ``train`` = the device trains it first (CE) and returns its weights as ``teacher.*``."""
+
+    spec: dict
+    weights: Weights
+    train: bool = False
+
+
+@dataclass(frozen=True)
 class TrainInstruction:
     """What one device is asked to do: train ``weights`` of model ``spec`` by ``recipe``.
 
+    ``weights`` may leave out tensors the device keeps to itself (e.g. BatchNorm running
+    statistics); the update then holds exactly the names sent (plus ``teacher.*``).
     ``programs``: ready-made ``(format, bytes)`` programs to offer as they are (an edge
     aggregator forwards its server's); empty: the orchestrator exports them from ``spec``.
     ``smashed``: ask the device for the inputs of its last linear layer (FedConv's edge).
@@ -44,6 +56,7 @@ class TrainInstruction:
     weights: Weights
     recipe: Recipe
     index_map: dict = field(default_factory=dict)
+    teacher: TeacherSpec | None = None
     programs: tuple[tuple[str, bytes], ...] = ()
     smashed: SmashedRequest | None = None
 
@@ -59,6 +72,31 @@ class ClientUpdate:
     metrics: dict
     instruction: TrainInstruction
     smashed: Weights | None = None
+
+
+TEACHER_PREFIX = "teacher."
+
+
+def label_histogram(counts: object, num_classes: int) -> np.ndarray | None:
+    """A device's reported ``label_counts`` as a ``(num_classes,)`` float64 histogram, padded
+    with zeros (a device counts up to its own largest label only). None when absent or not a
+    list of at most ``num_classes`` finite counts >= 0 (a device's report is never trusted)."""
+    if not isinstance(counts, list | tuple | np.ndarray) or len(counts) > num_classes:
+        return None
+    try:
+        values = np.asarray(counts, np.float64)
+    except (TypeError, ValueError):
+        return None
+    if values.ndim != 1 or not np.isfinite(values).all() or (values < 0).any():
+        return None
+    return np.pad(values, (0, num_classes - len(values)))
+
+
+def split_teacher(weights: Weights) -> tuple[Weights, Weights]:
+    """An update's tensors -> (student's, teacher's with the ``teacher.`` prefix removed)."""
+    student = {k: v for k, v in weights.items() if not k.startswith(TEACHER_PREFIX)}
+    teacher = {k[len(TEACHER_PREFIX):]: v for k, v in weights.items() if k.startswith(TEACHER_PREFIX)}
+    return student, teacher
 
 
 class Method(ABC):

@@ -54,7 +54,7 @@ from ..reconstruct.similarity_tree import (
     subtree_labels,
 )
 from ..submodels.offsets import balanced_offsets, four_corner_offsets
-from .base import ClientUpdate, DeviceInfo, Weights
+from .base import ClientUpdate, DeviceInfo, Weights, label_histogram
 from .width_shared import WidthSharedMethod, contributions
 
 log = logging.getLogger(__name__)
@@ -142,12 +142,14 @@ class FedDM(WidthSharedMethod):
 
     def _label_dists(self, updates: list[ClientUpdate]) -> np.ndarray | None:
         counts = []
+        classes = self.global_spec["num_classes"]
         for update in updates:
-            reported = update.metrics.get("label_counts")
-            found = reported if reported is not None else self.label_counts.get(update.device_id)
+            found = label_histogram(update.metrics.get("label_counts"), classes)
+            if found is None:
+                found = label_histogram(self.label_counts.get(update.device_id), classes)
             if found is None:
                 return None
-            counts.append(np.asarray(found, np.float64))
+            counts.append(found)
         return label_distributions(np.stack(counts))
 
     def reference_batch(self) -> np.ndarray:

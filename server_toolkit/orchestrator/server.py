@@ -31,7 +31,7 @@ from sdk_device.protocol.smashed import check_smashed
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
 from ..fleet.registry import FleetRegistry
-from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..methods.base import TEACHER_PREFIX, ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from .checkpoint import load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -142,14 +142,17 @@ class Orchestrator:
         already = {u["device_id"] for u in self.registry.updates(rnd)} if previous else set()
         selected = self._select(exclude=already)
         quorum = self._quorum(len(selected) + len(already))
-        deadline = time.time() + self.config.round_timeout_s
         global_blob = encode_tensors(self.global_weights)
         self.registry.open_round(rnd, sorted(already | {d.device_id for d in selected}), _sha(global_blob))
         asked = already | {d.device_id for d in selected}
         with self._lock:
             self._open_round = rnd
             self._resolved = set(already)
-        for instruction in self.method.configure_train(rnd, self.global_weights, selected):
+        instructions = self.method.configure_train(rnd, self.global_weights, selected)
+        for instruction in instructions:  # export programs first: the deadline is the devices' time
+            self.programs.programs(instruction.spec, instruction.recipe)
+        deadline = time.time() + self.config.round_timeout_s
+        for instruction in instructions:
             self._send_task(rnd, instruction, deadline)
         if already:
             log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
@@ -224,6 +227,21 @@ class Orchestrator:
         programs = [self.endpoint.offer(dev, data, "program", fmt) for fmt, data in built]
         weights_blob = encode_tensors(instruction.weights)
         weights = self.endpoint.offer(dev, weights_blob, "weights", "safetensors")
+        reference = {k: (tuple(v.shape), str(v.dtype)) for k, v in instruction.weights.items()}
+        expected_bytes = len(weights_blob)
+        teacher = None
+        if instruction.teacher is not None:  # the teacher runs on the device's torch runtime
+            spec, teacher_weights = instruction.teacher.spec, instruction.teacher.weights
+            teacher_blob = encode_tensors(teacher_weights)
+            teacher = msgs.Teacher(
+                programs=[self.endpoint.offer(dev, modelspec.dumps(spec), "program", modelspec.FORMAT)],
+                weights=self.endpoint.offer(dev, teacher_blob, "weights", "safetensors"),
+                train=instruction.teacher.train,
+            )
+            if instruction.teacher.train:
+                expected_bytes += len(teacher_blob)
+                reference.update({TEACHER_PREFIX + k: (tuple(v.shape), str(v.dtype))
+                                  for k, v in teacher_weights.items()})
         task = msgs.Task(
             task_id=msgs.new_id(),
             round=rnd,
@@ -231,10 +249,10 @@ class Orchestrator:
             weights=weights,
             recipe=instruction.recipe.to_dict(),
             deadline=deadline,
+            teacher=teacher,
             smashed=instruction.smashed.samples if instruction.smashed else 0,
         )
-        reference = {k: (tuple(v.shape), str(v.dtype)) for k, v in instruction.weights.items()}
-        self._pending[task.task_id] = _Pending(task.task_id, rnd, instruction, len(weights_blob), reference)
+        self._pending[task.task_id] = _Pending(task.task_id, rnd, instruction, expected_bytes, reference)
         self.endpoint.send(dev, task)
 
     # -- incoming traffic --------------------------------------------------------------------

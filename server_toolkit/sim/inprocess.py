@@ -14,11 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sdk_device.local_training import TEACHER_PREFIX, LocalTensors, train_with_teacher
 from sdk_device.protocol import modelspec
+from sdk_device.protocol.blobs import sha256_hex
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 
-from ..methods.base import ClientUpdate, DeviceInfo, Method
+from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction
 
 
 @dataclass
@@ -40,10 +42,13 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
                test_data: tuple[np.ndarray, np.ndarray] | None = None, seed: int = 0,
                clients_per_round: int | None = None,
                on_round: Callable[[dict], None] | None = None) -> RunResult:
-    """Run ``rounds`` rounds of ``method`` over ``devices`` (sampling ``clients_per_round``)."""
+    """Run ``rounds`` rounds of ``method`` over ``devices`` (sampling ``clients_per_round``).
+    Tasks are trained as a device agent trains them (``sdk_device.local_training``): tensors
+    a task leaves out stay on the device, teachers are trained/used as the task says."""
     rng = random.Random(seed)
     weights = method.initial_weights(seed)
-    runtimes: dict[bytes, TorchRuntime] = {}
+    runtimes = _Runtimes()
+    local = {d.info.device_id: LocalTensors() for d in devices}  # each device's own tensors
     by_id = {d.info.device_id: d for d in devices}
     rows = []
     for rnd in range(1, rounds + 1):
@@ -51,17 +56,14 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
         updates = []
         for instruction in method.configure_train(rnd, weights, [d.info for d in chosen]):
             device = by_id[instruction.device_id]
-            program = modelspec.dumps(instruction.spec)
-            if program not in runtimes:
-                runtimes[program] = TorchRuntime()
-                runtimes[program].load_program(program, modelspec.FORMAT)
-            runtime = runtimes[program]
-            runtime.set_weights(instruction.weights)
             recipe = Recipe.from_dict({**instruction.recipe.to_dict(), "seed": seed * 100003 + rnd})
-            stats = runtime.train(device.x, device.y, recipe)
-            updates.append(ClientUpdate(instruction.device_id, len(device.y), runtime.get_weights(),
-                                        {"samples": stats.samples, "loss": stats.loss,
-                                         "accuracy": stats.accuracy}, instruction))
+            trained, stats, teacher = train_instruction(instruction, device, recipe, runtimes,
+                                                        local[instruction.device_id])
+            metrics = {"samples": stats.samples, "loss": stats.loss, "accuracy": stats.accuracy,
+                       "label_counts": np.bincount(device.y).tolist()}
+            if teacher.stats is not None:
+                metrics.update(teacher_loss=teacher.stats.loss, teacher_accuracy=teacher.stats.accuracy)
+            updates.append(ClientUpdate(instruction.device_id, len(device.y), trained, metrics, instruction))
         weights = method.aggregate_train(rnd, weights, updates)
         row = {"round": rnd, "accepted": len(updates), **method.aggregate_evaluate(rnd, updates)}
         if test_data is not None:
@@ -70,3 +72,39 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
         if on_round:
             on_round(row)
     return RunResult(rows, weights)
+
+
+class _Runtimes:
+    """One torch runtime per distinct program (spec), reused across devices and rounds."""
+
+    def __init__(self) -> None:
+        self._by_program: dict[str, TorchRuntime] = {}
+
+    def get(self, spec: dict, role: str = "student") -> tuple[TorchRuntime, str]:
+        program = modelspec.dumps(spec)
+        program_id = sha256_hex(program)
+        key = f"{role}:{program_id}"
+        if key not in self._by_program:
+            self._by_program[key] = TorchRuntime()
+            self._by_program[key].load_program(program, modelspec.FORMAT)
+        return self._by_program[key], program_id
+
+
+def train_instruction(instruction: TrainInstruction, device: LocalDevice, recipe: Recipe,
+                      runtimes: _Runtimes, local: LocalTensors):
+    """Train one instruction on ``device`` like the agent does; returns (uploaded weights,
+    student stats, TeacherRun)."""
+    runtime, program_id = runtimes.get(instruction.spec)
+    runtime.set_weights(local.complete(program_id, instruction.weights, runtime.get_weights()))
+    teacher_runtime = teacher_id = None
+    if instruction.teacher is not None:
+        teacher_runtime, teacher_id = runtimes.get(instruction.teacher.spec, role="teacher")
+        teacher_runtime.set_weights(local.complete(teacher_id, instruction.teacher.weights,
+                                                   teacher_runtime.get_weights()))
+    stats, teacher = train_with_teacher(runtime, device.x, device.y, recipe, teacher=teacher_runtime,
+                                        train_teacher=bool(instruction.teacher and instruction.teacher.train))
+    trained = local.remember(program_id, instruction.weights, runtime.get_weights())
+    if teacher.weights is not None:
+        kept = local.remember(teacher_id, instruction.teacher.weights, teacher.weights)
+        trained.update({TEACHER_PREFIX + k: v for k, v in kept.items()})
+    return trained, stats, teacher

@@ -16,15 +16,17 @@ from pathlib import Path
 import pytest
 
 import export
+import sdk_device.runtimes.losses
 from export.executorch import export_training_program
 from sdk_device.protocol import modelspec
 
-EXPORTER_SOURCES = ("executorch", "program_model", "decompositions", "losses")
+EXPORTER_SOURCES = tuple(Path(export.__file__).parent / f"{name}.py"
+                         for name in ("executorch", "program_model", "decompositions"))
+LOSS_SOURCE = Path(sdk_device.runtimes.losses.__file__)  # the loss maths every program embeds
 
 
 def exporter_version() -> str:
-    folder = Path(export.__file__).parent
-    digest = hashlib.sha256(b"".join((folder / f"{name}.py").read_bytes() for name in EXPORTER_SOURCES))
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in (*EXPORTER_SOURCES, LOSS_SOURCE)))
     for package in ("torch", "executorch"):
         digest.update(importlib.metadata.version(package).encode())
     return digest.hexdigest()
