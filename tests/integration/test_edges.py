@@ -56,12 +56,12 @@ def first_conv(store: BlobStore, update: dict) -> tuple[int, ...]:
 def test_simulate_with_two_edges_completes_rounds(mosquitto, tmp_path):
     cmd = [sys.executable, "-m", "server_toolkit.cli", "simulate", "--method", METHOD, "--edges", "2",
            "--devices", "6", "--tiers", ",".join(TIERS), "--rounds", "2", "--local-epochs", "2",
-           "--broker", mosquitto.url, "--runs-dir", str(tmp_path), "--round-timeout", "90",
+           "--broker", mosquitto.url, "--runs-dir", str(tmp_path / "runs"), "--round-timeout", "90",
            "--device-runtime", "torch"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["accepted"] == 2 and r["rejected"] == 0 for r in rows), rows
