@@ -13,14 +13,18 @@ and needs no edge-specific code on the server or on the devices:
 * **Downward** it is the *server* of its own fleet (``<fleet>.<edge id>`` by default,
   possibly on another broker): an ``Endpoint`` and an ``Orchestrator`` driving
   ``relay.EdgeRelay``, with its own registry, blob store and checkpoints in ``--run-dir``.
+  On brokers with per-device accounts and ACLs (``fedsdk-server security``) the edge's
+  device account only reaches its own ``dev/<edge id>`` subtree upward, so its group needs
+  a broker of its own (``security init --fleet <fleet>.<edge id>``, typically at the edge
+  site), whose server account the edge uses (``--group-broker-security``).
 
 For each server task: pull the task's programs and weights, and its teacher if it has one
-(all forwarded as received; programs in every format offered) → a warm-up round on the group if clustering is due →
-one training round on the group with the server's recipe (round deadline = the server's,
-minus a margin for the way up) → one ``result`` up: the relay's aggregate, ``samples`` =
-the accepted devices' samples, plus the group's loss/accuracy, label counts and the
-clustering / projection figures. No accepted update → the task is refused with
-``device_failure``. The edge never sends smashed data up.
+(all forwarded as received; programs in every format offered) → a warm-up round on the
+group if clustering is due → one training round on the group with the server's recipe
+(round deadline = the server's, minus a margin for the way up) → one ``result`` up: the
+relay's aggregate, ``samples`` = the accepted devices' samples, plus the group's
+loss/accuracy, label counts and the clustering / projection figures. No accepted update →
+the task is refused with ``device_failure``. The edge never sends smashed data up.
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class EdgeConfig:
     """Everything an edge aggregator needs. ``group_fleet`` defaults to
-    ``<fleet>.<edge_id>``, ``group_broker_url`` to ``broker_url``."""
+    ``<fleet>.<edge_id>``, ``group_broker_url`` to ``broker_url``; the group side logs in
+    with ``group_username``/``group_password``/``group_ca_file`` when given (a secured group
+    broker: its server account), else with the upward credentials."""
 
     broker_url: str
     fleet: str
@@ -68,6 +74,9 @@ class EdgeConfig:
     username: str | None = None
     password: str | None = None
     ca_file: str | None = None
+    group_username: str | None = None
+    group_password: str | None = None
+    group_ca_file: str | None = None
     insecure: bool = False  # allow plain mqtt:// to a non-loopback broker
     heartbeat_s: float = 10.0
     options: EdgeOptions = field(default_factory=EdgeOptions)
@@ -88,13 +97,15 @@ class EdgeAggregator:
             raise ValueError(f"no devices registered for edge {config.edge_id}: "
                              f"fedsdk-server devices add --run-dir {config.run_dir} DEVICE_ID …")
         store = BlobStore(config.run_dir / "blobs")  # one store: what comes down is offered on
-        credentials = {"username": config.username, "password": config.password, "ca_file": config.ca_file,
-                       "insecure": config.insecure}
         self.up = Endpoint(BrokerAddress.parse(config.broker_url), FleetTopics(config.fleet), store,
-                           device_id=config.edge_id, **credentials)
+                           device_id=config.edge_id, username=config.username, password=config.password,
+                           ca_file=config.ca_file, insecure=config.insecure)
+        own_login = config.group_username is not None
         self.down = Endpoint(BrokerAddress.parse(config.group_broker_url or config.broker_url),
                              FleetTopics(config.group_fleet), store, is_known_peer=self.registry.is_known,
-                             **credentials)
+                             username=config.group_username if own_login else config.username,
+                             password=config.group_password if own_login else config.password,
+                             ca_file=config.group_ca_file or config.ca_file, insecure=config.insecure)
         self.relay = EdgeRelay(config.options)
         self.group = Orchestrator(self.relay, self.down, self.registry, config.run_dir,
                                   OrchestratorConfig(rounds=0, seed=config.options.seed))
