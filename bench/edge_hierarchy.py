@@ -112,14 +112,16 @@ def main() -> None:
         for variant in ("flat", "clusters", "projection"):
             started = time.perf_counter()
             acc = run(variant, args, data, parts, spec)
-            results.setdefault(variant, []).append((acc[-1], float(np.mean(acc[-5:]))))
-            print(f"seed {seed} {variant:>10}: final {acc[-1]:.3f}, last-5 mean {np.mean(acc[-5:]):.3f} "
-                  f"({time.perf_counter() - started:.0f} s)")
-    print("\nvariant      final   last-5 mean   (mean over seeds)")
-    flat = np.mean([r[1] for r in results["flat"]])
+            early = acc[min(4, len(acc) - 1)]
+            results.setdefault(variant, []).append((early, acc[-1], float(np.mean(acc[-5:]))))
+            print(f"seed {seed} {variant:>10}: round 5 {early:.3f}, final {acc[-1]:.3f}, "
+                  f"last-5 mean {np.mean(acc[-5:]):.3f} ({time.perf_counter() - started:.0f} s)")
+    print("\nvariant     round 5   final   last-5 mean   ratio to flat (round 5, last-5)   (mean over seeds)")
+    flat = np.mean([r for r in results["flat"]], axis=0)
     for variant, rows in results.items():
-        final, last5 = np.mean([r[0] for r in rows]), np.mean([r[1] for r in rows])
-        print(f"{variant:>10}   {final:.3f}   {last5:.3f}   ratio to flat {last5 / flat:.3f}")
+        early, final, last5 = np.mean(rows, axis=0)
+        print(f"{variant:>10}   {early:.3f}   {final:.3f}   {last5:.3f}   "
+              f"{early / flat[0]:.3f}, {last5 / flat[2]:.3f}")
 
 
 if __name__ == "__main__":
