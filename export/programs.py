@@ -57,12 +57,20 @@ class ProgramCache:
             raise ValueError(f"no exporter for {unknown}; known formats: {', '.join(EXPORTERS)}")
         self._built: dict[tuple[str, str, str, int], bytes] = {}
 
+    @staticmethod
+    def _key(spec: dict, fmt: str, recipe: Recipe) -> tuple[str, str, str, int]:
+        spec_id = hashlib.sha256(modelspec.dumps(spec)).hexdigest()
+        return spec_id, fmt, json.dumps(recipe.loss_dict(), sort_keys=True), recipe.batch_size
+
+    def put(self, spec: dict, recipe: Recipe, fmt: str, program: bytes) -> None:
+        """Remember a program built elsewhere (e.g. exported earlier and kept on disk)."""
+        self._built[self._key(spec, fmt, recipe)] = program
+
     def programs(self, spec: dict, recipe: Recipe) -> list[tuple[str, bytes]]:
         """``[(format, program bytes), ...]`` in the configured order."""
-        spec_id = hashlib.sha256(modelspec.dumps(spec)).hexdigest()
         out = []
         for fmt in self.formats:
-            key = (spec_id, fmt, json.dumps(recipe.loss_dict(), sort_keys=True), recipe.batch_size)
+            key = self._key(spec, fmt, recipe)
             if key not in self._built:
                 self._built[key] = EXPORTERS[fmt](spec, recipe)
             out.append((fmt, self._built[key]))

@@ -49,6 +49,7 @@ class AgentConfig:
     password: str | None = None
     ca_file: str | None = None
     insecure: bool = False  # allow plain mqtt:// to a non-loopback broker
+    client_id: str | None = None  # MQTT client id (None: fedsdk-dev-<fleet>-<device id>)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     heartbeat_s: float = 10.0
     extra_profile: dict = field(default_factory=dict)
@@ -71,6 +72,7 @@ class DeviceAgent:
             password=config.password,
             ca_file=config.ca_file,
             insecure=config.insecure,
+            client_id=config.client_id,
         )
         self.chooser = RuntimeChooser(Path(config.work_dir))
         self.local = LocalTensors(Path(config.work_dir) / "local_state")  # tensors kept on the device

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from . import pair_cli
 from .profile import device_profile
 
 
@@ -22,22 +23,21 @@ def main(verbose: int) -> None:
 
 
 @main.command()
-@click.option("--broker", "broker_url", required=True, help="mqtt://host:port or mqtts://host:port")
-@click.option("--fleet", required=True, help="Fleet name (the server's --fleet).")
-@click.option("--device-id", required=True, help="This device's id, as registered on the server.")
+@click.option("--broker", "broker_url",
+              help="mqtt://host:port or mqtts://host:port (default: the paired server).")
+@click.option("--fleet", help="Fleet name (the server's --fleet; default: the paired fleet).")
+@click.option("--device-id", help="This device's id, as registered on the server (default: the paired id).")
 @click.option(
     "--data",
     "data_path",
-    required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Local training data: an .npz with arrays x and y.",
+    help="Local training data: an .npz with arrays x and y (default: the one given to `fedsdk pair`).",
 )
 @click.option(
     "--work-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".fedsdk"),
-    show_default=True,
-    help="Where blobs (programs, weights) are cached.",
+    default=None,
+    help="Where blobs (programs, weights) are cached (default: the paired one, else ./.fedsdk).",
 )
 @click.option(
     "--runtime", "runtimes", multiple=True, help="Allow only these runtimes (default: all installed)."
@@ -53,22 +53,50 @@ def run(
     broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, insecure,
     max_tasks, no_smashed,
 ) -> None:
-    """Connect to the fleet and train whatever tasks the server sends, until stopped."""
+    """Connect to the fleet and train whatever tasks the server sends, until stopped.
+
+    With no options it uses what `fedsdk pair` stored; given options override it. Without a
+    pairing, --broker, --fleet, --device-id and --data are needed."""
     from .agent import AgentConfig, DeviceAgent
     from .data.npz import DataError
+    from .device_config import DeviceConfig, config_dir
 
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    stored = client_id = None
+    if not (broker_url and fleet and device_id):
+        try:
+            stored = DeviceConfig.load()
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        if stored is None:
+            raise click.ClickException(
+                f"this device is not paired (no configuration in {config_dir()}): run "
+                "`fedsdk pair --server mqtts://HOST:8883 --code CODE`, or give --broker, --fleet, "
+                "--device-id and --data")
+        broker_url = broker_url or stored.broker_url
+        fleet = fleet or stored.fleet
+        device_id = device_id or stored.device_id
+        username = username or stored.username
+        password = password or stored.password
+        ca_file = ca_file or stored.ca_file
+        insecure = insecure or stored.insecure
+        client_id = stored.client_id or None
+        data_path = data_path or (Path(stored.data_path) if stored.data_path else None)
+        work_dir = work_dir or (Path(stored.work_dir) if stored.work_dir else None)
+    if data_path is None:
+        raise click.ClickException("no training data: pass --data FILE.npz (an .npz with arrays x and y)")
     config = AgentConfig(
         broker_url=broker_url,
         fleet=fleet,
         device_id=device_id,
         data_path=data_path,
-        work_dir=work_dir,
+        work_dir=work_dir or Path(".fedsdk"),
         runtimes=list(runtimes) or None,
         username=username,
         password=password,
         ca_file=ca_file,
         insecure=insecure,
+        client_id=client_id,
         share_smashed=not no_smashed,
     )
     try:
@@ -79,43 +107,32 @@ def run(
     try:
         agent.run(max_tasks=max_tasks)
     except ConnectionError as exc:
-        raise click.ClickException(str(exc)) from None
+        hint = ""
+        if stored is not None and "refused us" in str(exc):
+            hint = (f"\nThe broker refused {device_id}'s credentials: the device may have been revoked. "
+                    "Check with `fedsdk status`; pair again with `fedsdk pair --force ...`.")
+        raise click.ClickException(f"{exc}{hint}") from None
     except KeyboardInterrupt:
         agent.stop()
 
 
 @main.command()
-@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".fedsdk"),
-              show_default=True, help="The agent's work directory (holds the last task's programs).")
-@click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Local data (.npz with x, y): a few samples are used.")
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The agent's work directory (default: the paired one, else ./.fedsdk).")
+@click.option("--data", "data_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Local data (.npz with x, y) for the steps (default: the paired one, else random inputs).")
 @click.option("--steps", default=5, show_default=True, help="Timed training steps per runtime.")
-def bench(work_dir, data_path, steps) -> None:
-    """Parity (vs torch autograd) and speed of every runtime here, on this device's own program."""
-    from .data.npz import load_npz
-    from .protocol import messages as msgs
-    from .protocol.blobs import decode_tensors
-    from .runtimes.recipe import Recipe
-    from .runtimes.selftest import fastest_passing, format_table, run_selftest
-    from .transport.blob_store import BlobStore
+@click.option("--json", "as_json", is_flag=True, help="Print the profile and timings as JSON.")
+def bench(work_dir, data_path, steps, as_json) -> None:
+    """Profile this device: hardware, software and training step time on each runtime.
 
-    last = work_dir / "last_task.json"
-    if not last.is_file():
-        raise click.ClickException(f"no task seen yet in {work_dir}: run the agent (fedsdk run) first")
-    task = msgs.decode(last.read_bytes())
-    store = BlobStore(work_dir / "blobs")
-    missing = [p.format for p in task.programs if not store.has(p.id)]
-    programs = {p.format: store.get(p.id) for p in task.programs if store.has(p.id)}
-    if not store.has(task.weights.id) or "torchspec/1" not in programs:
-        raise click.ClickException("the last task's reference program or weights are not cached; "
-                                   "wait for the next task")
-    x, y = load_npz(data_path)
-    rows = run_selftest(programs, decode_tensors(store.get(task.weights.id)), x, y,
-                        Recipe.from_dict(task.recipe), steps=steps)
-    click.echo(format_table(rows))
-    if missing:
-        click.echo(f"(programs not cached here, not tested: {', '.join(missing)})")
-    click.echo(f"fastest runtime that passed parity: {fastest_passing(rows) or 'none'}")
+    The model is this device's fleet model when a task has been seen (the last task's programs
+    in the work dir): every runtime is then also checked for gradient parity against torch
+    autograd. Otherwise a small reference CNN (28x28 inputs) is timed on the runtimes that can
+    run it without the server (torch). Nothing is sent anywhere."""
+    from .bench_cli import run_bench
+
+    run_bench(work_dir, data_path, steps, as_json)
 
 
 @main.command()
@@ -124,6 +141,11 @@ def info() -> None:
     from .runtimes.registry import available_runtimes
 
     click.echo(json.dumps(device_profile(available_runtimes()), indent=2))
+
+
+main.add_command(pair_cli.pair)
+main.add_command(pair_cli.status)
+main.add_command(pair_cli.unpair)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.tls import is_loopback
 
+from .cli_pairing import devices_retier, devices_revoke, devices_show, pair_code, pairing_options, parse_tiers
 from .cli_security import certs, security
 
 console = Console()
@@ -293,6 +294,7 @@ def simulate(
 @_recipe_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
+@pairing_options
 def run(
     broker_url,
     insecure_embedded_broker,
@@ -319,8 +321,16 @@ def run(
     optimizer,
     seed,
     resume,
+    tiers,
+    program_formats,
+    device_url,
+    pair_max_failures,
+    pair_lockout,
 ) -> None:
-    """Serve a real fleet: devices run `fedsdk run --broker ... --fleet ... --device-id ...`."""
+    """Serve a real fleet, and pair new devices meanwhile (`fedsdk-server pair-code`).
+
+    Devices join with `fedsdk pair` (or, registered by hand, `fedsdk run --broker ... --fleet ...
+    --device-id ...`)."""
     from sdk_device.protocol.topics import FleetTopics
     from sdk_device.transport.blob_store import BlobStore
     from sdk_device.transport.endpoint import Endpoint
@@ -329,6 +339,8 @@ def run(
     from .broker.embedded import EmbeddedBroker
     from .broker.mosquitto_auth import SecurityDirError
     from .broker.secured import server_connection
+    from .fleet.pair_codes import LockoutPolicy
+    from .fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
     from .fleet.registry import FleetRegistry
     from .methods import method_class
     from .models.zoo import model_spec
@@ -340,11 +352,6 @@ def run(
     spec = model_spec(model, data.input_shape, data.num_classes)
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
     registry = FleetRegistry(run_dir / "registry.sqlite")
-    if not registry.devices():
-        raise click.ClickException(
-            f"no devices registered in {run_dir}: add them with "
-            f"`fedsdk-server devices add --run-dir {run_dir} DEVICE_ID`"
-        )
     broker = None
     username = password = None
     try:
@@ -364,6 +371,12 @@ def run(
             username=username, password=password, ca_file=ca_file,
             insecure=insecure or insecure_embedded_broker,  # that flag already accepts plain TCP
         )
+        the_method = method_class(method)(spec, recipe)
+        fleet_info = describe_fleet(
+            the_method, fleet, device_url_for(address, ca_file, device_url), parse_tiers(tiers),
+            round_timeout, method_name=method, model=model, ca_file=ca_file,
+            security_dir=str(security_dir) if security_dir else None, insecure=insecure,
+            lockout=LockoutPolicy(pair_max_failures, pair_lockout, pair_lockout))
     except (ValueError, SecurityDirError, FileNotFoundError) as exc:
         if broker:
             broker.stop()
@@ -372,7 +385,7 @@ def run(
         RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
     )
     orchestrator = Orchestrator(
-        method_class(method)(spec, recipe),
+        the_method,
         endpoint,
         registry,
         run_dir,
@@ -383,18 +396,27 @@ def run(
             over_select=over_select,
             round_timeout_s=round_timeout,
             seed=seed,
+            program_formats=[f.strip() for f in program_formats.split(",")],
         ),
         test_data=(data.x_test, data.y_test),
         on_round=lambda row: (report.add_round(row), console.print(row)),
     )
+    pairing = None
     try:
         endpoint.start()
         orchestrator.start(resume=resume)
+        pairing = start_pairing(run_dir, fleet_info, address, the_method, registry, orchestrator.programs,
+                                username=username, password=password, ca_file=ca_file, insecure=insecure,
+                                security=broker_security if security_dir else None)
+        console.print(f"pairing open: make a code with `fedsdk-server pair-code --run-dir {run_dir}`"
+                      + ("" if security_dir else " (no --broker-security: the broker enforces no accounts)"))
         console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
         while orchestrator.wait_for_devices(min_devices, timeout_s=30) < min_devices:
             console.print(f"{len(orchestrator.online)}/{min_devices} devices online, still waiting")
         orchestrator.run()
     finally:
+        if pairing:
+            pairing.close()
         orchestrator.close()
         endpoint.close()
         if broker:
@@ -492,7 +514,7 @@ def devices() -> None:
 @click.option("--tier", default=None)
 @click.argument("device_ids", nargs=-1, required=True)
 def devices_add(run_dir, tier, device_ids) -> None:
-    """Register devices so the server accepts them (pairing will automate this)."""
+    """Register devices by hand so the server accepts them (`pair-code` + `fedsdk pair` do it for you)."""
     from sdk_device.protocol.topics import check_name
 
     from .fleet.registry import FleetRegistry
@@ -577,6 +599,10 @@ def broker(host, port, insecure_embedded_broker, use_mosquitto, security_dir) ->
 
 main.add_command(certs)
 main.add_command(security)
+main.add_command(pair_code)
+devices.add_command(devices_show)
+devices.add_command(devices_revoke)
+devices.add_command(devices_retier)
 
 if __name__ == "__main__":
     main()

@@ -179,8 +179,97 @@ class BlobRequest(Message):
             raise ProtocolError("invalid_field", f"blob_request needs 1..{MAX_REQUEST_INDICES} indices")
 
 
+# -- pairing (fleet-less topics fedsdk/v1/pair/<client id>/…; see docs/protocol.md §19) ------
+
+
+@dataclass(frozen=True)
+class PairCaRequest(Message):
+    """Pairing client -> server, over a TLS connection not yet verified: send me your CA
+    certificate (the client checks it against the fingerprint the user typed)."""
+
+    TYPE: ClassVar[str] = "pair_ca_request"
+
+
+@dataclass(frozen=True)
+class PairCa(Message):
+    """Server -> pairing client: the PEM of the CA that signed the broker's certificate."""
+
+    TYPE: ClassVar[str] = "pair_ca"
+    ca_pem: str
+
+
+@dataclass(frozen=True)
+class PairRequest(Message):
+    """Pairing client -> server: a one-time code, the name the user wants and the static
+    profile (arch, CPU, memory, OS, runtimes; no benchmark yet)."""
+
+    TYPE: ClassVar[str] = "pair_request"
+    code: str
+    name: str
+    profile: dict
+
+
+@dataclass(frozen=True)
+class PairOffer(Message):
+    """Server -> pairing client: the code is good; time a training step of each model the
+    fleet trains and confirm with ``session`` before ``expires_at`` (unix seconds).
+
+    ``models`` maps each tier name ("" when the fleet has no tiers) to ``{"programs": [blob
+    ids, one per offered format, torchspec/1 among them], "weights": blob id,
+    "train_memory_mb": the server's estimate}``; ``blobs`` are those blobs' references (offered
+    to the client); ``recipe`` gives the batch size and optimizer of a training step."""
+
+    TYPE: ClassVar[str] = "pair_offer"
+    session: str
+    fleet: str
+    blobs: list[BlobRef]
+    models: dict
+    recipe: dict
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class PairConfirm(Message):
+    """Pairing client -> server: the name again and the full profile, with the measured
+    step times under ``profile["bench"]``."""
+
+    TYPE: ClassVar[str] = "pair_confirm"
+    session: str
+    name: str
+    profile: dict
+
+
+@dataclass(frozen=True)
+class PairAccept(Message):
+    """Server -> pairing client: the device is registered. ``username``/``password`` are its
+    own broker credentials (username = device id); ``ca_pem`` is the CA to trust for
+    ``mqtts://`` (null over plain TCP); ``tier`` is null when the fleet has no tiers."""
+
+    TYPE: ClassVar[str] = "pair_accept"
+    device_id: str
+    username: str
+    password: str
+    fleet: str
+    broker_url: str
+    tier: str | None = None
+    tier_reason: str = ""
+    ca_pem: str | None = None
+
+
+@dataclass(frozen=True)
+class UnpairRequest(Message):
+    """Pairing client -> server: revoke device ``device_id`` (proved by its password).
+    Answered by an ``ack`` (ref = this message's id) or an ``error``."""
+
+    TYPE: ClassVar[str] = "unpair_request"
+    device_id: str
+    password: str
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Task, Result, Ack, Error, Heartbeat, BlobRequest)
+    cls.TYPE: cls
+    for cls in (Hello, Task, Result, Ack, Error, Heartbeat, BlobRequest, PairCaRequest, PairCa,
+                PairRequest, PairOffer, PairConfirm, PairAccept, UnpairRequest)
 }
 
 

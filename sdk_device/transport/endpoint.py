@@ -10,6 +10,9 @@ one whose only peer is ``"server"``. The endpoint
   holder publishes them, the receiver writes each verified chunk to disk, asks for more,
   and checks the whole blob's sha256 at the end. Interrupted fetches resume from disk.
   A peer may only pull blobs that were offered to it.
+
+With ``PairTopics`` the same machinery runs pairing (peers are pairing client ids);
+``ephemeral`` then makes a one-off client: clean session and no retained status.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ..protocol.blobs import (
     sha256_hex,
 )
 from ..protocol.errors import ProtocolError
+from ..protocol.pair_topics import PairTopics
 from ..protocol.topics import FleetTopics
 from .blob_store import BlobStore
 from .mqtt_link import BrokerAddress, MqttLink
@@ -59,7 +63,7 @@ class Endpoint:
     def __init__(
         self,
         broker: BrokerAddress,
-        topics: FleetTopics,
+        topics: FleetTopics | PairTopics,
         store: BlobStore,
         *,
         device_id: str | None = None,
@@ -71,6 +75,8 @@ class Endpoint:
         password: str | None = None,
         ca_file: str | None = None,
         client_id: str | None = None,
+        ephemeral: bool = False,
+        tls_verify: bool = True,
         insecure: bool = False,
     ) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
@@ -99,6 +105,8 @@ class Endpoint:
             status_topic = topics.device_status(device_id)
             subscriptions = topics.device_subscriptions(device_id)
             client_id = client_id or f"fedsdk-dev-{topics.fleet}-{device_id}"
+        if ephemeral:  # a one-off client (pairing): clean session, no retained status left behind
+            status_topic = None
         self.link = MqttLink(
             broker,
             client_id,
@@ -108,6 +116,8 @@ class Endpoint:
             username=username,
             password=password,
             ca_file=ca_file,
+            tls_verify=tls_verify,
+            clean_session=ephemeral,
             max_payload=max(MAX_CHUNK_BYTES + 4096, msgs.MAX_CONTROL_BYTES),
             insecure=insecure,
         )

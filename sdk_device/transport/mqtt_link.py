@@ -92,6 +92,8 @@ class MqttLink:
         username: str | None = None,
         password: str | None = None,
         ca_file: str | None = None,
+        tls_verify: bool = True,
+        clean_session: bool = False,
         keepalive_s: int = 30,
         max_inflight: int = 16,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
@@ -111,14 +113,17 @@ class MqttLink:
         client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=client_id,
-            clean_session=False,
+            clean_session=clean_session,
             protocol=mqtt.MQTTv311,
         )
         user = username or broker.username
         if user:
             client.username_pw_set(user, password or broker.password)
-        if broker.tls:
+        if broker.tls and tls_verify:
             client.tls_set(ca_certs=ca_file, cert_reqs=ssl.CERT_REQUIRED)
+        elif broker.tls:  # only to fetch a CA that is then checked against a pinned fingerprint
+            client.tls_set(cert_reqs=ssl.CERT_NONE)
+            client.tls_insecure_set(True)
         if status_topic:
             client.will_set(status_topic, b"offline", qos=1, retain=True)
         client.max_inflight_messages_set(max_inflight)

@@ -120,6 +120,11 @@ class Method(ABC):
 
         return state_numpy(build_model(self.global_spec, seed=seed))
 
+    def tier_plan(self, tier: str | None) -> tuple[dict, Recipe]:
+        """The spec and recipe a device of ``tier`` trains (None: the largest), for sizing
+        tiers at pairing. Default: every tier trains the global model."""
+        return self.global_spec, self.recipe
+
     @abstractmethod
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:

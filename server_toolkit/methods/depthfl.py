@@ -26,7 +26,7 @@ from sdk_device.runtimes.recipe import Recipe
 
 from ..models.exit_eval import exit_accuracies
 from ..reconstruct.present_average import average_present
-from ..submodels.exit_split import ExitSplit, name_map, tier_of_names
+from ..submodels.exit_split import ExitSplit, name_map, parse_tier, prefix_spec, tier_of_names
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 
 
@@ -56,6 +56,9 @@ class DepthFL(Method):
             instructions.append(TrainInstruction(device.device_id, sub.spec, sub.weights, self.client_recipe,
                                                  sub.index_map))
         return instructions
+
+    def tier_plan(self, tier: str | None) -> tuple[dict, Recipe]:
+        return prefix_spec(self.global_spec, parse_tier(tier, self.global_spec)), self.client_recipe
 
     def client_tensors(self, global_weights: Weights, update: ClientUpdate) -> tuple[int, Weights]:
         """(tier, the update's tensors under their global names). The tier comes from the

@@ -66,6 +66,10 @@ class WidthSharedMethod(Method):
             raise ValueError(f"tier {tier!r} of {device.device_id}: ratio {ratio} is not in (0, 1]")
         return ratio
 
+    def tier_plan(self, tier: str | None) -> tuple[dict, Recipe]:
+        ratio = self.ratio_of(DeviceInfo("tier", 0, tier=tier))
+        return self.layout.plan(ratio, {}).spec, self.recipe
+
     def plan_for(self, round_number: int, device: DeviceInfo) -> WidthPlan:
         """The sub-model ``device`` trains in ``round_number`` (deterministic)."""
         ratio = self.ratio_of(device)

@@ -9,6 +9,7 @@ blobs, late results) is rejected, recorded in the registry and logged; the round
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import queue
@@ -201,8 +202,12 @@ class Orchestrator:
         return row
 
     def _select(self, exclude: set[str]) -> list[DeviceInfo]:
+        # The registry is the truth for revocations and tiers (`fedsdk-server devices revoke|retier`
+        # may change them while we run).
         candidates = sorted(
-            (d for d in self.online.values() if d.device_id not in exclude), key=lambda d: d.device_id
+            (dataclasses.replace(d, tier=self.registry.tier_of(d.device_id)) for d in self.online.values()
+             if d.device_id not in exclude and self.registry.is_known(d.device_id)),
+            key=lambda d: d.device_id,
         )
         want = self._wanted()
         if want is None:

@@ -28,6 +28,18 @@ EXAMPLES: list[m.Message] = [
     m.Heartbeat(state="training", task_id="t1", progress=0.5),
     m.BlobRequest(blob=BLOB_A, indices=[0, 3, 7], chunk_bytes=1024),
 ]
+PAIR_EXAMPLES: list[m.Message] = [  # pairing (docs/protocol.md §19)
+    m.PairCaRequest(),
+    m.PairCa(ca_pem="-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"),
+    m.PairRequest(code="K7QF-M2XD", name="pi-kitchen", profile={"arch": "aarch64", "memory_mb": 3790.5}),
+    m.PairOffer(session="s" * 32, fleet="lab", blobs=[_ref(BLOB_B, 99, "program", "torchspec/1"), _ref()],
+                models={"0.5": {"programs": [BLOB_B], "weights": BLOB_A, "train_memory_mb": 1.5}},
+                recipe={"batch_size": 16}, expires_at=1_700_000_600.0),
+    m.PairConfirm(session="s" * 32, name="pi-kitchen", profile={"bench": {"runtimes": []}}),
+    m.PairAccept(device_id="pi-kitchen", username="pi-kitchen", password="p" * 32, fleet="lab",
+                 broker_url="mqtts://server:8883", tier="0.5", tier_reason="fits", ca_pem=None),
+    m.UnpairRequest(device_id="pi-kitchen", password="p" * 32),
+]
 
 
 def _raw(**body) -> bytes:
@@ -46,7 +58,7 @@ def _code(payload: bytes) -> str:
 
 # ---- round trips ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("message", EXAMPLES, ids=lambda msg: msg.TYPE)
+@pytest.mark.parametrize("message", EXAMPLES + PAIR_EXAMPLES, ids=lambda msg: msg.TYPE)
 def test_round_trip_every_type(message):
     data = m.encode(message)
     body = json.loads(data)
@@ -58,7 +70,7 @@ def test_round_trip_every_type(message):
 
 
 def test_every_message_type_is_covered():
-    assert {msg.TYPE for msg in EXAMPLES} == set(m.MESSAGE_TYPES)
+    assert {msg.TYPE for msg in EXAMPLES + PAIR_EXAMPLES} == set(m.MESSAGE_TYPES)
 
 
 def test_blob_refs_are_rebuilt_as_blob_refs():
@@ -129,11 +141,13 @@ def test_unknown_type(kind):
     assert _code(json.dumps(body).encode()) == "unknown_type"
 
 
-@pytest.mark.parametrize("message", EXAMPLES, ids=lambda msg: msg.TYPE)
+@pytest.mark.parametrize("message", EXAMPLES + PAIR_EXAMPLES[1:], ids=lambda msg: msg.TYPE)
 def test_missing_required_field(message):
     body = _valid_body(message)
     required = {"hello": "device_id", "task": "weights", "result": "metrics", "ack": "ref",
-                "error": "code", "heartbeat": "state", "blob_request": "indices"}[message.TYPE]
+                "error": "code", "heartbeat": "state", "blob_request": "indices", "pair_ca": "ca_pem",
+                "pair_request": "code", "pair_offer": "session", "pair_confirm": "profile",
+                "pair_accept": "password", "unpair_request": "device_id"}[message.TYPE]
     del body[required]
     with pytest.raises(ProtocolError) as info:
         m.decode(json.dumps(body).encode())
