@@ -39,8 +39,15 @@ class RunResult:
 def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
                test_data: tuple[np.ndarray, np.ndarray] | None = None, seed: int = 0,
                clients_per_round: int | None = None,
-               on_round: Callable[[dict], None] | None = None) -> RunResult:
-    """Run ``rounds`` rounds of ``method`` over ``devices`` (sampling ``clients_per_round``)."""
+               on_round: Callable[[dict], None] | None = None,
+               server_data: tuple[np.ndarray, np.ndarray] | None = None) -> RunResult:
+    """Run ``rounds`` rounds of ``method`` over ``devices`` (sampling ``clients_per_round``).
+    ``server_data``: the (x, y) a method with ``server_fraction`` > 0 keeps (cut it off the
+    devices' data with ``sim.server_data.take_server_slice``)."""
+    if server_data is not None:
+        method.attach_server_data(*server_data)
+    elif method.server_fraction > 0 and method.server_data is None:
+        raise ValueError(f"method {method.name!r} needs server data: pass server_data")
     rng = random.Random(seed)
     weights = method.initial_weights(seed)
     runtimes: dict[bytes, TorchRuntime] = {}
