@@ -267,6 +267,20 @@ def simulate(
     help="Defines the model's input/classes; its test split evaluates the global model.",
 )
 @click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option(
+    "--server-data",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="npz (x, y) the server keeps for methods that tune on data of their own (fedconv); "
+    "default: the method's share of --dataset's training split.",
+)
+@click.option(
+    "--method-option",
+    "method_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
+)
 @click.option("--rounds", default=20, show_default=True)
 @click.option("--min-devices", default=1, show_default=True, help="Wait for this many devices first.")
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
@@ -287,6 +301,8 @@ def run(
     model,
     dataset,
     data_dir,
+    server_data,
+    method_options,
     rounds,
     min_devices,
     clients_per_round,
@@ -317,6 +333,11 @@ def run(
     data = load_dataset(dataset, data_dir, seed=seed)
     spec = model_spec(model, data.input_shape, data.num_classes)
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    try:
+        the_method = method_class(method)(spec, recipe, **parse_options(method_options))
+        _attach_server_data(the_method, data, server_data, seed)
+    except (ValueError, TypeError) as exc:
+        raise click.ClickException(str(exc)) from None
     registry = FleetRegistry(run_dir / "registry.sqlite")
     if not registry.devices():
         raise click.ClickException(
@@ -339,7 +360,7 @@ def run(
         RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
     )
     orchestrator = Orchestrator(
-        method_class(method)(spec, recipe),
+        the_method,
         endpoint,
         registry,
         run_dir,
@@ -368,6 +389,28 @@ def run(
             broker.stop()
     report.write_plot()
     console.print(report.summary_table(f"{method} on fleet {fleet}"))
+
+
+def _attach_server_data(method, data, server_data: Path | None, seed: int) -> None:
+    """Give a method that wants server data (``server_fraction`` > 0) the ``--server-data``
+    npz, or else its share of the dataset's training split (the fleet's devices bring their
+    own data, so that split is the server's)."""
+    from sdk_device.data.npz import load_npz
+
+    from .sim.server_data import take_server_slice
+
+    if method.server_fraction <= 0:
+        if server_data:
+            console.print(f"[yellow]--server-data ignored: {method.name} uses no server data[/]")
+        return
+    if server_data:
+        x, y = load_npz(server_data)
+        source = str(server_data)
+    else:
+        x, y = take_server_slice(data.x_train, data.y_train, method.server_fraction, seed).server
+        source = f"{method.server_fraction:.0%} of the training split of {data.name}"
+    method.attach_server_data(x, y)
+    console.print(f"server data: {len(y)} samples ({source})")
 
 
 @main.group()

@@ -265,3 +265,22 @@ def test_fedconv_state_survives_a_json_checkpoint():
     small = instruction.weights
     assert all(np.array_equal(restored.dilators["d@0.5"].generate(small)[k], v)
                for k, v in method.dilators["d@0.5"].generate(small).items())
+
+
+def test_fedsdk_server_run_gives_the_method_its_server_data(tmp_path):
+    from sdk_device.data.npz import save_npz
+    from server_toolkit.cli import _attach_server_data
+    from server_toolkit.methods.fedavg import FedAvg
+    from server_toolkit.sim.datasets import load_dataset
+
+    data = load_dataset("digits")
+    method = small_fedconv()
+    _attach_server_data(method, data, None, seed=0)
+    assert abs(len(method.server_data[1]) - 0.05 * len(data.y_train)) <= 10
+    x, y = toy_data(12)
+    save_npz(tmp_path / "server.npz", x, y)
+    _attach_server_data(method, data, tmp_path / "server.npz", seed=0)
+    assert np.array_equal(method.server_data[1], y)
+    fedavg = FedAvg(model_spec("small_cnn", (1, 8, 8), 10), Recipe())
+    _attach_server_data(fedavg, data, tmp_path / "server.npz", seed=0)
+    assert fedavg.server_data is None
