@@ -102,22 +102,8 @@ def train_alone(spec: dict, x: np.ndarray, y: np.ndarray, recipe: Recipe, epochs
     return runtime.get_weights()
 
 
-def keep_last_updates(method: Method) -> list:
-    """Make ``method`` remember the updates of its latest round (in the returned list)."""
-    last: list = []
-    aggregate = method.aggregate_train
-
-    def aggregate_and_keep(round_number, global_weights, updates):
-        last[:] = updates
-        return aggregate(round_number, global_weights, updates)
-
-    method.aggregate_train = aggregate_and_keep
-    return last
-
-
 def federated(label: str, method: Method, devices, local_tests, test, server, args) -> dict:
     started = time.perf_counter()
-    last_updates = keep_last_updates(method)
 
     def progress(row: dict) -> None:
         stages = " ".join(f"{k[7:-2]} {row[k]:.1f}s" for k in STAGES if k in row)
@@ -127,7 +113,7 @@ def federated(label: str, method: Method, devices, local_tests, test, server, ar
                         server_data=server if method.server_fraction > 0 else None)
     accs = [row["accuracy"] for row in result.rows]
     client = float(np.mean([accuracy(u.instruction.spec, u.weights, local_tests[u.device_id])
-                            for u in last_updates]))
+                            for u in result.last_updates]))
     out = {"final": accs[-1], "last5": float(np.mean(accs[-5:])), "client": client,
            "seconds": time.perf_counter() - started}
     out.update({k: float(np.mean([row[k] for row in result.rows])) for k in STAGES if k in result.rows[0]})

@@ -51,6 +51,15 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     return options
 
 
+_method_option = click.option(
+    "--method-option",
+    "method_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
+)
+
+
 @main.command()
 @click.option("--method", default="fedavg", show_default=True, help="Federated method.")
 @click.option(
@@ -86,13 +95,7 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     default=None,
     help="Comma-separated tier names given to devices round-robin, e.g. 1.0,0.75,0.5,0.25.",
 )
-@click.option(
-    "--method-option",
-    "method_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
-)
+@_method_option
 @click.option(
     "--programs",
     "program_formats",
@@ -274,13 +277,7 @@ def simulate(
     help="npz (x, y) the server keeps for methods that tune on data of their own (fedconv); "
     "default: the method's share of --dataset's training split.",
 )
-@click.option(
-    "--method-option",
-    "method_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
-)
+@_method_option
 @click.option("--rounds", default=20, show_default=True)
 @click.option("--min-devices", default=1, show_default=True, help="Wait for this many devices first.")
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")

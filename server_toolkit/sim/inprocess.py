@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +34,7 @@ class LocalDevice:
 class RunResult:
     rows: list[dict]  # one metrics row per round, as the orchestrator writes them
     weights: dict[str, np.ndarray]  # the final global weights
+    last_updates: list[ClientUpdate] = field(default_factory=list)  # what the devices returned last round
 
 
 def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
@@ -76,4 +77,4 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
         rows.append(row)
         if on_round:
             on_round(row)
-    return RunResult(rows, weights)
+    return RunResult(rows, weights, updates if rounds else [])
