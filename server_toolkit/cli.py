@@ -55,6 +55,15 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     return options
 
 
+_method_option = click.option(
+    "--method-option",
+    "method_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
+)
+
+
 @main.command()
 @click.option("--method", default="fedavg", show_default=True, help="Federated method.")
 @click.option(
@@ -90,13 +99,7 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     default=None,
     help="Comma-separated tier names given to devices round-robin, e.g. 1.0,0.75,0.5,0.25.",
 )
-@click.option(
-    "--method-option",
-    "method_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
-)
+@_method_option
 @click.option(
     "--programs",
     "program_formats",
@@ -285,6 +288,14 @@ def simulate(
     help="Defines the model's input/classes; its test split evaluates the global model.",
 )
 @click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option(
+    "--server-data",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="npz (x, y) the server keeps for methods that tune on data of their own (fedconv); "
+    "default: the method's share of --dataset's training split.",
+)
+@_method_option
 @click.option("--rounds", default=20, show_default=True)
 @click.option("--min-devices", default=1, show_default=True, help="Wait for this many devices first.")
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
@@ -309,6 +320,8 @@ def run(
     model,
     dataset,
     data_dir,
+    server_data,
+    method_options,
     rounds,
     min_devices,
     clients_per_round,
@@ -351,6 +364,11 @@ def run(
     data = load_dataset(dataset, data_dir, seed=seed)
     spec = model_spec(model, data.input_shape, data.num_classes)
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    try:
+        the_method = method_class(method)(spec, recipe, **parse_options(method_options))
+        _attach_server_data(the_method, data, server_data, seed)
+    except (ValueError, TypeError) as exc:
+        raise click.ClickException(str(exc)) from None
     registry = FleetRegistry(run_dir / "registry.sqlite")
     broker = None
     username = password = None
@@ -502,6 +520,28 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         aggregator.stop()
+
+
+def _attach_server_data(method, data, server_data: Path | None, seed: int) -> None:
+    """Give a method that wants server data (``server_fraction`` > 0) the ``--server-data``
+    npz, or else its share of the dataset's training split (the fleet's devices bring their
+    own data, so that split is the server's)."""
+    from sdk_device.data.npz import load_npz
+
+    from .sim.server_data import take_server_slice
+
+    if method.server_fraction <= 0:
+        if server_data:
+            console.print(f"[yellow]--server-data ignored: {method.name} uses no server data[/]")
+        return
+    if server_data:
+        x, y = load_npz(server_data)
+        source = str(server_data)
+    else:
+        x, y = take_server_slice(data.x_train, data.y_train, method.server_fraction, seed).server
+        source = f"{method.server_fraction:.0%} of the training split of {data.name}"
+    method.attach_server_data(x, y)
+    console.print(f"server data: {len(y)} samples ({source})")
 
 
 @main.group()

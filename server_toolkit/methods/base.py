@@ -104,15 +104,28 @@ class Method(ABC):
 
     ``global_spec`` is the server's model (torchspec/1), ``recipe`` the devices' default
     training recipe; method-specific keyword options are documented by each method.
+
+    Server data: a method that tunes something on labelled data of its own sets
+    ``server_fraction`` > 0; whoever runs it (simulation, ``fedsdk-server run``, benches)
+    then cuts that share of the training set off before partitioning (``sim/server_data.py``)
+    and hands it over with ``attach_server_data`` before ``initial_weights``.
     """
 
     name: str = ""
+    server_fraction: float = 0.0  # share of the training data the server keeps (0: none)
+    server_data: tuple[np.ndarray, np.ndarray] | None = None
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         if options:
             raise TypeError(f"method {self.name!r} takes no options, got {sorted(options)}")
         self.global_spec = global_spec
         self.recipe = recipe
+
+    def attach_server_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Give the method its server-held training data: x (N, C, H, W) float32, y (N,) int64."""
+        if len(x) != len(y) or len(y) == 0:
+            raise ValueError(f"server data needs as many labels as samples (> 0), got {len(x)}, {len(y)}")
+        self.server_data = (np.ascontiguousarray(x, np.float32), np.asarray(y, np.int64))
 
     def initial_weights(self, seed: int) -> Weights:
         """Fresh global weights for round 1 (seeded)."""

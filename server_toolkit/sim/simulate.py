@@ -31,9 +31,10 @@ from ..methods import method_class
 from ..models.zoo import model_spec
 from ..orchestrator.server import Orchestrator, OrchestratorConfig
 from ..report.run_report import RunReport
-from .datasets import load_dataset
+from .datasets import Dataset, load_dataset
 from .edges import plan_edges, register_group, start_edge_process
 from .partition import partition
+from .server_data import take_server_slice
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +144,17 @@ class Simulation:
         tiers = self.config.tiers
         return tiers[index % len(tiers)] if tiers else None
 
-    def prepare_data(self):
-        """Load the dataset, partition the training set, write each device's npz."""
+    def prepare_data(self, data: Dataset, server_fraction: float = 0.0):
+        """Keep ``server_fraction`` of the training set for the server (if > 0; seeded, so a
+        resumed run keeps the same slice), partition the rest, write each device's npz.
+        Returns the server's (x, y) or None."""
         c = self.config
-        data = load_dataset(c.dataset, c.data_dir, seed=c.seed)
+        x, y, server = data.x_train, data.y_train, None
+        if server_fraction > 0:
+            cut = take_server_slice(x, y, server_fraction, seed=c.seed)
+            server, (x, y) = cut.server, cut.rest
         parts = partition(
-            data.y_train,
+            y,
             c.devices,
             c.partition,
             seed=c.seed,
@@ -159,8 +165,8 @@ class Simulation:
             strong_share=c.strong_share,
         )
         for dev, idx in zip(self.device_ids(), parts, strict=True):
-            save_npz(self.run_dir / "devices" / dev / "data.npz", data.x_train[idx], data.y_train[idx])
-        return data
+            save_npz(self.run_dir / "devices" / dev / "data.npz", x[idx], y[idx])
+        return server
 
     def fleet_of(self, device_id: str) -> str:
         """The fleet a device joins: its edge's group fleet, or the server's."""
@@ -203,9 +209,12 @@ class Simulation:
         c = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(c.to_json())
-        data = self.prepare_data()
+        data = load_dataset(c.dataset, c.data_dir, seed=c.seed)
         spec = model_spec(c.model, data.input_shape, data.num_classes)
         method = method_class(c.method)(spec, Recipe.from_dict(c.recipe), **c.method_options)
+        server_data = self.prepare_data(data, method.server_fraction)
+        if server_data is not None:
+            method.attach_server_data(*server_data)
         report = RunReport.load(self.run_dir) if self.resume else RunReport(self.run_dir)
         registry = FleetRegistry(self.run_dir / "registry.sqlite")
         for i, dev in enumerate(self.device_ids()):

@@ -1,8 +1,9 @@
 """Edge aggregators over a real mosquitto: the server talks to two edge processes, each
 the server of the device processes of one tier.
 
-* ``fedsdk-server simulate --edges 2`` completes rounds; each edge clusters its group
-  after a warm-up, collects smashed data and answers with one update of its tier's shape.
+* ``fedsdk-server simulate --method fedconv --edges 2`` completes rounds; each edge
+  clusters its group after a warm-up, collects smashed data and answers with one update of
+  its tier's shape, which FedConv dilates (tier 0.5) and aggregates like any device's.
 * An edge killed with SIGKILL in the middle of a round: its MQTT will tells the server,
   which closes the round with the other edge's update instead of waiting for the deadline,
   and goes on with the survivor.
@@ -31,7 +32,9 @@ from server_toolkit.sim.simulate import Simulation, SimulationConfig
 
 pytestmark = pytest.mark.integration
 
-METHOD = "heterofl"
+METHOD = "fedconv"
+# fewer server epochs than FedConv's defaults (5 / 20 / 20 / 10) keep the test short
+SERVER_EPOCHS = {"pretrain_epochs": 2, "compress_epochs": 3, "dilate_epochs": 3, "aggregate_epochs": 2}
 TIERS = ["1.0", "0.5"]
 
 
@@ -58,6 +61,8 @@ def test_simulate_with_two_edges_completes_rounds(mosquitto, tmp_path):
            "--devices", "6", "--tiers", ",".join(TIERS), "--rounds", "2", "--local-epochs", "2",
            "--broker", mosquitto.url, "--runs-dir", str(tmp_path / "runs"), "--round-timeout", "90",
            "--device-runtime", "torch"]
+    for key, value in SERVER_EPOCHS.items():
+        cmd += ["--method-option", f"{key}={value}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -95,6 +100,8 @@ def test_simulate_with_two_edges_completes_rounds(mosquitto, tmp_path):
                 assert has_smashed == (row["round"] != 1), (edge, row["round"])
         shapes = {registry.device(u["device_id"])["tier"]: first_conv(store, u) for u in registry.updates(1)}
         assert shapes["0.5"][0] < shapes["1.0"][0]  # each edge trains its own tier's sub-model
+        state = json.loads((run_dir / "state.json").read_text())["method_state"]
+        assert len(state["dilators"]) == 1  # FedConv dilates edge-2's (tier 0.5) model as a device's
     finally:
         registry.close()
 
@@ -104,6 +111,7 @@ def test_killed_edge_does_not_hold_the_round(mosquitto, tmp_path, one_torch_thre
     edge-2's update, long before the deadline; round 3 goes on with edge-2 alone."""
     timeout_s = 240.0
     config = SimulationConfig(method=METHOD, devices=4, rounds=3, tiers=TIERS, edges=2, seed=0,
+                              method_options=SERVER_EPOCHS,
                               recipe=Recipe(epochs=5, batch_size=16, lr=0.05).to_dict(),
                               device_runtime="torch", broker_url=mosquitto.url, round_timeout_s=timeout_s)
     run_dir = tmp_path / "run"
@@ -128,7 +136,7 @@ def test_killed_edge_does_not_hold_the_round(mosquitto, tmp_path, one_torch_thre
             sim.edge_procs[0].send_signal(signal.SIGKILL)
             killed_in = 2
         time.sleep(0.05)
-    assert killed_in == 2, "edge-1 never reached its training round for server round 2"
+    assert killed_in == 2, f"edge-1 never reached its training round for server round 2: {outcome}"
     thread.join(timeout=300)
     assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
     rows = outcome["rows"]
