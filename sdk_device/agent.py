@@ -23,6 +23,7 @@ from .protocol import messages as msgs
 from .protocol import modelspec
 from .protocol.blobs import DEFAULT_CHUNK_BYTES, decode_tensors, encode_tensors
 from .protocol.errors import ProtocolError
+from .protocol.smashed import encode_smashed
 from .protocol.topics import FleetTopics
 from .runtime_choice import RuntimeChooser, trainable_offers
 from .runtimes.recipe import Recipe
@@ -52,6 +53,7 @@ class AgentConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     heartbeat_s: float = 10.0
     extra_profile: dict = field(default_factory=dict)
+    share_smashed: bool = True  # send last-layer inputs when a task asks (protocol.smashed)
 
 
 class DeviceAgent:
@@ -194,6 +196,7 @@ class DeviceAgent:
         if not all(np.isfinite(v).all() for v in upload.values() if v.dtype.kind == "f"):
             log.warning("training diverged (NaN/Inf); uploading anyway, the server will refuse it")
         blob_ref = self.endpoint.offer(SERVER, encode_tensors(upload), "weights", "safetensors")
+        smashed_ref = self._smashed(task, runtime, recipe.seed)
         loss = stats.loss if math.isfinite(stats.loss) else None  # JSON has no NaN
         metrics = {
             "samples": stats.samples,
@@ -213,7 +216,9 @@ class DeviceAgent:
             metrics["teacher_accuracy"] = teacher_run.stats.accuracy
         self._awaiting = task.task_id
         self.endpoint.send(
-            SERVER, msgs.Result(task_id=task.task_id, round=task.round, weights=blob_ref, metrics=metrics)
+            SERVER,
+            msgs.Result(task_id=task.task_id, round=task.round, weights=blob_ref, metrics=metrics,
+                        smashed=smashed_ref),
         )
         log.info(
             "round %d: trained %d samples in %.2f s, loss %.4f, acc %.3f",
@@ -238,6 +243,24 @@ class DeviceAgent:
         sent = decode_tensors(self.endpoint.fetch(SERVER, ref.weights))
         teacher_runtime.set_weights(self.local.complete(program.id, sent, teacher_runtime.get_weights()))
         return teacher_runtime, program.id, sent
+
+    def _smashed(self, task: msgs.Task, runtime, seed: int) -> msgs.BlobRef | None:
+        """Offer the smashed data ``task`` asks for: the last linear layer's inputs of at most
+        ``task.smashed`` local samples (a seeded random subset). None when it asks for none,
+        this device does not share them, or its runtime cannot compute them."""
+        predict = getattr(runtime, "predict", None)
+        if task.smashed <= 0 or not self.config.share_smashed or not len(self.y):
+            return None
+        pick = np.sort(np.random.default_rng(seed).permutation(len(self.y))[: task.smashed])
+        try:
+            out = predict(self.x[pick]) if predict else None  # (logits, features (n, F))
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise ValueError(f"the {runtime.name} runtime gives no layer inputs")
+            data = encode_smashed(np.asarray(out[1]).reshape(len(pick), -1), self.y[pick])
+        except Exception as exc:  # the weights still go up; the aggregator copes without these
+            log.warning("no smashed data for task %s: %s", task.task_id[:8], exc)
+            return None
+        return self.endpoint.offer(SERVER, data, "smashed", "safetensors")
 
     def _finish_task(self) -> None:
         self._awaiting = None

@@ -47,9 +47,11 @@ def main(verbose: int) -> None:
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
 @click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a broker on another machine.")
 @click.option("--max-tasks", type=int, default=None, help="Exit after this many finished tasks.")
+@click.option("--no-smashed", is_flag=True,
+              help="Never send last-layer inputs of local samples, even when a task asks.")
 def run(
     broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, insecure,
-    max_tasks,
+    max_tasks, no_smashed,
 ) -> None:
     """Connect to the fleet and train whatever tasks the server sends, until stopped.
 
@@ -95,6 +97,7 @@ def run(
         ca_file=ca_file,
         insecure=insecure,
         client_id=client_id,
+        share_smashed=not no_smashed,
     )
     try:
         agent = DeviceAgent(config)

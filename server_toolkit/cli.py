@@ -56,6 +56,15 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     return options
 
 
+_method_option = click.option(
+    "--method-option",
+    "method_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
+)
+
+
 @main.command()
 @click.option("--method", default="fedavg", show_default=True, help="Federated method.")
 @click.option(
@@ -91,13 +100,7 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     default=None,
     help="Comma-separated tier names given to devices round-robin, e.g. 1.0,0.75,0.5,0.25.",
 )
-@click.option(
-    "--method-option",
-    "method_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
-)
+@_method_option
 @click.option(
     "--programs",
     "program_formats",
@@ -106,6 +109,8 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...).",
 )
 @click.option("--device-runtime", default=None, help="Make every simulated device use this runtime.")
+@click.option("--edges", default=0, show_default=True,
+              help="Edge aggregator processes; edge k serves the devices of the k-th tier (round-robin).")
 @click.option(
     "--device-python",
     default=None,
@@ -148,6 +153,7 @@ def simulate(
     method_options,
     program_formats,
     device_runtime,
+    edges,
     device_python,
     local_epochs,
     batch_size,
@@ -195,6 +201,7 @@ def simulate(
             program_formats=[f.strip() for f in program_formats.split(",")],
             device_runtime=device_runtime,
             device_python=device_python,
+            edges=edges,
         )
         run_dir = new_run_dir(runs_dir)
     console.print(
@@ -216,7 +223,8 @@ def simulate(
                 kind_name = "embedded amqtt" if data["embedded"] else "external"
                 progress.console.print(f"broker: {data['url']} ({kind_name})")
             elif kind == "devices":
-                progress.console.print(f"devices online: {data['online']}/{data['expected']}")
+                what = "devices and edges" if config.edges else "devices"
+                progress.console.print(f"{what} online: {data['online']}/{data['expected']}")
             elif kind == "round":
                 acc = data.get("accuracy")
                 progress.update(
@@ -281,6 +289,14 @@ def simulate(
     help="Defines the model's input/classes; its test split evaluates the global model.",
 )
 @click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option(
+    "--server-data",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="npz (x, y) the server keeps for methods that tune on data of their own (fedconv); "
+    "default: the method's share of --dataset's training split.",
+)
+@_method_option
 @click.option("--rounds", default=20, show_default=True)
 @click.option("--min-devices", default=1, show_default=True, help="Wait for this many devices first.")
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
@@ -305,6 +321,8 @@ def run(
     model,
     dataset,
     data_dir,
+    server_data,
+    method_options,
     rounds,
     min_devices,
     clients_per_round,
@@ -347,6 +365,11 @@ def run(
     data = load_dataset(dataset, data_dir, seed=seed)
     spec = model_spec(model, data.input_shape, data.num_classes)
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    try:
+        the_method = method_class(method)(spec, recipe, **parse_options(method_options))
+        _attach_server_data(the_method, data, server_data, seed)
+    except (ValueError, TypeError) as exc:
+        raise click.ClickException(str(exc)) from None
     registry = FleetRegistry(run_dir / "registry.sqlite")
     broker = None
     username = password = None
@@ -419,6 +442,107 @@ def run(
             broker.stop()
     report.write_plot()
     console.print(report.summary_table(f"{method} on fleet {fleet}"))
+
+
+@main.command()
+@click.option("--broker", "broker_url", required=True, help="mqtt[s]://host:port of the server's broker.")
+@click.option("--fleet", required=True, help="The server's fleet name.")
+@click.option("--edge-id", required=True, help="This edge's device id in the server's fleet.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The edge's registry (its devices), blobs and checkpoints.")
+@click.option("--tier", default=None, help="The tier (shrinkage ratio) of this edge's devices, e.g. 0.5.")
+@click.option("--group-fleet", default=None, help="Fleet of the group's devices [default: FLEET.EDGE_ID].")
+@click.option("--group-broker", "group_broker_url", default=None,
+              help="Broker of the group's devices [default: --broker, or GROUP_SECURITY's listener].")
+@click.option("--group-broker-security", "group_security_dir", type=click.Path(exists=True, file_okay=False),
+              help="Security directory of a secured group broker (security init --fleet GROUP_FLEET): "
+                   "the edge serves its group with that directory's server account and CA.")
+@click.option("--min-devices", default=1, show_default=True, help="Group devices to wait for before joining.")
+@click.option("--devices-wait", default=120.0, show_default=True, help="Seconds to wait for them at most.")
+@click.option("--max-clusters", default=8, show_default=True, help="Largest K tried by the clustering.")
+@click.option("--smashed-samples", default=128, show_default=True,
+              help="Last-layer inputs asked per device and round; 0 turns the projection stage off.")
+@click.option("--pair-threshold", default=1.0, show_default=True,
+              help="Link clusters closer than this x the median client-pair KLD.")
+@click.option("--projection-lambda", default=0.5, show_default=True, help="λ of FedConv's Eq. 8.")
+@click.option("--projection-epochs", default=2, show_default=True)
+@click.option("--warmup-epochs", default=1, show_default=True, help="Local epochs of the clustering warm-up.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--username", envvar="FEDSDK_MQTT_USERNAME", help="Broker user (or FEDSDK_MQTT_USERNAME).")
+@click.option("--password", envvar="FEDSDK_MQTT_PASSWORD", help="Broker password (or FEDSDK_MQTT_PASSWORD).")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
+@click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a non-loopback broker.")
+def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_url, group_security_dir,
+         min_devices, devices_wait, max_clusters, smashed_samples, pair_threshold, projection_lambda,
+         projection_epochs, warmup_epochs, seed, username, password, ca_file, insecure) -> None:
+    """Run an edge aggregator: a device of the server's fleet, the server of its own group.
+
+    Register the edge on the server (`devices add --run-dir SERVER_DIR --tier T EDGE_ID`)
+    and its devices here (`devices add --run-dir EDGE_DIR DEVICE_ID`); devices then run
+    `fedsdk run --fleet FLEET.EDGE_ID …`.
+    """
+    import signal
+
+    from .broker.mosquitto_auth import SecurityDirError
+    from .broker.secured import server_connection
+    from .edge.aggregator import EdgeAggregator, EdgeConfig
+    from .edge.relay import EdgeOptions
+
+    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    try:
+        group_login: dict = {}
+        if group_security_dir:
+            address, group_ca, security = server_connection(group_security_dir, group_broker_url)
+            if security.fleet != (group_fleet or f"{fleet}.{edge_id}"):
+                raise ValueError(f"{group_security_dir} holds the accounts of fleet {security.fleet!r}, "
+                                 f"not the group's")
+            user, secret = security.server_credentials()
+            group_login = {"group_broker_url": address.url, "group_username": user, "group_password": secret,
+                           "group_ca_file": group_ca}
+        else:
+            group_login = {"group_broker_url": group_broker_url}
+        config = EdgeConfig(
+            broker_url=broker_url, fleet=fleet, edge_id=edge_id, run_dir=run_dir, tier=tier,
+            group_fleet=group_fleet, **group_login, min_devices=min_devices,
+            devices_wait_s=devices_wait, username=username, password=password, ca_file=ca_file,
+            insecure=insecure,
+            options=EdgeOptions(max_clusters=max_clusters, smashed_samples=smashed_samples,
+                                pair_threshold=pair_threshold, projection_lambda=projection_lambda,
+                                projection_epochs=projection_epochs, warmup_epochs=warmup_epochs, seed=seed),
+        )
+        aggregator = EdgeAggregator(config)
+    except (ValueError, SecurityDirError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    signal.signal(signal.SIGTERM, lambda *_: aggregator.stop())
+    console.print(f"edge {edge_id}: group fleet {config.group_fleet}, joining fleet {fleet} on {broker_url}")
+    try:
+        aggregator.run()
+    except (RuntimeError, ConnectionError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        aggregator.stop()
+
+
+def _attach_server_data(method, data, server_data: Path | None, seed: int) -> None:
+    """Give a method that wants server data (``server_fraction`` > 0) the ``--server-data``
+    npz, or else its share of the dataset's training split (the fleet's devices bring their
+    own data, so that split is the server's)."""
+    from sdk_device.data.npz import load_npz
+
+    from .sim.server_data import take_server_slice
+
+    if method.server_fraction <= 0:
+        if server_data:
+            console.print(f"[yellow]--server-data ignored: {method.name} uses no server data[/]")
+        return
+    if server_data:
+        x, y = load_npz(server_data)
+        source = str(server_data)
+    else:
+        x, y = take_server_slice(data.x_train, data.y_train, method.server_fraction, seed).server
+        source = f"{method.server_fraction:.0%} of the training split of {data.name}"
+    method.attach_server_data(x, y)
+    console.print(f"server data: {len(y)} samples ({source})")
 
 
 @main.group()

@@ -99,6 +99,8 @@ class Task(Message):
     ``weights`` may omit some of the program's tensors (e.g. BatchNorm running statistics
     that stay on the device): the device keeps its own values for those and returns
     exactly the tensors it received (plus ``teacher.*`` when it trained the teacher).
+    smashed: optional; > 0 asks for the inputs of the last linear layer of at most this many
+    local samples with the result (see protocol.smashed); 0 (default) asks for none.
     """
 
     TYPE: ClassVar[str] = "task"
@@ -109,6 +111,11 @@ class Task(Message):
     recipe: dict
     deadline: float
     teacher: Teacher | None = None
+    smashed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.smashed < 0:
+            raise ProtocolError("invalid_field", f"task.smashed must be >= 0, got {self.smashed}")
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,7 @@ class Result(Message):
 
     metrics: samples (int > 0), loss (or null), accuracy, wall_time_s, fetch_s,
     peak_rss_mb, runtime, label_counts (samples per class).
+    smashed: optional second blob with the smashed data the task asked for (or null).
     """
 
     TYPE: ClassVar[str] = "result"
@@ -124,6 +132,7 @@ class Result(Message):
     round: int
     weights: BlobRef
     metrics: dict
+    smashed: BlobRef | None = None
 
 
 @dataclass(frozen=True)

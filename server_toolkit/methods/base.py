@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sdk_device.protocol.smashed import SmashedRequest
 from sdk_device.runtimes.recipe import Recipe
 
 Weights = dict[str, np.ndarray]
@@ -44,7 +45,11 @@ class TrainInstruction:
     """What one device is asked to do: train ``weights`` of model ``spec`` by ``recipe``.
 
     ``weights`` may leave out tensors the device keeps to itself (e.g. BatchNorm running
-    statistics); the update then holds exactly the names sent (plus ``teacher.*``)."""
+    statistics); the update then holds exactly the names sent (plus ``teacher.*``).
+    ``programs``: ready-made ``(format, bytes)`` programs to offer as they are (an edge
+    aggregator forwards its server's); empty: the orchestrator exports them from ``spec``.
+    ``smashed``: ask the device for the inputs of its last linear layer (FedConv's edge).
+    """
 
     device_id: str
     spec: dict
@@ -52,17 +57,21 @@ class TrainInstruction:
     recipe: Recipe
     index_map: dict = field(default_factory=dict)
     teacher: TeacherSpec | None = None
+    programs: tuple[tuple[str, bytes], ...] = ()
+    smashed: SmashedRequest | None = None
 
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """An accepted result: the weights a device returned (same names/shapes as sent)."""
+    """An accepted result: the weights a device returned (same names/shapes as sent), and
+    the smashed data it sent when asked (``{"x": (n, F), "y": (n,)}``, else None)."""
 
     device_id: str
     num_samples: int
     weights: Weights
     metrics: dict
     instruction: TrainInstruction
+    smashed: Weights | None = None
 
 
 TEACHER_PREFIX = "teacher."
@@ -95,15 +104,28 @@ class Method(ABC):
 
     ``global_spec`` is the server's model (torchspec/1), ``recipe`` the devices' default
     training recipe; method-specific keyword options are documented by each method.
+
+    Server data: a method that tunes something on labelled data of its own sets
+    ``server_fraction`` > 0; whoever runs it (simulation, ``fedsdk-server run``, benches)
+    then cuts that share of the training set off before partitioning (``sim/server_data.py``)
+    and hands it over with ``attach_server_data`` before ``initial_weights``.
     """
 
     name: str = ""
+    server_fraction: float = 0.0  # share of the training data the server keeps (0: none)
+    server_data: tuple[np.ndarray, np.ndarray] | None = None
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         if options:
             raise TypeError(f"method {self.name!r} takes no options, got {sorted(options)}")
         self.global_spec = global_spec
         self.recipe = recipe
+
+    def attach_server_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Give the method its server-held training data: x (N, C, H, W) float32, y (N,) int64."""
+        if len(x) != len(y) or len(y) == 0:
+            raise ValueError(f"server data needs as many labels as samples (> 0), got {len(x)}, {len(y)}")
+        self.server_data = (np.ascontiguousarray(x, np.float32), np.asarray(y, np.int64))
 
     def initial_weights(self, seed: int) -> Weights:
         """Fresh global weights for round 1 (seeded)."""

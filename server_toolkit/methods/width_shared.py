@@ -6,11 +6,8 @@ A device of tier ratio r trains a width-r sub-model cut from the global model (s
 (``offsets``). The program a device receives is the sub-model's own spec: it never sees
 the global shape.
 
-Tiers. A device's ratio comes from, in order: the ``tier_map`` option (device id -> tier),
-the device's fleet tier (``--tiers`` in simulate), the ``tier`` key of its profile (set
-once pairing assigns one); none of these: the full model (r = 1). A tier is a ratio
-written as a string ("0.5"), or a name listed in the ``tier_ratios`` option
-({"phone": 0.75}).
+Tiers: a device's ratio comes from the ``tier_map`` option, its fleet tier or its profile,
+a tier being a ratio ("0.5") or a name in the ``tier_ratios`` option (``methods/tiers.py``).
 
 The global spec's BatchNorm layers are made static (``track: false``), so sub-models and
 the global model have the same tensors (see ``static_bn``).
@@ -23,6 +20,7 @@ from sdk_device.runtimes.recipe import Recipe
 from ..reconstruct.coverage import coverage_average
 from ..submodels.width import WidthPlan, extract, static_bn, width_layout
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from .tiers import tier_ratio
 
 
 class WidthSharedMethod(Method):
@@ -47,24 +45,8 @@ class WidthSharedMethod(Method):
 
     # -- the Method interface ------------------------------------------------------------
     def ratio_of(self, device: DeviceInfo) -> float:
-        """The width ratio of ``device`` (see the module docstring); ValueError if unknown."""
-        tier = self.tier_map.get(device.device_id, device.tier)
-        if tier is None:
-            tier = (device.profile or {}).get("tier")
-        if tier is None:
-            return 1.0
-        tier = str(tier)
-        if tier in self.tier_ratios:
-            ratio = self.tier_ratios[tier]
-        else:
-            try:
-                ratio = float(tier)
-            except ValueError:
-                raise ValueError(f"tier {tier!r} of {device.device_id} is neither a ratio nor in "
-                                 f"tier_ratios {sorted(self.tier_ratios)}") from None
-        if not 0 < ratio <= 1:
-            raise ValueError(f"tier {tier!r} of {device.device_id}: ratio {ratio} is not in (0, 1]")
-        return ratio
+        """The width ratio of ``device`` (see ``methods/tiers.py``); ValueError if unknown."""
+        return tier_ratio(device, self.tier_map, self.tier_ratios)
 
     def tier_plan(self, tier: str | None) -> tuple[dict, Recipe]:
         ratio = self.ratio_of(DeviceInfo("tier", 0, tier=tier))

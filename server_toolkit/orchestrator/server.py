@@ -28,6 +28,7 @@ from sdk_device.protocol import messages as msgs
 from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import check_update, decode_tensors, encode_tensors
 from sdk_device.protocol.errors import ProtocolError
+from sdk_device.protocol.smashed import check_smashed
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
 from ..fleet.registry import FleetRegistry
@@ -119,6 +120,11 @@ class Orchestrator:
         while len(self.online) < count and time.monotonic() < deadline:
             self._pump(timeout_s=0.2)
         return len(self.online)
+
+    def poll(self, timeout_s: float) -> None:
+        """Handle incoming traffic (hellos, statuses, stray messages) for up to ``timeout_s``
+        between rounds."""
+        self._pump(timeout_s)
 
     def close(self) -> None:
         self._fetchers.shutdown(wait=False, cancel_futures=True)
@@ -222,10 +228,8 @@ class Orchestrator:
 
     def _send_task(self, rnd: int, instruction: TrainInstruction, deadline: float) -> None:
         dev = instruction.device_id
-        programs = [
-            self.endpoint.offer(dev, data, "program", fmt)
-            for fmt, data in self.programs.programs(instruction.spec, instruction.recipe)
-        ]
+        built = instruction.programs or self.programs.programs(instruction.spec, instruction.recipe)
+        programs = [self.endpoint.offer(dev, data, "program", fmt) for fmt, data in built]
         weights_blob = encode_tensors(instruction.weights)
         weights = self.endpoint.offer(dev, weights_blob, "weights", "safetensors")
         reference = {k: (tuple(v.shape), str(v.dtype)) for k, v in instruction.weights.items()}
@@ -251,6 +255,7 @@ class Orchestrator:
             recipe=instruction.recipe.to_dict(),
             deadline=deadline,
             teacher=teacher,
+            smashed=instruction.smashed.samples if instruction.smashed else 0,
         )
         self._pending[task.task_id] = _Pending(task.task_id, rnd, instruction, expected_bytes, reference)
         self.endpoint.send(dev, task)
@@ -359,6 +364,7 @@ class Orchestrator:
                 dev, result.weights, durable=True, timeout_s=self.config.round_timeout_s
             )
             check_update(decode_tensors(data), pending.reference)
+            smashed_id = self._accept_smashed(dev, result, pending)
         except (ProtocolError, TimeoutError) as exc:
             err = exc if isinstance(exc, ProtocolError) else ProtocolError("timeout", str(exc))
             self._reject(dev, result.task_id, err)
@@ -367,13 +373,11 @@ class Orchestrator:
             if self._open_round != pending.round:
                 self._reject(dev, result.task_id, ProtocolError("round_closed", "the round closed meanwhile"))
                 return
+            metrics = {k: v for k, v in result.metrics.items() if k != "smashed_blob"}  # the server's key
+            if smashed_id:
+                metrics["smashed_blob"] = smashed_id
             self.registry.add_update(
-                pending.round,
-                dev,
-                result.task_id,
-                result.weights.id,
-                result.metrics["samples"],
-                result.metrics,
+                pending.round, dev, result.task_id, result.weights.id, result.metrics["samples"], metrics
             )
             self._resolved.add(dev)
         self.endpoint.send(dev, msgs.Ack(ref=result.task_id, detail="persisted"))
@@ -381,6 +385,20 @@ class Orchestrator:
         log.info(
             "round %d: accepted update from %s (%d samples)", pending.round, dev, result.metrics["samples"]
         )
+
+    def _accept_smashed(self, dev: str, result: msgs.Result, pending: _Pending) -> str | None:
+        """Pull and check the smashed data the task asked for (fetch thread); its blob id.
+        Smashed data nobody asked for is not pulled; a device may send none."""
+        request = pending.instruction.smashed
+        if result.smashed is None or request is None:
+            return None
+        if result.smashed.size > request.max_bytes():
+            raise ProtocolError(
+                "too_large", f"smashed data of {result.smashed.size} bytes; at most {request.max_bytes()}"
+            )
+        data = self.endpoint.fetch(dev, result.smashed, durable=True, timeout_s=self.config.round_timeout_s)
+        check_smashed(decode_tensors(data), request)
+        return result.smashed.id
 
     def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None = None) -> None:
         """Record, log and tell the device (an Error with the reason's code, ``ref`` = task id)."""
@@ -406,7 +424,11 @@ class Orchestrator:
                     [self.online.get(row["device_id"]) or DeviceInfo(row["device_id"], row["num_samples"])],
                 )
             )
-        return ClientUpdate(row["device_id"], row["num_samples"], weights, row["metrics"], instruction)
+        smashed_id = row["metrics"].get("smashed_blob")
+        smashed = decode_tensors(self.endpoint.store.get(smashed_id)) if smashed_id else None
+        return ClientUpdate(
+            row["device_id"], row["num_samples"], weights, row["metrics"], instruction, smashed
+        )
 
 
 def _sha(data: bytes) -> str:

@@ -22,30 +22,17 @@ made a round's hypernetwork training 5-10x slower, not faster.
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..torch_utils import one_torch_thread, tensors_from_json, tensors_to_json
 from .lrf_hypernet import Hypernet, fit, generate, make_hypernet
 
 Weights = dict[str, np.ndarray]
 Shape = tuple[int, ...]
 Segments = list[list[tuple[str, Shape]]]
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """Run the enclosed torch work in a single intra-op thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
@@ -133,10 +120,7 @@ class HypernetBank:
         networks are too large for a JSON checkpoint: they restart untrained on resume."""
         state: dict = {"kind": self.kind, "trained": sorted(self.trained)}
         if self.kind == "lrf":
-            state["nets"] = {target: {name: {"shape": list(t.shape),
-                                             "data": base64.b64encode(t.detach().numpy().tobytes()).decode()}
-                                      for name, t in net.state_dict().items()}
-                             for target, net in self.nets.items()}
+            state["nets"] = {target: tensors_to_json(net.state_dict()) for target, net in self.nets.items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -145,8 +129,5 @@ class HypernetBank:
         for target, tensors in state["nets"].items():
             if target not in self.nets:
                 continue
-            values = {name: torch.from_numpy(np.frombuffer(base64.b64decode(t["data"]), np.float32)
-                                             .reshape(t["shape"]).copy())
-                      for name, t in tensors.items()}
-            self.nets[target].load_state_dict(values)
+            self.nets[target].load_state_dict(tensors_from_json(tensors))
         self.trained = {t for t in state.get("trained", []) if t in self.nets}

@@ -137,7 +137,7 @@ def _check_labels(y: np.ndarray, n: int, source: Path) -> np.ndarray:
     return y.astype(np.int64)
 
 
-def _stratified_split(
+def stratified_split(
     y: np.ndarray, test_fraction: float, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per class, put round(count * test_fraction) shuffled samples in test; returns indices."""
@@ -159,7 +159,7 @@ def _split_dataset(
         raise DatasetError(f"test_fraction must be in (0, 1), got {test_fraction}")
     if len(y) == 0:
         raise DatasetError(f"{name}: dataset is empty")
-    train, test = _stratified_split(y, test_fraction, np.random.default_rng(seed))
+    train, test = stratified_split(y, test_fraction, np.random.default_rng(seed))
     return Dataset(
         name=name,
         x_train=x[train],

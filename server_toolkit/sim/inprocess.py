@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,15 +36,23 @@ class LocalDevice:
 class RunResult:
     rows: list[dict]  # one metrics row per round, as the orchestrator writes them
     weights: dict[str, np.ndarray]  # the final global weights
+    last_updates: list[ClientUpdate] = field(default_factory=list)  # what the devices returned last round
 
 
 def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
                test_data: tuple[np.ndarray, np.ndarray] | None = None, seed: int = 0,
                clients_per_round: int | None = None,
-               on_round: Callable[[dict], None] | None = None) -> RunResult:
+               on_round: Callable[[dict], None] | None = None,
+               server_data: tuple[np.ndarray, np.ndarray] | None = None) -> RunResult:
     """Run ``rounds`` rounds of ``method`` over ``devices`` (sampling ``clients_per_round``).
-    Tasks are trained as a device agent trains them (``sdk_device.local_training``): tensors
-    a task leaves out stay on the device, teachers are trained/used as the task says."""
+    ``server_data``: the (x, y) a method with ``server_fraction`` > 0 keeps (cut it off the
+    devices' data with ``sim.server_data.take_server_slice``). Tasks are trained as a device
+    agent trains them (``sdk_device.local_training``): tensors a task leaves out stay on the
+    device, teachers are trained/used as the task says."""
+    if server_data is not None:
+        method.attach_server_data(*server_data)
+    elif method.server_fraction > 0 and method.server_data is None:
+        raise ValueError(f"method {method.name!r} needs server data: pass server_data")
     rng = random.Random(seed)
     weights = method.initial_weights(seed)
     runtimes = _Runtimes()
@@ -71,7 +79,7 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
         rows.append(row)
         if on_round:
             on_round(row)
-    return RunResult(rows, weights)
+    return RunResult(rows, weights, updates if rounds else [])
 
 
 class _Runtimes:

@@ -31,8 +31,10 @@ from ..methods import method_class
 from ..models.zoo import model_spec
 from ..orchestrator.server import Orchestrator, OrchestratorConfig
 from ..report.run_report import RunReport
-from .datasets import load_dataset
+from .datasets import Dataset, load_dataset
+from .edges import plan_edges, register_group, start_edge_process
 from .partition import partition
+from .server_data import take_server_slice
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class SimulationConfig:
     program_formats: list[str] = field(default_factory=lambda: ["torchspec/1"])  # offered per task
     device_runtime: str | None = None  # make every device use this runtime (default: its best)
     device_python: str | None = None  # interpreter of the device processes (e.g. .venv-ort/bin/python)
+    edges: int = 0  # edge aggregator processes between the server and the devices (see sim/edges.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -127,8 +130,11 @@ class Simulation:
         self.resume = resume
         self.on_event = on_event or (lambda kind, data: None)
         self.device_procs: list[subprocess.Popen] = []
+        self.edge_procs: list[subprocess.Popen] = []
         if not config.fleet:
             config.fleet = "sim-" + self.run_dir.name
+        tiers = {dev: self.device_tier(i) for i, dev in enumerate(self.device_ids())}
+        self.edges, self.direct_devices = plan_edges(tiers, config.tiers, config.edges)
 
     def device_ids(self) -> list[str]:
         return [f"dev{i:03d}" for i in range(self.config.devices)]
@@ -138,12 +144,17 @@ class Simulation:
         tiers = self.config.tiers
         return tiers[index % len(tiers)] if tiers else None
 
-    def prepare_data(self):
-        """Load the dataset, partition the training set, write each device's npz."""
+    def prepare_data(self, data: Dataset, server_fraction: float = 0.0):
+        """Keep ``server_fraction`` of the training set for the server (if > 0; seeded, so a
+        resumed run keeps the same slice), partition the rest, write each device's npz.
+        Returns the server's (x, y) or None."""
         c = self.config
-        data = load_dataset(c.dataset, c.data_dir, seed=c.seed)
+        x, y, server = data.x_train, data.y_train, None
+        if server_fraction > 0:
+            cut = take_server_slice(x, y, server_fraction, seed=c.seed)
+            server, (x, y) = cut.server, cut.rest
         parts = partition(
-            data.y_train,
+            y,
             c.devices,
             c.partition,
             seed=c.seed,
@@ -154,32 +165,64 @@ class Simulation:
             strong_share=c.strong_share,
         )
         for dev, idx in zip(self.device_ids(), parts, strict=True):
-            save_npz(self.run_dir / "devices" / dev / "data.npz", data.x_train[idx], data.y_train[idx])
-        return data
+            save_npz(self.run_dir / "devices" / dev / "data.npz", x[idx], y[idx])
+        return server
+
+    def fleet_of(self, device_id: str) -> str:
+        """The fleet a device joins: its edge's group fleet, or the server's."""
+        edge = next((e for e in self.edges if device_id in e.device_ids), None)
+        return edge.group_fleet(self.config.fleet) if edge else self.config.fleet
+
+    def start_edges(self, broker: BrokerAddress) -> None:
+        for edge in self.edges:
+            edge_dir = self.run_dir / "edges" / edge.edge_id
+            self.edge_procs.append(start_edge_process(broker.url, self.config.fleet, edge, edge_dir,
+                                                      seed=self.config.seed))
 
     def start_devices(self, broker: BrokerAddress) -> None:
         for dev in self.device_ids():
             dev_dir = self.run_dir / "devices" / dev
             self.device_procs.append(start_device_process(
-                broker.url, self.config.fleet, dev, dev_dir / "data.npz", dev_dir / "work",
+                broker.url, self.fleet_of(dev), dev, dev_dir / "data.npz", dev_dir / "work",
                 dev_dir / "agent.log", runtime=self.config.device_runtime,
                 python=self.config.device_python))
 
+    def wait_for_fleet(self, orchestrator: Orchestrator, expected: int, timeout_s: float) -> int:
+        """Wait until ``expected`` devices and edges said hello; fail early if an edge died."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            online = orchestrator.wait_for_devices(expected, timeout_s=2.0)
+            if online >= expected:
+                break
+            for edge, proc in zip(self.edges, self.edge_procs, strict=True):
+                if proc.poll() is not None:
+                    log_path = self.run_dir / "edges" / edge.edge_id / "edge.log"
+                    raise RuntimeError(f"edge aggregator {edge.edge_id} exited; see {log_path}")
+        return len(orchestrator.online)
+
     def stop_devices(self) -> None:
         stop_processes(self.device_procs)
-        self.device_procs = []
+        stop_processes(self.edge_procs)
+        self.device_procs, self.edge_procs = [], []
 
     def run(self) -> RunReport:
         c = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(c.to_json())
-        data = self.prepare_data()
+        data = load_dataset(c.dataset, c.data_dir, seed=c.seed)
         spec = model_spec(c.model, data.input_shape, data.num_classes)
         method = method_class(c.method)(spec, Recipe.from_dict(c.recipe), **c.method_options)
+        server_data = self.prepare_data(data, method.server_fraction)
+        if server_data is not None:
+            method.attach_server_data(*server_data)
         report = RunReport.load(self.run_dir) if self.resume else RunReport(self.run_dir)
         registry = FleetRegistry(self.run_dir / "registry.sqlite")
         for i, dev in enumerate(self.device_ids()):
-            registry.add_device(dev, tier=self.device_tier(i))
+            if dev in self.direct_devices:
+                registry.add_device(dev, tier=self.device_tier(i))
+        for edge in self.edges:  # an edge is a device of the server's fleet
+            registry.add_device(edge.edge_id, tier=edge.tier)
+            register_group(self.run_dir / "edges" / edge.edge_id, edge)
         broker = None
         if c.broker_url:
             address = BrokerAddress.parse(c.broker_url)
@@ -193,6 +236,7 @@ class Simulation:
         orchestrator = None
         try:
             endpoint.start()
+            self.start_edges(address)
             self.start_devices(address)
 
             def on_round(row: dict) -> None:
@@ -217,10 +261,12 @@ class Simulation:
                 on_round=on_round,
             )
             orchestrator.start(resume=self.resume)
-            online = orchestrator.wait_for_devices(c.devices, timeout_s=180)
-            self.on_event("devices", {"online": online, "expected": c.devices})
+            expected = len(self.direct_devices) + len(self.edges)
+            online = self.wait_for_fleet(orchestrator, expected, timeout_s=180)
+            self.on_event("devices", {"online": online, "expected": expected})
             if online == 0:
-                raise RuntimeError(f"no device came online; see {self.run_dir}/devices/*/agent.log")
+                raise RuntimeError(f"no device came online; see {self.run_dir}/devices/*/agent.log "
+                                   f"(and edges/*/edge.log)")
             orchestrator.run()
         finally:
             if orchestrator:
@@ -232,5 +278,6 @@ class Simulation:
                 broker.stop()
         if report.rows:
             report.write_plot()
-        report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices})
+        report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
+                              "edges": c.edges})
         return report

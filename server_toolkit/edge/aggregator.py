@@ -1,0 +1,288 @@
+"""An edge aggregator: one process between the server and a group of devices.
+
+FedConv puts edge servers between its server and the clients of one shrinkage ratio; in
+fedsdk they are also the scale-out path. An edge speaks wire protocol v1 on both sides
+and needs no edge-specific code on the server or on the devices:
+
+* **Upward** it is an ordinary *device* of the server's fleet (``--fleet``), with its own
+  device id (e.g. ``edge-1``), registered on the server like any device. Its hello
+  reports the group: ``num_samples`` = the sum over its online devices, ``runtimes`` =
+  theirs, ``profile`` = ``{"role": "edge", "tier": …, "devices": n, "group_fleet": …}``.
+  It says hello again when the group changes. Its MQTT will tells the server when it dies,
+  so the server stops waiting for it.
+* **Downward** it is the *server* of its own fleet (``<fleet>.<edge id>`` by default,
+  possibly on another broker): an ``Endpoint`` and an ``Orchestrator`` driving
+  ``relay.EdgeRelay``, with its own registry, blob store and checkpoints in ``--run-dir``.
+  On brokers with per-device accounts and ACLs (``fedsdk-server security``) the edge's
+  device account only reaches its own ``dev/<edge id>`` subtree upward, so its group needs
+  a broker of its own (``security init --fleet <fleet>.<edge id>``, typically at the edge
+  site), whose server account the edge uses (``--group-broker-security``).
+
+For each server task: pull the task's programs and weights, and its teacher if it has one
+(all forwarded as received; programs in every format offered) → a warm-up round on the
+group if clustering is due → one training round on the group with the server's recipe
+(round deadline = the server's, minus a margin for the way up) → one ``result`` up: the
+relay's aggregate, ``samples`` = the accepted devices' samples, plus the group's
+loss/accuracy, label counts and the clustering / projection figures. No accepted update →
+the task is refused with ``device_failure``. The edge never sends smashed data up.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sdk_device.protocol import messages as msgs
+from sdk_device.protocol import modelspec
+from sdk_device.protocol.blobs import decode_tensors, encode_tensors
+from sdk_device.protocol.errors import ProtocolError
+from sdk_device.protocol.topics import FleetTopics, check_name
+from sdk_device.runtimes.recipe import Recipe
+from sdk_device.transport.blob_store import BlobStore
+from sdk_device.transport.endpoint import SERVER, Endpoint
+from sdk_device.transport.mqtt_link import BrokerAddress
+
+from ..fleet.registry import FleetRegistry
+from ..methods.base import TeacherSpec
+from ..orchestrator.server import Orchestrator, OrchestratorConfig
+from .relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EdgeConfig:
+    """Everything an edge aggregator needs. ``group_fleet`` defaults to
+    ``<fleet>.<edge_id>``, ``group_broker_url`` to ``broker_url``; the group side logs in
+    with ``group_username``/``group_password``/``group_ca_file`` when given (a secured group
+    broker: its server account), else with the upward credentials."""
+
+    broker_url: str
+    fleet: str
+    edge_id: str
+    run_dir: Path
+    tier: str | None = None
+    group_fleet: str | None = None
+    group_broker_url: str | None = None
+    min_devices: int = 1
+    devices_wait_s: float = 120.0
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    group_username: str | None = None
+    group_password: str | None = None
+    group_ca_file: str | None = None
+    insecure: bool = False  # allow plain mqtt:// to a non-loopback broker
+    heartbeat_s: float = 10.0
+    options: EdgeOptions = field(default_factory=EdgeOptions)
+
+    def __post_init__(self) -> None:
+        check_name("edge id", self.edge_id)
+        self.group_fleet = check_name("group fleet", self.group_fleet or f"{self.fleet}.{self.edge_id}")
+        self.run_dir = Path(self.run_dir)
+
+
+class EdgeAggregator:
+    """See the module docstring; ``run()`` serves until ``stop()``."""
+
+    def __init__(self, config: EdgeConfig) -> None:
+        self.config = config
+        self.registry = FleetRegistry(config.run_dir / "registry.sqlite")
+        if not self.registry.devices():
+            raise ValueError(f"no devices registered for edge {config.edge_id}: "
+                             f"fedsdk-server devices add --run-dir {config.run_dir} DEVICE_ID …")
+        store = BlobStore(config.run_dir / "blobs")  # one store: what comes down is offered on
+        self.up = Endpoint(BrokerAddress.parse(config.broker_url), FleetTopics(config.fleet), store,
+                           device_id=config.edge_id, username=config.username, password=config.password,
+                           ca_file=config.ca_file, insecure=config.insecure)
+        own_login = config.group_username is not None
+        self.down = Endpoint(BrokerAddress.parse(config.group_broker_url or config.broker_url),
+                             FleetTopics(config.group_fleet), store, is_known_peer=self.registry.is_known,
+                             username=config.group_username if own_login else config.username,
+                             password=config.group_password if own_login else config.password,
+                             ca_file=config.group_ca_file or config.ca_file, insecure=config.insecure)
+        self.relay = EdgeRelay(config.options)
+        self.group = Orchestrator(self.relay, self.down, self.registry, config.run_dir,
+                                  OrchestratorConfig(rounds=0, seed=config.options.seed))
+        self._stop = threading.Event()
+        self._announced: tuple | None = None  # (devices, samples) of the last hello
+        self._awaiting: str | None = None  # task whose result waits for the server's answer
+        self._current: tuple[str, int] | None = None  # (task id, group round) being relayed
+        self.tasks_done = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- main loop -------------------------------------------------------------------------
+    def run(self, max_tasks: int | None = None) -> None:
+        """Wait for the group, join the server's fleet, relay tasks until stop()."""
+        c = self.config
+        self.down.start()
+        try:
+            self.group.start(resume=True)  # clusters survive a restart
+            online = self.group.wait_for_devices(c.min_devices, c.devices_wait_s)
+            if online == 0:
+                raise RuntimeError(f"no device of {c.group_fleet} came online in {c.devices_wait_s:.0f} s")
+            log.info("edge %s: %d device(s) of %s online", c.edge_id, online, c.group_fleet)
+            self.up.start()
+            self._hello()
+            threading.Thread(target=self._heartbeats, daemon=True).start()
+            while not self._stop.is_set() and (max_tasks is None or self.tasks_done < max_tasks):
+                self.group.poll(0.1)  # group hellos and statuses between rounds
+                try:
+                    incoming = self.up.inbox.get(timeout=0.1)
+                except queue.Empty:
+                    if self._group_state() != self._announced and self.group.online:
+                        self._hello()
+                    continue
+                self._handle(incoming)
+        finally:
+            self._stop.set()
+            self.group.close()
+            self.up.close()
+            self.down.close()
+            self.registry.close()
+
+    def _handle(self, incoming) -> None:
+        message = incoming.message
+        if incoming.status is not None:
+            log.info("server is %s", incoming.status)
+            if incoming.status == "online" and self.group.online:
+                self._hello()
+        elif isinstance(message, msgs.Task):
+            try:
+                self._relay(message)
+            except Exception as exc:  # one broken task must not end the edge
+                log.exception("task %s failed", message.task_id[:8])
+                self._refuse(message, "device_failure", f"{type(exc).__name__}: {exc}")
+            finally:
+                self._current = None
+        elif isinstance(message, msgs.Ack | msgs.Error) and message.ref is not None \
+                and message.ref == self._awaiting:
+            log.info("server answered task %s: %s", message.ref[:8],
+                     "accepted" if isinstance(message, msgs.Ack) else message.code)
+            self._awaiting = None
+            self.up.withdraw(SERVER)
+            self.tasks_done += 1
+        elif isinstance(message, msgs.Error):
+            log.warning("server reports %s: %s (ref %s)", message.code, message.detail, message.ref)
+
+    # -- one server task -------------------------------------------------------------------
+    def _relay(self, task: msgs.Task) -> None:
+        if task.deadline < time.time():
+            self._refuse(task, "deadline_passed", "the task arrived after its deadline")
+            return
+        try:
+            recipe = Recipe.from_dict(task.recipe)
+        except ValueError as exc:
+            self._refuse(task, "unsupported_task", str(exc))
+            return
+        if not self.group.online:
+            self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} is online")
+            return
+        try:
+            programs = tuple((ref.format, self.up.fetch(SERVER, ref)) for ref in task.programs)
+            weights = decode_tensors(self.up.fetch(SERVER, task.weights))
+            self.relay.forward(ForwardedTask(programs, weights, recipe, self._teacher(task.teacher)))
+        except (ProtocolError, TimeoutError, ValueError) as exc:
+            self._refuse(task, "bad_task", f"could not load the task: {exc}")
+            return
+        log.info("round %d: relaying task %s to %d device(s)", task.round, task.task_id[:8],
+                 len(self.group.online))
+        started = time.time()
+        margin = max(5.0, 0.15 * (task.deadline - started))  # time left for the way up
+        if self.relay.needs_warmup():  # ends when the group answered; at most half of the time
+            self._group_round(task, WARMUP, weights, (task.deadline - margin - started) / 2)
+        row = self._group_round(task, TRAIN, weights, task.deadline - margin - time.time())
+        if not row["accepted"]:
+            self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} returned an update")
+            return
+        blob = self.up.offer(SERVER, encode_tensors(self.group.global_weights), "weights", "safetensors")
+        metrics = self._metrics(row, time.time() - started)
+        self._awaiting = task.task_id
+        result = msgs.Result(task_id=task.task_id, round=task.round, weights=blob, metrics=metrics)
+        self.up.send(SERVER, result)
+        log.info("round %d: sent the aggregate of %d device(s), %d samples", task.round, row["accepted"],
+                 metrics["samples"])
+
+    def _teacher(self, teacher: msgs.Teacher | None) -> TeacherSpec | None:
+        """The task's teacher, to pass on (its program is always ``torchspec/1``)."""
+        if teacher is None:
+            return None
+        program = next((p for p in teacher.programs if p.format == modelspec.FORMAT), None)
+        if program is None:
+            raise ValueError(f"the task's teacher has no {modelspec.FORMAT} program")
+        spec = modelspec.loads(self.up.fetch(SERVER, program))
+        return TeacherSpec(spec, decode_tensors(self.up.fetch(SERVER, teacher.weights)), teacher.train)
+
+    def _group_round(self, task: msgs.Task, phase: str, weights, timeout_s: float) -> dict:
+        """One round on the group (WARMUP or TRAIN), starting from ``weights``."""
+        rnd = self.group.completed_round + 1
+        while self.registry.round_info(rnd) is not None:  # never reopen a round of an old task
+            rnd += 1
+        self.relay.phase = phase
+        self.group.global_weights = weights
+        self.group.config.round_timeout_s = max(timeout_s, 1.0)
+        self._current = (task.task_id, rnd)
+        row = self.group.run_round(rnd)
+        log.info("group round %d (%s, server round %d): %d/%d updates", rnd, phase, task.round,
+                 row["accepted"], row["selected"])
+        return row
+
+    def _metrics(self, row: dict, seconds: float) -> dict:
+        updates = self.registry.updates(row["round"])
+        metrics: dict = {"samples": sum(u["num_samples"] for u in updates), "runtime": "edge",
+                         "wall_time_s": seconds, "edge_devices": len(updates)}
+        if "device_loss" in row:
+            metrics["loss"] = row["device_loss"]
+        if "device_accuracy" in row:
+            metrics["accuracy"] = row["device_accuracy"]
+        counts = [u["metrics"].get("label_counts") for u in updates]
+        if counts and all(isinstance(c, list) for c in counts):
+            total = [0] * max(len(c) for c in counts)
+            for c in counts:
+                for i, n in enumerate(c):
+                    total[i] += n
+            metrics["label_counts"] = total
+        metrics.update(self.relay.summary)
+        return {k: v for k, v in metrics.items() if not (isinstance(v, float) and not math.isfinite(v))}
+
+    # -- upward chatter --------------------------------------------------------------------
+    def _group_state(self) -> tuple:
+        online = self.group.online
+        return tuple(sorted(online)), sum(d.num_samples for d in online.values())
+
+    def _hello(self) -> None:
+        online = self.group.online
+        runtimes = sorted({r for d in online.values() for r in d.runtimes}) or ["torch"]
+        profile = {"role": "edge", "devices": len(online), "group_fleet": self.config.group_fleet}
+        if self.config.tier is not None:
+            profile["tier"] = self.config.tier
+        self._announced = self._group_state()
+        self.up.send(SERVER, msgs.Hello(device_id=self.config.edge_id, runtimes=runtimes,
+                                        num_samples=self._announced[1], profile=profile))
+
+    def _refuse(self, task: msgs.Task, code: str, detail: str) -> None:
+        log.warning("refusing task %s: %s", task.task_id[:8], detail)
+        self.up.send(SERVER, msgs.Error(code=code, detail=detail[:500], ref=task.task_id))
+
+    def _heartbeats(self) -> None:
+        """Every ``heartbeat_s``: "idle", or "relaying" with the share of the group that
+        answered the open group round."""
+        while not self._stop.wait(self.config.heartbeat_s):
+            current = self._current
+            try:
+                if current is None:
+                    self.up.send(SERVER, msgs.Heartbeat(state="idle"))
+                else:
+                    task_id, rnd = current
+                    asked = len((self.registry.round_info(rnd) or {}).get("selected", [])) or 1
+                    done = min(1.0, self.registry.count_updates(rnd) / asked)
+                    self.up.send(SERVER, msgs.Heartbeat(state="relaying", task_id=task_id, progress=done))
+            except Exception:  # a heartbeat is never worth dying for
+                log.debug("heartbeat not sent", exc_info=True)

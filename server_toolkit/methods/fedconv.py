@@ -1,0 +1,248 @@
+"""FedConv (seed 001): conv-compressed sub-models, transposed-conv dilation, learned aggregation.
+
+The server keeps ``server_fraction`` (5 %) of the training data (``Method.server_fraction``;
+the simulation, ``fedsdk-server run`` and the benches cut it off before partitioning).
+
+* Round 1, before anything: the global model is pre-trained on the server data for
+  ``pretrain_epochs`` (5) epochs with the devices' optimiser and learning rate.
+* ``configure_train``: for every shrinkage ratio SR < 1 among the selected devices, that SR's
+  compressor (``submodels/conv_compress.py``; one per SR, kept across rounds) is tuned on the
+  server data with the global weights frozen (``compress_epochs`` = 20, Adam, cosine lr
+  1e-3 -> 1e-5, T_max 4) and the tier's model is what it then generates: a plain
+  torchspec/1 model with the width sub-model's shape (so every program format works). A
+  device of SR 1 gets the global model itself.
+* ``aggregate_train``: every returned model of SR < 1 is dilated to full size by its own
+  dilator (``reconstruct/conv_dilate.py``; one per device and SR, kept across rounds), tuned
+  ``dilate_epochs`` (20) epochs on the server data; then the full-size models are combined
+  by learned per-layer weights (``reconstruct/learned_aggregate.py``: CE + 0.2·ΣKLD, 10
+  epochs, lr 1e-3).
+
+A device's SR is its tier ("1.0", "0.75", ...; or a name in ``tier_ratios``, see
+``methods/tiers.py``). An edge aggregator (one result for its group, tier = the group's SR)
+is just another device here. Each round's metrics row gets the server seconds spent on
+``server_compress_s``, ``server_dilate_s`` and ``server_aggregate_s`` (round 1 also
+``server_pretrain_s``), and the compressors' and dilators' last-epoch accuracy on the server
+data (``compress_acc``, ``dilate_acc``, means over tiers / models).
+
+Options (``--method-option key=value``): ``server_fraction`` (0.05), ``pretrain_epochs``
+(5), ``compress_epochs`` (20), ``dilate_epochs`` (20), ``aggregate_epochs`` (10),
+``lr_max`` (1e-3), ``lr_min`` (1e-5), ``t_max`` (4), ``cosine`` (true), ``aggregate_lr``
+(1e-3), ``kld_weight`` (0.2), ``server_batch_size`` (16), the block: ``expand_channels``
+(16; 0 = no 1×1 block), ``mlr`` (false), ``weight_norm`` (true), ``init`` ("delta" or
+"random"); ``aggregation`` ("learned" or "average" = sample-weighted FedAvg of the dilated
+models, the paper's ablation), ``tier_map``, ``tier_ratios``, ``seed`` (0).
+
+Decisions where the paper is silent (see also the three modules above):
+* SR 1 devices get the global model and their results are not dilated (nothing to
+  compress; the authors' code does the same).
+* The MLR is off by default: as specified (0.85 / 0.001 on the generated weights) it left
+  sub-models near chance on digits; ``mlr=true`` restores the paper's block.
+* Pre-training happens once, in round 1 (the paper's Algorithm 1); the authors' code also
+  trains the global model on the server data every round, which we do not.
+* Dilators are warm-started from the same device's last round (as compressors are).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import numpy as np
+
+from sdk_device.protocol import modelspec
+from sdk_device.runtimes.recipe import Recipe
+from sdk_device.runtimes.torch_runtime import TorchRuntime
+
+from ..models.train_generated import Schedule
+from ..reconstruct.average import weighted_average
+from ..reconstruct.conv_dilate import dilator
+from ..reconstruct.learned_aggregate import learned_aggregate
+from ..submodels.conv_compress import BlockConfig, WeightTransform, compressor, tier_spec, train_transform
+from ..submodels.width import static_bn
+from ..torch_utils import one_torch_thread, tensors_from_json, tensors_to_json
+from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from .tiers import tier_ratio
+
+AGGREGATIONS = ("learned", "average")
+
+
+class FedConv(Method):
+    name = "fedconv"
+
+    def __init__(self, global_spec: dict, recipe: Recipe, server_fraction: float = 0.05,
+                 pretrain_epochs: int = 5, compress_epochs: int = 20, dilate_epochs: int = 20,
+                 aggregate_epochs: int = 10, lr_max: float = 1e-3, lr_min: float = 1e-5, t_max: int = 4,
+                 cosine: bool = True, aggregate_lr: float = 1e-3, kld_weight: float = 0.2,
+                 server_batch_size: int = 16, expand_channels: int = 16, mlr: bool = False,
+                 weight_norm: bool = True, init: str = "delta", aggregation: str = "learned",
+                 tier_map: dict | None = None, tier_ratios: dict | None = None, seed: int = 0) -> None:
+        super().__init__(static_bn(global_spec), recipe)
+        if not 0 < server_fraction < 1:
+            raise ValueError(f"server_fraction must be in (0, 1), got {server_fraction}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        for key, value in (("pretrain_epochs", pretrain_epochs), ("compress_epochs", compress_epochs),
+                           ("dilate_epochs", dilate_epochs), ("aggregate_epochs", aggregate_epochs)):
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+        self.server_fraction = float(server_fraction)
+        self.pretrain_epochs = pretrain_epochs
+        self.block = BlockConfig(expand_channels=int(expand_channels), mlr=bool(mlr),
+                                 weight_norm=bool(weight_norm), init=init)
+        schedule = {"lr_max": float(lr_max), "lr_min": float(lr_min), "t_max": int(t_max),
+                    "cosine": bool(cosine), "batch_size": int(server_batch_size)}
+        self.compress_schedule = Schedule(epochs=compress_epochs, **schedule)
+        self.dilate_schedule = Schedule(epochs=dilate_epochs, **schedule)
+        self.aggregate_epochs, self.aggregate_lr = aggregate_epochs, float(aggregate_lr)
+        self.kld_weight, self.server_batch_size = float(kld_weight), int(server_batch_size)
+        self.aggregation = aggregation
+        self.tier_map = {str(k): str(v) for k, v in (tier_map or {}).items()}
+        self.tier_ratios = {str(k): float(v) for k, v in (tier_ratios or {}).items()}
+        self.seed = int(seed)
+        self.compressors: dict[float, WeightTransform] = {}  # per SR, kept across rounds
+        self.dilators: dict[str, WeightTransform] = {}  # per "device@SR", kept across rounds
+        self._specs: dict[float, dict] = {}
+        self._round: int | None = None  # the round the cached sub-models and timings belong to
+        self._sub_models: dict[float, Weights] = {}
+        self._compress_accs: dict[float, float] = {}
+        self._row: dict = {}  # this round's server figures for the metrics row
+        self._pretrain_s: float | None = None
+
+    # -- tiers -----------------------------------------------------------------------------
+    def ratio_of(self, device: DeviceInfo) -> float:
+        """The shrinkage ratio of ``device`` (``methods/tiers.py``)."""
+        return tier_ratio(device, self.tier_map, self.tier_ratios)
+
+    def spec_of(self, ratio: float) -> dict:
+        """The model a tier of shrinkage ratio ``ratio`` trains."""
+        if ratio not in self._specs:
+            self._specs[ratio] = self.global_spec if ratio == 1.0 else tier_spec(self.global_spec, ratio)
+        return self._specs[ratio]
+
+    def _server(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.server_data is None:
+            raise RuntimeError("fedconv needs server data: attach_server_data() first (the simulation "
+                               "does it; `fedsdk-server run` takes --server-data or a share of --dataset)")
+        return self.server_data
+
+    def _start_round(self, round_number: int) -> None:
+        if self._round != round_number:
+            self._round, self._sub_models, self._compress_accs = round_number, {}, {}
+            self._row = {"server_compress_s": 0.0, "server_dilate_s": 0.0, "server_aggregate_s": 0.0}
+            if round_number == 1 and self._pretrain_s is not None:
+                self._row["server_pretrain_s"] = self._pretrain_s
+
+    # -- the Method interface --------------------------------------------------------------
+    def initial_weights(self, seed: int) -> Weights:
+        """Fresh global weights, pre-trained ``pretrain_epochs`` epochs on the server data."""
+        weights = super().initial_weights(seed)
+        if self.pretrain_epochs == 0:
+            return weights
+        started = time.perf_counter()
+        runtime = TorchRuntime()
+        runtime.load_program(modelspec.dumps(self.global_spec), modelspec.FORMAT)
+        runtime.set_weights(weights)
+        recipe = Recipe.from_dict({**self.recipe.to_dict(), "epochs": self.pretrain_epochs,
+                                   "batch_size": self.server_batch_size, "seed": seed})
+        with one_torch_thread():
+            runtime.train(*self._server(), recipe)
+        self._pretrain_s = time.perf_counter() - started
+        return runtime.get_weights()
+
+    def configure_train(self, round_number: int, global_weights: Weights,
+                        devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        self._start_round(round_number)
+        ratios = {d.device_id: self.ratio_of(d) for d in devices}
+        for ratio in sorted(set(ratios.values()) - {1.0} - set(self._sub_models), reverse=True):
+            started = time.perf_counter()
+            self._sub_models[ratio] = self.compress(round_number, ratio, global_weights)
+            self._row["server_compress_s"] += time.perf_counter() - started
+        instructions = []
+        for device in devices:
+            ratio = ratios[device.device_id]
+            weights = global_weights if ratio == 1.0 else self._sub_models[ratio]
+            instructions.append(TrainInstruction(device.device_id, self.spec_of(ratio), weights, self.recipe,
+                                                 {"ratio": ratio}))
+        return instructions
+
+    def aggregate_train(self, round_number: int, global_weights: Weights,
+                        updates: list[ClientUpdate]) -> Weights:
+        self._start_round(round_number)
+        started = time.perf_counter()
+        full, accuracies = [], []
+        for update in updates:
+            ratio = float(update.instruction.index_map.get("ratio", 1.0))
+            if ratio == 1.0:
+                full.append(update.weights)
+            else:
+                weights, accuracy = self.dilate(round_number, update, ratio)
+                full.append(weights)
+                accuracies.append(accuracy)
+        if accuracies:
+            self._row["dilate_acc"] = float(np.mean(accuracies))
+        self._row["server_dilate_s"] += time.perf_counter() - started
+        started = time.perf_counter()
+        samples = [float(u.num_samples) for u in updates]
+        if self.aggregation == "average":
+            result = weighted_average(list(zip(full, samples, strict=True)))
+        else:
+            with one_torch_thread():
+                result, info = learned_aggregate(
+                    self.global_spec, global_weights, full, samples, *self._server(),
+                    epochs=self.aggregate_epochs, lr=self.aggregate_lr, kld_weight=self.kld_weight,
+                    batch_size=self.server_batch_size, seed=self._seed(round_number, "aggregate"))
+            self._row.update({"aggregate_v_min": info["v_min"], "aggregate_v_max": info["v_max"]})
+        self._row["server_aggregate_s"] += time.perf_counter() - started
+        return result
+
+    def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
+        out = super().aggregate_evaluate(round_number, updates)
+        if self._round == round_number:
+            out.update(self._row)
+        return out
+
+    # -- the three server stages -----------------------------------------------------------
+    def compress(self, round_number: int, ratio: float, global_weights: Weights) -> Weights:
+        """Tune tier ``ratio``'s compressor on the server data; the tier's weights it generates."""
+        if ratio not in self.compressors:
+            self.compressors[ratio] = compressor(self.global_spec, ratio, self.block, self.seed)
+        transform = self.compressors[ratio]
+        with one_torch_thread():
+            stats = train_transform(transform, global_weights, self.spec_of(ratio), *self._server(),
+                                    self.compress_schedule, self._seed(round_number, f"compress{ratio}"))
+            weights = transform.generate(global_weights)
+        self._compress_accs[ratio] = stats["accuracy"]
+        self._row["compress_acc"] = float(np.mean(list(self._compress_accs.values())))
+        return weights
+
+    def dilate(self, round_number: int, update: ClientUpdate, ratio: float) -> tuple[Weights, float]:
+        """(``update``'s model dilated to the global shapes by its own tuned dilator, the
+        dilated model's last-epoch accuracy on the server data)."""
+        key = f"{update.device_id}@{ratio}"
+        if key not in self.dilators:
+            self.dilators[key] = dilator(self.global_spec, ratio, self.block, self.seed)
+        transform = self.dilators[key]
+        with one_torch_thread():
+            stats = train_transform(transform, update.weights, self.global_spec, *self._server(),
+                                    self.dilate_schedule, self._seed(round_number, key))
+            return transform.generate(update.weights), stats["accuracy"]
+
+    def _seed(self, round_number: int, what: str) -> int:
+        return (self.seed * 1_000_003 + round_number * 7919 + zlib.crc32(what.encode())) % (2**31)
+
+    # -- checkpoint state ------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The compressors (per SR) and dilators (per device and SR), base64 float32."""
+        compressors = {repr(r): tensors_to_json(t.state_dict()) for r, t in self.compressors.items()}
+        return {"compressors": compressors,
+                "dilators": {k: tensors_to_json(t.state_dict()) for k, t in self.dilators.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for ratio_text, tensors in state.get("compressors", {}).items():
+            ratio = float(ratio_text)
+            self.compressors[ratio] = compressor(self.global_spec, ratio, self.block, self.seed)
+            self.compressors[ratio].load_state_dict(tensors_from_json(tensors))
+        for key, tensors in state.get("dilators", {}).items():
+            ratio = float(key.rpartition("@")[2])
+            self.dilators[key] = dilator(self.global_spec, ratio, self.block, self.seed)
+            self.dilators[key].load_state_dict(tensors_from_json(tensors))

@@ -1,0 +1,81 @@
+"""Edge aggregators in a simulation (``fedsdk-server simulate --edges N``).
+
+How N edges and the tiers map: the distinct tiers, in the order ``--tiers`` names them
+(one tier, ``None``, without ``--tiers``), are given to the edges round-robin: edge-1 gets
+the first tier, edge-2 the second, … and edge-(T+1) the first again. Each edge manages the
+devices of its tier only (FedConv: "each managing a group of clients with the same SR");
+the devices of a tier with several edges are dealt round-robin among them. With fewer
+edges than tiers, the devices of the tiers left without an edge talk to the server
+directly, so one run mixes both paths. An edge whose tier has no device is not started.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..fleet.registry import FleetRegistry
+
+
+@dataclass(frozen=True)
+class EdgeGroup:
+    """One edge: its device id in the server's fleet, its tier and its devices."""
+
+    edge_id: str
+    tier: str | None
+    device_ids: tuple[str, ...]
+
+    def group_fleet(self, fleet: str) -> str:
+        return f"{fleet}.{self.edge_id}"
+
+
+def plan_edges(device_tiers: dict[str, str | None], tier_order: list[str] | None,
+               edges: int) -> tuple[list[EdgeGroup], list[str]]:
+    """Split devices (id -> tier) over ``edges`` edges (see the module docstring);
+    returns (the edges that have devices, the devices that talk to the server directly)."""
+    if edges < 0:
+        raise ValueError(f"--edges must be >= 0, got {edges}")
+    if edges == 0:
+        return [], list(device_tiers)
+    tiers = list(dict.fromkeys(tier_order)) if tier_order else [None]
+    edge_tiers = {f"edge-{k + 1}": tiers[k % len(tiers)] for k in range(edges)}
+    members: dict[str, list[str]] = {e: [] for e in edge_tiers}
+    direct = []
+    dealt: dict[str | None, int] = {}
+    for dev, tier in device_tiers.items():
+        own = [e for e, t in edge_tiers.items() if t == tier]
+        if not own:
+            direct.append(dev)
+            continue
+        members[own[dealt.get(tier, 0) % len(own)]].append(dev)
+        dealt[tier] = dealt.get(tier, 0) + 1
+    groups = [EdgeGroup(e, edge_tiers[e], tuple(devs)) for e, devs in members.items() if devs]
+    return groups, direct
+
+
+def register_group(edge_dir: Path, group: EdgeGroup) -> None:
+    """Register the group's devices in the edge's own registry."""
+    registry = FleetRegistry(edge_dir / "registry.sqlite")
+    try:
+        for dev in group.device_ids:
+            registry.add_device(dev, tier=group.tier)
+    finally:
+        registry.close()
+
+
+def start_edge_process(broker_url: str, fleet: str, group: EdgeGroup, edge_dir: Path, seed: int = 0,
+                       python: str | None = None) -> subprocess.Popen:
+    """Start ``fedsdk-server edge`` for ``group``; it waits for all its devices (120 s at
+    most) before joining the server's fleet. Logs to ``<edge_dir>/edge.log``."""
+    cmd = [python or sys.executable, "-m", "server_toolkit.cli", "-v", "edge", "--broker", broker_url,
+           "--fleet", fleet, "--edge-id", group.edge_id, "--run-dir", str(edge_dir),
+           "--min-devices", str(len(group.device_ids)), "--seed", str(seed)]
+    if group.tier is not None:
+        cmd += ["--tier", group.tier]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    edge_dir.mkdir(parents=True, exist_ok=True)
+    with open(edge_dir / "edge.log", "ab") as log_file:
+        return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
