@@ -1,6 +1,10 @@
 """Personalised methods on digits: Local, FedAvg (per architecture), pFedHN, MH-pFedHN,
 MH-pFedHNGD (and HeteroFL with heterogeneous architectures), one partition and seed each.
 
+RecipFL against AllSmall, ExclusiveFL and HeteroFL/DepthFL (strong and weak devices reported
+separately) is its own bench, ``bench/accuracy_recipfl.py``: its fleets are resource-skewed
+(strong devices with half the data), not architecture-skewed as here.
+
 Setting. All 1,797 digits images (8x8) are partitioned over ``--devices`` devices (default
 20), non-IID two ways: ``k-classes`` (each device holds ``--classes-per-client`` classes,
 dealt round-robin, each class split evenly among its holders; the paper's non-IID_1) and
