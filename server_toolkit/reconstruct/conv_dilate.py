@@ -25,3 +25,4 @@ def dilator(global_spec: dict, ratio: float, config: BlockConfig = DEFAULT_BLOCK
         torch.manual_seed(seed)
         return WeightTransform(tensor_shapes(tier_spec(global_spec, ratio)), tensor_shapes(global_spec),
                                config, transposed=True)
+

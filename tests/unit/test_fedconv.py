@@ -82,11 +82,30 @@ def test_identity_initialised_compression_at_sr_1_is_the_global_model():
     assert all(np.array_equal(generated[k], weights[k]) for k in weights)
 
 
+def test_compressed_tensors_keep_the_norm_of_the_top_left_block():
+    spec, weights = global_model()
+    transform = compressor(spec, 0.5)
+    with torch.no_grad():
+        for path in transform.paths.values():
+            path.scale.mul_(3.0)  # a compressor that inflates everything
+    generated = transform.generate(weights)
+    plan = width_layout(spec).plan(0.5)
+    for name, indices in plan.index_map.items():
+        corner = weights[name][np.ix_(*indices)]
+        assert np.linalg.norm(generated[name]) == pytest.approx(np.linalg.norm(corner), rel=1e-5)
+    inflated = compressor(spec, 0.5, BlockConfig(keep_norm=False))
+    with torch.no_grad():
+        for path in inflated.paths.values():
+            path.scale.mul_(3.0)
+    big = inflated.generate(weights)["layers.0.weight"]
+    assert np.linalg.norm(big) == pytest.approx(3 * np.linalg.norm(generated["layers.0.weight"]), rel=1e-5)
+
+
 def test_the_mlr_is_never_the_identity():
     x = torch.tensor([-2.0, -0.5, 0.0, 0.5, 2.0])
     assert torch.allclose(modified_leaky_relu(x), torch.tensor([-0.002, -0.0005, 0.0, 0.425, 1.7]))
     spec, weights = global_model()
-    generated = compressor(spec, 1.0, BlockConfig(mlr=True)).generate(weights)
+    generated = compressor(spec, 1.0, BlockConfig(mlr=True, keep_norm=False)).generate(weights)
     w = weights["layers.0.weight"]
     assert np.allclose(generated["layers.0.weight"], np.where(w >= 0, 0.85 * w, 0.001 * w), atol=1e-7)
 
@@ -236,7 +255,7 @@ def test_fedconv_rounds_in_process_send_tier_models_and_report_server_time():
         assert instruction.spec == tier_spec(method.global_spec, ratio) or ratio == 1.0
         assert {k: v.shape for k, v in instruction.weights.items()} == tensor_shapes(instruction.spec)
     assert set(method.compressors) == {0.75, 0.5, 0.25}
-    assert set(method.dilators) == {"d1@0.75", "d2@0.5", "d3@0.25"}
+    assert not method.dilators  # fresh dilators every round by default
 
 
 def test_sr_1_devices_get_the_global_model_itself():
@@ -250,14 +269,14 @@ def test_sr_1_devices_get_the_global_model_itself():
 
 def test_fedconv_state_survives_a_json_checkpoint():
     x, y = toy_data()
-    method = small_fedconv()
+    method = small_fedconv(dilate_init="warm")
     method.attach_server_data(x, y)
     weights = method.initial_weights(0)
     (instruction,) = method.configure_train(1, weights, [DeviceInfo("d", 10, "0.5")])
     update = ClientUpdate("d", 10, instruction.weights, {}, instruction)
     method.aggregate_train(1, weights, [update])
     state = json.loads(json.dumps(method.state_dict()))
-    restored = small_fedconv()
+    restored = small_fedconv(dilate_init="warm")
     restored.load_state_dict(state)
     assert restored.compressors[0.5].generate(weights).keys() == instruction.weights.keys()
     for name, value in method.compressors[0.5].generate(weights).items():
