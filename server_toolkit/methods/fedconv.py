@@ -79,22 +79,20 @@ class FedConv(Method):
 
     def __init__(self, global_spec: dict, recipe: Recipe, server_fraction: float = 0.05,
                  pretrain_epochs: int = 5, server_train_epochs: int = 0, compress_epochs: int = 20,
-                 dilate_epochs: int = 20,
-                 aggregate_epochs: int = 10, lr_max: float = 1e-3, lr_min: float = 1e-5, t_max: int = 4,
-                 cosine: bool = True, aggregate_lr: float = 1e-3, kld_weight: float = 0.2,
-                 server_batch_size: int = 16, expand_channels: int = 16, mlr: bool = False,
-                 weight_norm: bool = True, init: str = "delta", keep_norm: bool = True,
-                 aggregation: str = "learned",
-                 dilate_init: str = "delta", tier_map: dict | None = None, tier_ratios: dict | None = None,
-                 seed: int = 0) -> None:
+                 dilate_epochs: int = 20, aggregate_epochs: int = 10, lr_max: float = 1e-3,
+                 lr_min: float = 1e-5, t_max: int = 4, cosine: bool = True, aggregate_lr: float = 1e-3,
+                 kld_weight: float = 0.2, server_batch_size: int = 16, expand_channels: int = 16,
+                 mlr: bool = False, weight_norm: bool = True, init: str = "delta", keep_norm: bool = True,
+                 dilate_init: str = "delta", aggregation: str = "learned", tier_map: dict | None = None,
+                 tier_ratios: dict | None = None, seed: int = 0) -> None:
         super().__init__(static_bn(global_spec), recipe)
         if not 0 < server_fraction < 1:
             raise ValueError(f"server_fraction must be in (0, 1), got {server_fraction}")
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
         for key, value in (("pretrain_epochs", pretrain_epochs), ("server_train_epochs", server_train_epochs),
-                           ("compress_epochs", compress_epochs),
-                           ("dilate_epochs", dilate_epochs), ("aggregate_epochs", aggregate_epochs)):
+                           ("compress_epochs", compress_epochs), ("dilate_epochs", dilate_epochs),
+                           ("aggregate_epochs", aggregate_epochs)):
             if type(value) is not int or value < 0:
                 raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
         self.server_fraction = float(server_fraction)
@@ -107,10 +105,9 @@ class FedConv(Method):
         self.dilate_schedule = Schedule(epochs=dilate_epochs, **schedule)
         self.aggregate_epochs, self.aggregate_lr = aggregate_epochs, float(aggregate_lr)
         self.kld_weight, self.server_batch_size = float(kld_weight), int(server_batch_size)
-        self.aggregation = aggregation
         if dilate_init not in ("delta", "warm"):
             raise ValueError(f"dilate_init must be 'delta' or 'warm', got {dilate_init!r}")
-        self.dilate_init = dilate_init
+        self.dilate_init, self.aggregation = dilate_init, aggregation
         self.tier_map = {str(k): str(v) for k, v in (tier_map or {}).items()}
         self.tier_ratios = {str(k): float(v) for k, v in (tier_ratios or {}).items()}
         self.seed = int(seed)
@@ -259,7 +256,8 @@ class FedConv(Method):
 
     # -- checkpoint state ------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The compressors (per SR) and dilators (per device and SR), base64 float32."""
+        """The compressors (per SR) and, with ``dilate_init="warm"``, the dilators (per device
+        and SR), as base64 float32."""
         compressors = {repr(r): tensors_to_json(t.state_dict()) for r, t in self.compressors.items()}
         return {"compressors": compressors,
                 "dilators": {k: tensors_to_json(t.state_dict()) for k, t in self.dilators.items()}}
