@@ -83,8 +83,8 @@ class FedConv(Method):
                  lr_min: float = 1e-5, t_max: int = 4, cosine: bool = True, aggregate_lr: float = 1e-3,
                  kld_weight: float = 0.2, server_batch_size: int = 16, expand_channels: int = 16,
                  mlr: bool = False, weight_norm: bool = True, init: str = "delta", keep_norm: bool = True,
-                 dilate_init: str = "delta", aggregation: str = "learned", tier_map: dict | None = None,
-                 tier_ratios: dict | None = None, seed: int = 0) -> None:
+                 dilate_init: str = "delta", dilate_base: str = "zeros", aggregation: str = "learned",
+                 tier_map: dict | None = None, tier_ratios: dict | None = None, seed: int = 0) -> None:
         super().__init__(static_bn(global_spec), recipe)
         if not 0 < server_fraction < 1:
             raise ValueError(f"server_fraction must be in (0, 1), got {server_fraction}")
@@ -107,7 +107,9 @@ class FedConv(Method):
         self.kld_weight, self.server_batch_size = float(kld_weight), int(server_batch_size)
         if dilate_init not in ("delta", "warm"):
             raise ValueError(f"dilate_init must be 'delta' or 'warm', got {dilate_init!r}")
-        self.dilate_init, self.aggregation = dilate_init, aggregation
+        if dilate_base not in ("zeros", "global"):
+            raise ValueError(f"dilate_base must be 'zeros' or 'global', got {dilate_base!r}")
+        self.dilate_init, self.dilate_base, self.aggregation = dilate_init, dilate_base, aggregation
         self.tier_map = {str(k): str(v) for k, v in (tier_map or {}).items()}
         self.tier_ratios = {str(k): float(v) for k, v in (tier_ratios or {}).items()}
         self.seed = int(seed)
@@ -193,7 +195,8 @@ class FedConv(Method):
             if ratio == 1.0:
                 full.append(update.weights)
             else:
-                weights, accuracy = self.dilate(round_number, update, ratio)
+                base = global_weights if self.dilate_base == "global" else None
+                weights, accuracy = self.dilate(round_number, update, ratio, base)
                 full.append(weights)
                 accuracies.append(accuracy)
         if accuracies:
@@ -237,9 +240,11 @@ class FedConv(Method):
         self._row["compress_acc"] = float(np.mean(list(self._compress_accs.values())))
         return weights
 
-    def dilate(self, round_number: int, update: ClientUpdate, ratio: float) -> tuple[Weights, float]:
+    def dilate(self, round_number: int, update: ClientUpdate, ratio: float,
+               base: Weights | None = None) -> tuple[Weights, float]:
         """(``update``'s model dilated to the global shapes by its own tuned dilator, the
-        dilated model's last-epoch accuracy on the server data)."""
+        dilated model's last-epoch accuracy on the server data). ``base``: global weights
+        whose values outside the client's block are added (``dilate_base="global"``)."""
         key = f"{update.device_id}@{ratio}"
         transform = self.dilators.get(key) if self.dilate_init == "warm" else None
         if transform is None:
@@ -248,8 +253,8 @@ class FedConv(Method):
                 self.dilators[key] = transform
         with one_torch_thread():
             stats = train_transform(transform, update.weights, self.global_spec, *self._server(),
-                                    self.dilate_schedule, self._seed(round_number, key))
-            return transform.generate(update.weights), stats["accuracy"]
+                                    self.dilate_schedule, self._seed(round_number, key), base)
+            return transform.generate(update.weights, base), stats["accuracy"]
 
     def _seed(self, round_number: int, what: str) -> int:
         return (self.seed * 1_000_003 + round_number * 7919 + zlib.crc32(what.encode())) % (2**31)

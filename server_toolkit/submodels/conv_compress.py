@@ -206,7 +206,9 @@ class TensorPath(nn.Module):
             return self.direction
         return self.gain * self.direction / self.direction.norm()
 
-    def forward(self, tensor: torch.Tensor) -> torch.Tensor:
+    def forward(self, tensor: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+        """The generated tensor; ``base`` (target shape, dilation only): its values outside the
+        block ``tensor`` covers (the top-left one) are added to the output."""
         source = as_matrices(tensor)
         m = source * self.scale.view(-1, 1, 1, 1)
         if self.expand is not None:
@@ -217,6 +219,10 @@ class TensorPath(nn.Module):
         if self.config.keep_norm and not self.transposed:  # same layout, so an identity stays exact
             corner = source[:, :, :m.shape[2], :m.shape[3]].contiguous()
             m = m * (corner.norm() / m.contiguous().norm().clamp_min(1e-12))
+        if base is not None:
+            outside = torch.ones_like(m)
+            outside[:, :, :source.shape[2], :source.shape[3]] = 0.0
+            m = m + as_matrices(base) * outside
         return from_matrices(m, self.target)
 
 
@@ -233,13 +239,16 @@ class WeightTransform(nn.Module):
         self.paths = nn.ModuleDict({_key(n): TensorPath(source[n], target[n], config, transposed)
                                     for n in self.names})
 
-    def forward(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {name: self.paths[_key(name)](tensors[name]) for name in self.names}
+    def forward(self, tensors: dict[str, torch.Tensor],
+                base: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        return {name: self.paths[_key(name)](tensors[name], None if base is None else base[name])
+                for name in self.names}
 
-    def generate(self, weights: Weights) -> Weights:
-        """The generated tensors for numpy ``weights`` (no gradients), as float32 numpy."""
+    def generate(self, weights: Weights, base: Weights | None = None) -> Weights:
+        """The generated tensors for numpy ``weights`` (no gradients), as float32 numpy;
+        ``base``: see ``TensorPath.forward``."""
         with torch.no_grad():
-            out = self(to_torch(weights))
+            out = self(to_torch(weights), None if base is None else to_torch(base))
         return {k: v.detach().numpy().astype(np.float32, copy=True) for k, v in out.items()}
 
 
@@ -273,10 +282,10 @@ def compressor(global_spec: dict, ratio: float, config: BlockConfig = DEFAULT_BL
 
 
 def train_transform(transform: WeightTransform, source: Weights, target_spec: dict, x: np.ndarray,
-                    y: np.ndarray, schedule: Schedule, seed: int = 0) -> dict:
+                    y: np.ndarray, schedule: Schedule, seed: int = 0, base: Weights | None = None) -> dict:
     """Train ``transform`` so the model ``target_spec`` with the tensors it generates from the
-    frozen ``source`` weights classifies (x, y) well; returns the last epoch's mean loss and
-    accuracy."""
-    frozen = to_torch(source)
-    return train_generated(lambda: transform(frozen), transform.parameters(), target_spec, x, y, schedule,
-                           seed)
+    frozen ``source`` weights (and frozen ``base``, see ``TensorPath.forward``) classifies
+    (x, y) well; returns the last epoch's mean loss and accuracy."""
+    frozen, frozen_base = to_torch(source), None if base is None else to_torch(base)
+    return train_generated(lambda: transform(frozen, frozen_base), transform.parameters(), target_spec, x, y,
+                           schedule, seed)
