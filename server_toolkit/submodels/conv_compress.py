@@ -289,3 +289,19 @@ def train_transform(transform: WeightTransform, source: Weights, target_spec: di
     frozen, frozen_base = to_torch(source), None if base is None else to_torch(base)
     return train_generated(lambda: transform(frozen, frozen_base), transform.parameters(), target_spec, x, y,
                            schedule, seed)
+
+
+def pull_back(transform: WeightTransform, source: Weights, change: Weights) -> Weights:
+    """``change`` (a change of the weights ``transform`` generated from ``source``, e.g. what a
+    device's training did to its sub-model) carried back to ``source``'s shapes through the
+    transposed Jacobian of the transform at ``source`` (a vector-Jacobian product: the chain
+    rule's map from the sub-model's gradient to the global model's). For an untrained
+    delta-initialised compressor this is zero padding."""
+    inputs = {k: v.requires_grad_(True) for k, v in to_torch(source).items()}
+    generated = transform(inputs)
+    names = [n for n in transform.names if n in change]
+    grads = torch.autograd.grad([generated[n] for n in names], [inputs[n] for n in names],
+                                grad_outputs=[torch.from_numpy(np.ascontiguousarray(change[n], np.float32))
+                                              for n in names], allow_unused=True)
+    return {n: (np.zeros_like(source[n], np.float32) if g is None else g.numpy().astype(np.float32))
+            for n, g in zip(names, grads, strict=True)}
