@@ -13,9 +13,19 @@ model computes, and training starts from the client's accuracy.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from ..submodels.conv_compress import DEFAULT_BLOCK, BlockConfig, WeightTransform, tensor_shapes, tier_spec
+from ..models.train_generated import Schedule, train_generated
+from ..submodels.conv_compress import (
+    DEFAULT_BLOCK,
+    BlockConfig,
+    Weights,
+    WeightTransform,
+    tensor_shapes,
+    tier_spec,
+    to_torch,
+)
 
 
 def dilator(global_spec: dict, ratio: float, config: BlockConfig = DEFAULT_BLOCK,
@@ -25,3 +35,23 @@ def dilator(global_spec: dict, ratio: float, config: BlockConfig = DEFAULT_BLOCK
         torch.manual_seed(seed)
         return WeightTransform(tensor_shapes(tier_spec(global_spec, ratio)), tensor_shapes(global_spec),
                                config, transposed=True)
+
+
+
+def train_update_dilator(transform: WeightTransform, change: Weights, global_weights: Weights,
+                         global_spec: dict, x: np.ndarray, y: np.ndarray, schedule: Schedule,
+                         seed: int = 0) -> tuple[Weights, dict]:
+    """Dilate a client's *update* instead of its model (``dilate_what="update"``): tune
+    ``transform`` so that the global model plus the dilated ``change`` (trained − sent, the
+    tier's shapes) classifies (x, y) well (``schedule.epochs`` = 0: no tuning); returns
+    (global + dilated change, the last epoch's {"loss", "accuracy"})."""
+    frozen_change, frozen_global = to_torch(change), to_torch(global_weights)
+
+    def generate() -> dict[str, torch.Tensor]:
+        dilated = transform(frozen_change)
+        return {name: frozen_global[name] + dilated[name] for name in dilated}
+
+    stats = train_generated(generate, transform.parameters(), global_spec, x, y, schedule, seed)
+    with torch.no_grad():
+        out = {k: v.numpy().astype(np.float32, copy=True) for k, v in generate().items()}
+    return out, stats

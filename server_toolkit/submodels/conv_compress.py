@@ -18,12 +18,14 @@ ablations:
 
 1. every matrix j times a learned scalar ω_j (init 1): one path per tensor is shared by its
    matrices (the paper's shared-parameter optimisation);
-2. the 1×1 block: m + conv1x1(16→1)(ReLU(conv1x1(1→16)(m))) (the skip connection);
+2. the 1×1 block: m + conv1x1(16→1)(ReLU(conv1x1(1→16)(m))) (the skip connection; no biases);
 3. the size-changing conv, stride 1, padding 0, kernel (rows − rows' + 1, cols − cols' + 1):
    a conv to compress, a transposed conv to dilate (``reconstruct/conv_dilate.py``), with
    weight normalisation (large kernels are applied through an FFT: same result, faster);
 4. the Modified Leaky ReLU (MLR) on the generated values: 0.85·x for x ≥ 0, 0.001·x for
-   x < 0 (off by default, see below).
+   x < 0 (off by default, see below);
+5. (compression only, ours) the generated tensor rescaled to the Frobenius norm of the
+   source tensor's top-left block of the target shape (``keep_norm``, see below).
 
 Decisions where the paper is silent or where it fails here:
 * The MLR is off by default (``BlockConfig.mlr``). Measured on digits (small_cnn trained to
@@ -39,7 +41,17 @@ Decisions where the paper is silent or where it fails here:
   the global spec's BatchNorm is made static (no running statistics, as the width methods).
   Tensors whose shape does not change (e.g. the classifier bias) get a (1, 1) path too.
 * The 1×1 block has a ReLU between its two convs (two linear 1×1 convs in a row would be one
-  scalar); its second conv starts at zero, so the block starts as the identity.
+  scalar); its second conv starts at zero, so the block starts as the identity. Its convs
+  have no bias: a bias adds one constant to every entry, which a large size-changing kernel
+  then sums up coherently. With biases, generated linear weights grew to ~100× the global
+  ones within two rounds on digits, and the devices' training then killed every ReLU.
+* ``keep_norm`` (on by default; not in the paper). Trained on a few dozen server images, the
+  compressors scaled their outputs up round after round (a large kernel can add up many
+  entries coherently; 2-6× the top-left block's norm after two rounds), the devices'
+  training on such weights killed most ReLUs and the federation fell to chance by round 5
+  on digits (Dirichlet 0.1). Rescaling each compressed tensor to the norm of the block the
+  width methods would send leaves the compressor free to choose *which* weights, not how
+  large they are; with it the same runs kept learning.
 * Because of its slopes, a path with the MLR is never the identity; without it, a
   delta-initialised compressor at SR = 1 returns the global model exactly.
 * Optimiser: Adam (the paper writes plain gradient descent; the authors' code uses Adam),
@@ -73,12 +85,14 @@ NEGATIVE_SLOPE = 0.001
 class BlockConfig:
     """Which parts of the path are on. ``expand_channels``: width of the 1×1 block (0: no
     block, no skip); ``mlr``: Modified Leaky ReLU on the output; ``weight_norm`` on the
-    size-changing conv; ``init``: "delta" or "random" (see the module docstring)."""
+    size-changing conv; ``init``: "delta" or "random"; ``keep_norm``: a compressed tensor is
+    rescaled to the norm of the source's top-left block (see the module docstring)."""
 
     expand_channels: int = 16
     mlr: bool = False
     weight_norm: bool = True
     init: str = "delta"
+    keep_norm: bool = True
 
     def __post_init__(self) -> None:
         if self.init not in ("delta", "random"):
@@ -88,7 +102,7 @@ class BlockConfig:
 
 
 DEFAULT_BLOCK = BlockConfig()
-PLAIN = BlockConfig(expand_channels=0, mlr=False, weight_norm=False)  # one conv per tensor, nothing else
+PLAIN = BlockConfig(expand_channels=0, mlr=False, weight_norm=False, keep_norm=False)  # one conv only
 
 
 def modified_leaky_relu(x: torch.Tensor) -> torch.Tensor:
@@ -173,11 +187,10 @@ class TensorPath(nn.Module):
         self.scale = nn.Parameter(torch.ones(count))  # ω_j, one per matrix
         self.expand = self.reduce = None
         if config.expand_channels:
-            self.expand = nn.Conv2d(1, config.expand_channels, 1)
-            self.reduce = nn.Conv2d(config.expand_channels, 1, 1)
+            self.expand = nn.Conv2d(1, config.expand_channels, 1, bias=False)
+            self.reduce = nn.Conv2d(config.expand_channels, 1, 1, bias=False)
             if config.init == "delta":
                 nn.init.zeros_(self.reduce.weight)
-                nn.init.zeros_(self.reduce.bias)
         direction = torch.zeros(self.kernel_size)
         if config.init == "delta":
             direction[0, 0] = 1.0
@@ -193,13 +206,23 @@ class TensorPath(nn.Module):
             return self.direction
         return self.gain * self.direction / self.direction.norm()
 
-    def forward(self, tensor: torch.Tensor) -> torch.Tensor:
-        m = as_matrices(tensor) * self.scale.view(-1, 1, 1, 1)
+    def forward(self, tensor: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+        """The generated tensor; ``base`` (target shape, dilation only): its values outside the
+        block ``tensor`` covers (the top-left one) are added to the output."""
+        source = as_matrices(tensor)
+        m = source * self.scale.view(-1, 1, 1, 1)
         if self.expand is not None:
             m = m + self.reduce(F.relu(self.expand(m)))
         m = convolve_full(m, self.kernel()) if self.transposed else correlate_valid(m, self.kernel())
         if self.config.mlr:
             m = modified_leaky_relu(m)
+        if self.config.keep_norm and not self.transposed:  # same layout, so an identity stays exact
+            corner = source[:, :, :m.shape[2], :m.shape[3]].contiguous()
+            m = m * (corner.norm() / m.contiguous().norm().clamp_min(1e-12))
+        if base is not None:
+            outside = torch.ones_like(m)
+            outside[:, :, :source.shape[2], :source.shape[3]] = 0.0
+            m = m + as_matrices(base) * outside
         return from_matrices(m, self.target)
 
 
@@ -216,13 +239,16 @@ class WeightTransform(nn.Module):
         self.paths = nn.ModuleDict({_key(n): TensorPath(source[n], target[n], config, transposed)
                                     for n in self.names})
 
-    def forward(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {name: self.paths[_key(name)](tensors[name]) for name in self.names}
+    def forward(self, tensors: dict[str, torch.Tensor],
+                base: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        return {name: self.paths[_key(name)](tensors[name], None if base is None else base[name])
+                for name in self.names}
 
-    def generate(self, weights: Weights) -> Weights:
-        """The generated tensors for numpy ``weights`` (no gradients), as float32 numpy."""
+    def generate(self, weights: Weights, base: Weights | None = None) -> Weights:
+        """The generated tensors for numpy ``weights`` (no gradients), as float32 numpy;
+        ``base``: see ``TensorPath.forward``."""
         with torch.no_grad():
-            out = self(to_torch(weights))
+            out = self(to_torch(weights), None if base is None else to_torch(base))
         return {k: v.detach().numpy().astype(np.float32, copy=True) for k, v in out.items()}
 
 
@@ -256,10 +282,26 @@ def compressor(global_spec: dict, ratio: float, config: BlockConfig = DEFAULT_BL
 
 
 def train_transform(transform: WeightTransform, source: Weights, target_spec: dict, x: np.ndarray,
-                    y: np.ndarray, schedule: Schedule, seed: int = 0) -> dict:
+                    y: np.ndarray, schedule: Schedule, seed: int = 0, base: Weights | None = None) -> dict:
     """Train ``transform`` so the model ``target_spec`` with the tensors it generates from the
-    frozen ``source`` weights classifies (x, y) well; returns the last epoch's mean loss and
-    accuracy."""
-    frozen = to_torch(source)
-    return train_generated(lambda: transform(frozen), transform.parameters(), target_spec, x, y, schedule,
-                           seed)
+    frozen ``source`` weights (and frozen ``base``, see ``TensorPath.forward``) classifies
+    (x, y) well; returns the last epoch's mean loss and accuracy."""
+    frozen, frozen_base = to_torch(source), None if base is None else to_torch(base)
+    return train_generated(lambda: transform(frozen, frozen_base), transform.parameters(), target_spec, x, y,
+                           schedule, seed)
+
+
+def pull_back(transform: WeightTransform, source: Weights, change: Weights) -> Weights:
+    """``change`` (a change of the weights ``transform`` generated from ``source``, e.g. what a
+    device's training did to its sub-model) carried back to ``source``'s shapes through the
+    transposed Jacobian of the transform at ``source`` (a vector-Jacobian product: the chain
+    rule's map from the sub-model's gradient to the global model's). For an untrained
+    delta-initialised compressor this is zero padding."""
+    inputs = {k: v.requires_grad_(True) for k, v in to_torch(source).items()}
+    generated = transform(inputs)
+    names = [n for n in transform.names if n in change]
+    grads = torch.autograd.grad([generated[n] for n in names], [inputs[n] for n in names],
+                                grad_outputs=[torch.from_numpy(np.ascontiguousarray(change[n], np.float32))
+                                              for n in names], allow_unused=True)
+    return {n: (np.zeros_like(source[n], np.float32) if g is None else g.numpy().astype(np.float32))
+            for n, g in zip(names, grads, strict=True)}

@@ -56,7 +56,6 @@ def test_fedconv_simulation_over_mosquitto(mosquitto, tmp_path):
                 assert {k: v.shape for k, v in uploaded.items()} == expected, tier
         assert seen == set(TIERS.split(","))
         state = json.loads((run_dir / "state.json").read_text())["method_state"]
-        assert sorted(map(float, state["compressors"])) == [0.25, 0.5, 0.75]
-        assert len(state["dilators"]) == 3  # one per device of SR < 1
+        assert sorted(map(float, state["compressors"])) == [0.25, 0.5, 0.75]  # kept for --resume
     finally:
         registry.close()

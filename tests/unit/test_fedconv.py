@@ -82,11 +82,30 @@ def test_identity_initialised_compression_at_sr_1_is_the_global_model():
     assert all(np.array_equal(generated[k], weights[k]) for k in weights)
 
 
+def test_compressed_tensors_keep_the_norm_of_the_top_left_block():
+    spec, weights = global_model()
+    transform = compressor(spec, 0.5)
+    with torch.no_grad():
+        for path in transform.paths.values():
+            path.scale.mul_(3.0)  # a compressor that inflates everything
+    generated = transform.generate(weights)
+    plan = width_layout(spec).plan(0.5)
+    for name, indices in plan.index_map.items():
+        corner = weights[name][np.ix_(*indices)]
+        assert np.linalg.norm(generated[name]) == pytest.approx(np.linalg.norm(corner), rel=1e-5)
+    inflated = compressor(spec, 0.5, BlockConfig(keep_norm=False))
+    with torch.no_grad():
+        for path in inflated.paths.values():
+            path.scale.mul_(3.0)
+    big = inflated.generate(weights)["layers.0.weight"]
+    assert np.linalg.norm(big) == pytest.approx(3 * np.linalg.norm(generated["layers.0.weight"]), rel=1e-5)
+
+
 def test_the_mlr_is_never_the_identity():
     x = torch.tensor([-2.0, -0.5, 0.0, 0.5, 2.0])
     assert torch.allclose(modified_leaky_relu(x), torch.tensor([-0.002, -0.0005, 0.0, 0.425, 1.7]))
     spec, weights = global_model()
-    generated = compressor(spec, 1.0, BlockConfig(mlr=True)).generate(weights)
+    generated = compressor(spec, 1.0, BlockConfig(mlr=True, keep_norm=False)).generate(weights)
     w = weights["layers.0.weight"]
     assert np.allclose(generated["layers.0.weight"], np.where(w >= 0, 0.85 * w, 0.001 * w), atol=1e-7)
 
@@ -236,7 +255,7 @@ def test_fedconv_rounds_in_process_send_tier_models_and_report_server_time():
         assert instruction.spec == tier_spec(method.global_spec, ratio) or ratio == 1.0
         assert {k: v.shape for k, v in instruction.weights.items()} == tensor_shapes(instruction.spec)
     assert set(method.compressors) == {0.75, 0.5, 0.25}
-    assert set(method.dilators) == {"d1@0.75", "d2@0.5", "d3@0.25"}
+    assert not method.dilators  # fresh dilators every round by default
 
 
 def test_sr_1_devices_get_the_global_model_itself():
@@ -250,14 +269,14 @@ def test_sr_1_devices_get_the_global_model_itself():
 
 def test_fedconv_state_survives_a_json_checkpoint():
     x, y = toy_data()
-    method = small_fedconv()
+    method = small_fedconv(dilate_init="warm")
     method.attach_server_data(x, y)
     weights = method.initial_weights(0)
     (instruction,) = method.configure_train(1, weights, [DeviceInfo("d", 10, "0.5")])
     update = ClientUpdate("d", 10, instruction.weights, {}, instruction)
     method.aggregate_train(1, weights, [update])
     state = json.loads(json.dumps(method.state_dict()))
-    restored = small_fedconv()
+    restored = small_fedconv(dilate_init="warm")
     restored.load_state_dict(state)
     assert restored.compressors[0.5].generate(weights).keys() == instruction.weights.keys()
     for name, value in method.compressors[0.5].generate(weights).items():
@@ -284,3 +303,47 @@ def test_fedsdk_server_run_gives_the_method_its_server_data(tmp_path):
     fedavg = FedAvg(model_spec("small_cnn", (1, 8, 8), 10), Recipe())
     _attach_server_data(fedavg, data, tmp_path / "server.npz", seed=0)
     assert fedavg.server_data is None
+
+
+def test_devices_returning_what_they_got_leave_the_global_model_unchanged():
+    """The collapse's root cause, pinned: a tuned compressor does not send the top-left block,
+    so dilating the returned *model* (zero padding) writes the sub-model's coordinates over the
+    global ones even when no device learned anything; dilating the *update* (the default)
+    changes nothing then."""
+    x, y = toy_data(120)
+    devices = [DeviceInfo(f"d{i}", 10, tier) for i, tier in enumerate(["1.0", "0.5", "0.25"])]
+    outcomes = {}
+    for mode in ("update", "model"):
+        method = small_fedconv(compress_epochs=3, dilate_epochs=2, aggregate_epochs=0, dilate_what=mode)
+        method.attach_server_data(x, y)
+        weights = method.initial_weights(0)
+        instructions = method.configure_train(1, weights, devices)
+        assert method.aggregate_evaluate(1, [])["compress_drift"] > 0.01  # the compressors moved
+        echoes = [ClientUpdate(i.device_id, 10, i.weights, {}, i) for i in instructions]
+        result = method.aggregate_train(1, weights, echoes)
+        outcomes[mode] = max(float(np.max(np.abs(result[k] - weights[k]))) for k in weights)
+    assert outcomes["update"] < 1e-5
+    assert outcomes["model"] > 1e-2
+
+
+def test_fedconv_keeps_learning_on_digits_over_ten_rounds():
+    """Regression for the collapse to chance (global accuracy 0.62 -> 0.10 within a few rounds
+    under the earlier defaults): ten in-process rounds on digits, Dirichlet(0.5), SR 1.0 / 0.5 /
+    0.25, fewer server epochs than the defaults; the global model must end well above chance
+    and not far below its best round."""
+    from server_toolkit.sim.datasets import load_dataset
+    from server_toolkit.sim.partition import partition
+
+    data = load_dataset("digits")
+    cut = take_server_slice(data.x_train, data.y_train, 0.05)
+    x, y = cut.rest
+    parts = partition(y, 6, "dirichlet", seed=0, alpha=0.5, min_size=10)
+    devices = [LocalDevice(DeviceInfo(f"d{i}", len(idx), ("1.0", "0.5", "0.25")[i % 3]), x[idx], y[idx])
+               for i, idx in enumerate(parts)]
+    recipe = Recipe(epochs=2, batch_size=16, lr=0.05, momentum=0.9)
+    method = FedConv(model_spec("small_cnn", (1, 8, 8), 10), recipe, pretrain_epochs=5,
+                     compress_epochs=5, dilate_epochs=2, aggregate_epochs=2)
+    rows = run_rounds(method, devices, 10, (data.x_test, data.y_test), server_data=cut.server).rows
+    accuracies = [r["accuracy"] for r in rows]
+    assert accuracies[-1] >= 0.6, accuracies
+    assert accuracies[-1] >= max(accuracies) - 0.1, accuracies
