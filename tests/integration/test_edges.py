@@ -100,8 +100,8 @@ def test_simulate_with_two_edges_completes_rounds(mosquitto, tmp_path):
                 assert has_smashed == (row["round"] != 1), (edge, row["round"])
         shapes = {registry.device(u["device_id"])["tier"]: first_conv(store, u) for u in registry.updates(1)}
         assert shapes["0.5"][0] < shapes["1.0"][0]  # each edge trains its own tier's sub-model
-        state = json.loads((run_dir / "state.json").read_text())["method_state"]
-        assert len(state["dilators"]) == 1  # FedConv dilates edge-2's (tier 0.5) model as a device's
+        # FedConv dilates edge-2's (tier 0.5) result like a device's, every round
+        assert all(row["server_dilate_s"] > 0 and 0.0 <= row["dilate_acc"] <= 1.0 for row in rows)
     finally:
         registry.close()
 
