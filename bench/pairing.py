@@ -30,7 +30,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from export.programs import ProgramCache  # noqa: E402
 from sdk_device.benchmark import bench_programs, initial_weights  # noqa: E402
 from sdk_device.pair_cli import _benchmark  # noqa: E402
 from sdk_device.pairing import PairClient, PairingError  # noqa: E402
@@ -40,7 +39,7 @@ from sdk_device.runtimes.recipe import Recipe  # noqa: E402
 from sdk_device.transport.tls import certificate_fingerprint  # noqa: E402
 from server_toolkit.broker.secured import make_secured_broker  # noqa: E402
 from server_toolkit.fleet.pair_codes import LockoutPolicy, PairCodes  # noqa: E402
-from server_toolkit.fleet.pairing_setup import describe_fleet, start_pairing  # noqa: E402
+from server_toolkit.fleet.pairing_setup import start_pairing_on  # noqa: E402
 from server_toolkit.fleet.registry import FleetRegistry  # noqa: E402
 from server_toolkit.fleet.tiers import spec_cost  # noqa: E402
 from server_toolkit.methods.depthfl import DepthFL  # noqa: E402
@@ -71,34 +70,9 @@ def pairing_times(root: Path, tls: bool, count: int) -> tuple[float, float]:
     """Median (total s, benchmark s) of ``count`` pairings."""
     secured = make_secured_broker(root / ("tls" if tls else "plain"), "bench", tls=tls)
     run_dir = root / f"run-{tls}"
-    registry = FleetRegistry(run_dir / "registry.sqlite")
     method = HeteroFL(model_spec("small_cnn", (1, 8, 8), 10), Recipe(epochs=1, batch_size=16))
-    info = describe_fleet(
-        method,
-        "bench",
-        secured.url,
-        ["1.0", "0.5"],
-        60.0,
-        method_name="heterofl",
-        model="small_cnn",
-        ca_file=secured.ca_file,
-        security_dir=None,
-        insecure=False,
-        lockout=LockoutPolicy(),
-    )
-    user, password = secured.security.server_credentials()
-    service = start_pairing(
-        run_dir,
-        info,
-        secured.address,
-        method,
-        registry,
-        ProgramCache(),
-        username=user,
-        password=password,
-        ca_file=secured.ca_file,
-        security=secured.security,
-    )
+    service, registry = start_pairing_on(secured, run_dir, method, ["1.0", "0.5"], method_name="heterofl",
+                                         model="small_cnn", lockout=LockoutPolicy())
     codes = PairCodes(registry, run_dir)
     pin = certificate_fingerprint(Path(secured.ca_file).read_text()) if tls else None
     totals, benches = [], []

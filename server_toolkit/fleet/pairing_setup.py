@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from export.programs import ProgramCache
 from sdk_device.protocol.pair_topics import PairTopics
@@ -20,6 +21,9 @@ from .pair_codes import LockoutPolicy, PairCodes
 from .pairing_service import CredentialIssuer, PairingService
 from .registry import FleetRegistry
 from .tiers import spec_cost
+
+if TYPE_CHECKING:
+    from ..broker.secured import SecuredBroker
 
 
 def device_url_for(address: BrokerAddress, ca_file: str | None, explicit: str | None = None) -> str:
@@ -110,3 +114,28 @@ def start_pairing(
     return PairingService(
         endpoint, registry, codes, method, info, programs, security=security, ca_pem=ca_pem
     ).start()
+
+
+def start_pairing_on(
+    secured: SecuredBroker,
+    run_dir: Path,
+    method: Method,
+    tiers: list[str],
+    *,
+    method_name: str,
+    model: str,
+    lockout: LockoutPolicy,
+    programs: ProgramCache | None = None,
+) -> tuple[PairingService, FleetRegistry]:
+    """The pairing service of ``method``'s fleet on a secured mosquitto (tests and benches:
+    ``broker.secured.make_secured_broker``), logged in as fedsdk-server, with the fleet's
+    registry in ``run_dir``."""
+    registry = FleetRegistry(Path(run_dir) / "registry.sqlite")
+    info = describe_fleet(method, secured.fleet, secured.url, tiers, 60.0, method_name=method_name,
+                          model=model, ca_file=secured.ca_file,
+                          security_dir=str(secured.security.directory), insecure=False, lockout=lockout)
+    user, password = secured.security.server_credentials()
+    service = start_pairing(run_dir, info, secured.address, method, registry, programs or ProgramCache(),
+                            username=user, password=password, ca_file=secured.ca_file,
+                            security=secured.security)
+    return service, registry

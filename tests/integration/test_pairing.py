@@ -17,8 +17,7 @@ from sdk_device.pairing import PairClient, PairingError
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.mqtt_link import probe_login
 from server_toolkit.fleet.pair_codes import LockoutPolicy, PairCodes
-from server_toolkit.fleet.pairing_setup import describe_fleet, start_pairing
-from server_toolkit.fleet.registry import FleetRegistry
+from server_toolkit.fleet.pairing_setup import start_pairing_on
 from server_toolkit.methods.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
 from tests.unit.pte_cache import cached_programs  # noqa: F401 (the program_for fixture)
@@ -36,34 +35,8 @@ def _serve(
     secured, run_dir, policy: LockoutPolicy, programs: ProgramCache | None = None, tiers: list[str] = TIERS
 ):
     """The pairing service of a heterofl fleet with ``tiers``, logged in as fedsdk-server."""
-    registry = FleetRegistry(run_dir / "registry.sqlite")
-    method = _method()
-    info = describe_fleet(
-        method,
-        secured.fleet,
-        secured.url,
-        tiers,
-        60.0,
-        method_name="heterofl",
-        model="small_cnn",
-        ca_file=secured.ca_file,
-        security_dir=str(secured.security.directory),
-        insecure=False,
-        lockout=policy,
-    )
-    user, password = secured.security.server_credentials()
-    service = start_pairing(
-        run_dir,
-        info,
-        secured.address,
-        method,
-        registry,
-        programs or ProgramCache(),
-        username=user,
-        password=password,
-        ca_file=secured.ca_file,
-        security=secured.security,
-    )
+    service, registry = start_pairing_on(secured, run_dir, _method(), tiers, method_name="heterofl",
+                                         model="small_cnn", lockout=policy, programs=programs)
     return service, registry, PairCodes(registry, run_dir, policy)
 
 
