@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -20,6 +20,30 @@ def one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def recalibrate_batchnorm(model: torch.nn.Module, batches: Iterable[torch.Tensor]) -> None:
+    """Re-estimate the running statistics of ``model``'s BatchNorm layers from ``batches``
+    (inputs, (B, ...) float32): reset, then cumulative averages over forward passes in
+    training mode without gradients. Does nothing (and reads no batch) without BatchNorm;
+    otherwise leaves ``model`` in training mode."""
+    norms = [m for m in model.modules()
+             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if not norms:
+        return
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average over the passes
+    model.train()
+    with torch.no_grad():
+        for batch in batches:
+            model(batch)
+
+
+def input_batches(x: np.ndarray, size: int = 256) -> Iterator[torch.Tensor]:
+    """``x`` (n, ...) in consecutive float32 tensors of at most ``size`` rows."""
+    for start in range(0, len(x), size):
+        yield torch.from_numpy(np.ascontiguousarray(x[start:start + size], np.float32))
 
 
 def tensors_to_json(tensors: dict[str, torch.Tensor]) -> dict:

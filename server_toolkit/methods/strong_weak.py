@@ -105,23 +105,15 @@ def evaluate_spec(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray, y: 
     """Accuracy and mean CE of the model ``spec`` with ``weights`` on (x, y).
     ``calibrate_bn``: first re-estimate BatchNorm running statistics from ``x`` (one pass in
     training mode, cumulative averages), for models whose statistics stayed on the devices."""
-    import torch
-
     from sdk_device.protocol import modelspec
     from sdk_device.runtimes.torch_runtime import TorchRuntime
+
+    from ..torch_utils import input_batches, recalibrate_batchnorm
 
     runtime = TorchRuntime()
     runtime.load_program(modelspec.dumps(spec), modelspec.FORMAT)
     runtime.set_weights(weights)
-    norms = [m for m in runtime.model.modules()
-             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    if calibrate_bn and norms:
-        for norm in norms:
-            norm.reset_running_stats()
-            norm.momentum = None
-        runtime.model.train()
-        with torch.no_grad():
-            for start in range(0, len(x), 256):
-                runtime.model(torch.from_numpy(np.ascontiguousarray(x[start:start + 256], np.float32)))
+    if calibrate_bn:
+        recalibrate_batchnorm(runtime.model, input_batches(x))
     stats = runtime.evaluate(x, y)
     return {"accuracy": stats.accuracy, "loss": stats.loss}

@@ -20,6 +20,7 @@ import torch
 
 from sdk_device.runtimes.torch_model import build_model
 
+from ..torch_utils import recalibrate_batchnorm
 from .architectures import Architecture
 
 BN_SAMPLES = 256
@@ -53,14 +54,8 @@ def label_weighted_accuracy(arch: Architecture, params: dict[str, np.ndarray], x
                           strict=False)
     xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
     if arch.buffers:
-        norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-        for m in norms:
-            m.reset_running_stats()
-            m.momentum = None  # cumulative average over the calibration batches
         draw = np.random.default_rng(seed).choice(len(y), size=BN_SAMPLES, p=weights)
-        model.train()
-        for start in range(0, BN_SAMPLES, BN_BATCH):
-            model(xt[draw[start:start + BN_BATCH]])
+        recalibrate_batchnorm(model, (xt[draw[s:s + BN_BATCH]] for s in range(0, BN_SAMPLES, BN_BATCH)))
     model.eval()
     correct = np.concatenate([(model(xt[s:s + 256])[-1].argmax(1).numpy() == y[s:s + 256])
                               for s in range(0, len(y), 256)])

@@ -63,15 +63,8 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
         chosen = devices if clients_per_round is None else rng.sample(devices, clients_per_round)
         updates = []
         for instruction in method.configure_train(rnd, weights, [d.info for d in chosen]):
-            device = by_id[instruction.device_id]
-            recipe = Recipe.from_dict({**instruction.recipe.to_dict(), "seed": seed * 100003 + rnd})
-            trained, stats, teacher = train_instruction(instruction, device, recipe, runtimes,
-                                                        local[instruction.device_id])
-            metrics = {"samples": stats.samples, "loss": stats.loss, "accuracy": stats.accuracy,
-                       "label_counts": np.bincount(device.y).tolist()}
-            if teacher.stats is not None:
-                metrics.update(teacher_loss=teacher.stats.loss, teacher_accuracy=teacher.stats.accuracy)
-            updates.append(ClientUpdate(instruction.device_id, len(device.y), trained, metrics, instruction))
+            updates.append(train_on_device(by_id[instruction.device_id], instruction, runtimes,
+                                           local[instruction.device_id], seed * 100003 + rnd))
         weights = method.aggregate_train(rnd, weights, updates)
         row = {"round": rnd, "accepted": len(updates), **method.aggregate_evaluate(rnd, updates)}
         if test_data is not None:
@@ -96,6 +89,19 @@ class _Runtimes:
             self._by_program[key] = TorchRuntime()
             self._by_program[key].load_program(program, modelspec.FORMAT)
         return self._by_program[key], program_id
+
+
+def train_on_device(device: LocalDevice, instruction: TrainInstruction, runtimes: _Runtimes,
+                    local: LocalTensors, seed: int) -> ClientUpdate:
+    """What ``device``'s agent would return for ``instruction``, trained with ``seed`` and the
+    device's own tensors ``local``."""
+    recipe = Recipe.from_dict({**instruction.recipe.to_dict(), "seed": seed})
+    trained, stats, teacher = train_instruction(instruction, device, recipe, runtimes, local)
+    metrics = {"samples": stats.samples, "loss": stats.loss, "accuracy": stats.accuracy,
+               "label_counts": np.bincount(device.y).tolist()}
+    if teacher.stats is not None:
+        metrics.update(teacher_loss=teacher.stats.loss, teacher_accuracy=teacher.stats.accuracy)
+    return ClientUpdate(instruction.device_id, len(device.y), trained, metrics, instruction)
 
 
 def train_instruction(instruction: TrainInstruction, device: LocalDevice, recipe: Recipe,

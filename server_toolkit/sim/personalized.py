@@ -31,7 +31,8 @@ from sdk_device.runtimes.recipe import Recipe
 
 from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
 from ..models.architectures import Architecture
-from .inprocess import LocalDevice, _Runtimes, train_instruction
+from . import inprocess
+from .inprocess import LocalDevice, _Runtimes
 
 
 @dataclass
@@ -48,13 +49,7 @@ class PersonalDevice(LocalDevice):
 def train_on_device(device: PersonalDevice, instruction: TrainInstruction, runtimes: _Runtimes,
                     seed: int) -> ClientUpdate:
     """What the device's agent would return for ``instruction`` (trained with ``seed``)."""
-    recipe = Recipe.from_dict({**instruction.recipe.to_dict(), "seed": seed})
-    trained, stats, teacher = train_instruction(instruction, device, recipe, runtimes, device.local)
-    metrics = {"samples": stats.samples, "loss": stats.loss, "accuracy": stats.accuracy,
-               "label_counts": np.bincount(device.y).tolist()}
-    if teacher.stats is not None:
-        metrics.update(teacher_loss=teacher.stats.loss, teacher_accuracy=teacher.stats.accuracy)
-    return ClientUpdate(instruction.device_id, len(device.y), trained, metrics, instruction)
+    return inprocess.train_on_device(device, instruction, runtimes, device.local, seed)
 
 
 def local_training_target(device: PersonalDevice, arch: Architecture, recipe: Recipe, runtimes: _Runtimes,
@@ -78,19 +73,11 @@ def local_test_accuracy(device: PersonalDevice, spec: dict, params: Weights, run
     device's own tensors (BatchNorm statistics). ``recalibrate``: first re-estimate the
     BatchNorm statistics for ``params`` on the device's training data (forward passes, no
     labels, no training), as a device could before deploying received parameters."""
-    import torch
-
+    from ..torch_utils import input_batches, recalibrate_batchnorm
     runtime, program_id = runtimes.get(spec, role="evaluate")
     runtime.set_weights(device.local.complete(program_id, params, runtime.get_weights()))
-    norms = [m for m in runtime.model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if recalibrate and norms:
-        for m in norms:
-            m.reset_running_stats()
-            m.momentum = None  # a cumulative average over the passes
-        runtime.model.train()
-        with torch.no_grad():
-            for start in range(0, len(device.x), 256):
-                runtime.model(torch.from_numpy(np.ascontiguousarray(device.x[start:start + 256], np.float32)))
+    if recalibrate:
+        recalibrate_batchnorm(runtime.model, input_batches(device.x))
     return runtime.evaluate(device.x_test, device.y_test).accuracy
 
 
