@@ -390,7 +390,6 @@ def run(
             username=username, password=password, ca_file=ca_file,
             insecure=insecure or insecure_embedded_broker,  # that flag already accepts plain TCP
         )
-        the_method = method_class(method)(spec, recipe)
         fleet_info = describe_fleet(
             the_method, fleet, device_url_for(address, ca_file, device_url), parse_tiers(tiers),
             round_timeout, method_name=method, model=model, ca_file=ca_file,

@@ -59,3 +59,30 @@ def test_fedconv_simulation_over_mosquitto(mosquitto, tmp_path):
         assert sorted(map(float, state["compressors"])) == [0.25, 0.5, 0.75]  # kept for --resume
     finally:
         registry.close()
+
+
+def test_fedsdk_server_run_serves_fedconv_with_its_options_and_server_data(mosquitto, tmp_path):
+    """`fedsdk-server run --method fedconv` builds the method once, with `--method-option` and
+    the server data (a second, option-less copy without server data used to crash it)."""
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "server_toolkit.cli", "run", "--method", "fedconv", "--method-option",
+           "pretrain_epochs=1", "--broker", mosquitto.url, "--fleet", "fc",
+           "--run-dir", str(tmp_path / "run"), "--round-timeout", "30"]
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = server.stdout.readline()
+            if not line:
+                break  # the server exited
+            output.append(line)
+            if "serving fleet fc" in line:
+                break
+        assert any("serving fleet fc" in line for line in output), "".join(output)[-3000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
