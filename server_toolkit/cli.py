@@ -484,7 +484,7 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
 
     from .broker.mosquitto_auth import SecurityDirError
     from .broker.secured import server_connection
-    from .edge.aggregator import EdgeAggregator, EdgeConfig
+    from .edge.aggregator import EdgeAggregator, EdgeConfig, default_group_fleet
     from .edge.relay import EdgeOptions
 
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
@@ -492,7 +492,7 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
         group_login: dict = {}
         if group_security_dir:
             address, group_ca, security = server_connection(group_security_dir, group_broker_url)
-            if security.fleet != (group_fleet or f"{fleet}.{edge_id}"):
+            if security.fleet != (group_fleet or default_group_fleet(fleet, edge_id)):
                 raise ValueError(f"{group_security_dir} holds the accounts of fleet {security.fleet!r}, "
                                  f"not the group's")
             user, secret = security.server_credentials()

@@ -55,6 +55,11 @@ from .relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
 log = logging.getLogger(__name__)
 
 
+def default_group_fleet(fleet: str, edge_id: str) -> str:
+    """The fleet an edge's own devices join unless told otherwise: ``<fleet>.<edge id>``."""
+    return f"{fleet}.{edge_id}"
+
+
 @dataclass
 class EdgeConfig:
     """Everything an edge aggregator needs. ``group_fleet`` defaults to
@@ -83,7 +88,8 @@ class EdgeConfig:
 
     def __post_init__(self) -> None:
         check_name("edge id", self.edge_id)
-        self.group_fleet = check_name("group fleet", self.group_fleet or f"{self.fleet}.{self.edge_id}")
+        group_fleet = self.group_fleet or default_group_fleet(self.fleet, self.edge_id)
+        self.group_fleet = check_name("group fleet", group_fleet)
         self.run_dir = Path(self.run_dir)
 
 

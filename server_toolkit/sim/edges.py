@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..edge.aggregator import default_group_fleet
 from ..fleet.registry import FleetRegistry
 
 
@@ -29,7 +30,7 @@ class EdgeGroup:
     device_ids: tuple[str, ...]
 
     def group_fleet(self, fleet: str) -> str:
-        return f"{fleet}.{self.edge_id}"
+        return default_group_fleet(fleet, self.edge_id)
 
 
 def plan_edges(device_tiers: dict[str, str | None], tier_order: list[str] | None,
