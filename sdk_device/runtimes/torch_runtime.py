@@ -47,6 +47,13 @@ def _loss_function(recipe: Recipe, extras: dict[str, np.ndarray] | None, n: int)
     return compute
 
 
+def torch_optimizer(params: list, recipe: Recipe) -> torch.optim.Optimizer:
+    """The recipe's optimiser (SGD with momentum, or Adam; weight decay) over ``params``."""
+    if recipe.optimizer == "adam":
+        return torch.optim.Adam(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    return torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+
+
 class TorchRuntime:
     """Runs the model a torchspec/1 program describes, in torch eager mode on the CPU."""
 
@@ -82,11 +89,7 @@ class TorchRuntime:
         model = self._require_model()
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        if recipe.optimizer == "adam":
-            opt = torch.optim.Adam(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-        else:
-            opt = torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum,
-                                  weight_decay=recipe.weight_decay)
+        opt = torch_optimizer(params, recipe)
         loss_fn = _loss_function(recipe, extras, len(y))
         extra_t = {k: torch.from_numpy(np.ascontiguousarray(v, np.float32))
                    for k, v in (extras or {}).items()}

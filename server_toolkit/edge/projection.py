@@ -83,6 +83,8 @@ def run_stage(heads: dict[int, Head], pairs: list[tuple[int, int]], recipe: Reci
     """Train the F's of the paired clusters and their projection layers (Eq. 8)."""
     import torch
 
+    from sdk_device.runtimes.torch_runtime import torch_optimizer
+
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lambda must be in [0, 1], got {lam}")
     torch.manual_seed(recipe.seed)
@@ -116,11 +118,7 @@ def run_stage(heads: dict[int, Head], pairs: list[tuple[int, int]], recipe: Reci
     pair_before, head_before = evaluate()
     params = [p for m in (*layers.values(), *projections.values()) for p in m.parameters()]
     if params:
-        if recipe.optimizer == "adam":
-            opt = torch.optim.Adam(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-        else:
-            opt = torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum,
-                                  weight_decay=recipe.weight_decay)
+        opt = torch_optimizer(params, recipe)
         for _ in range(epochs):
             orders = {c: rng.permutation(len(data[c][1])) for c in paired}
             steps = max(math.ceil(max(len(data[a][1]), len(data[b][1])) / recipe.batch_size)
