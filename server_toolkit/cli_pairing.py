@@ -333,7 +333,6 @@ def devices_retier(run_dir, device_id, tier) -> None:
     """Set a device's tier (a tier name, or "auto" to decide again from its pairing profile).
     It applies from the next round."""
     from .fleet.fleet_info import FleetInfo
-    from .fleet.tiers import choose_tier
 
     registry = _registry(run_dir)
     d = registry.device(device_id)
@@ -346,15 +345,7 @@ def devices_retier(run_dir, device_id, tier) -> None:
                 "auto needs the device's pairing profile and the fleet's tiers "
                 "(from `fedsdk-server run`); give a tier name instead"
             )
-        choice = choose_tier(
-            d["pair_profile"],
-            info.costs(),
-            info.full(),
-            info.recipe,
-            info.round_timeout_s,
-            info.memory_share,
-            info.time_share,
-        )
+        choice = info.choose_tier(d["pair_profile"])
         new_tier, reason = choice.tier, choice.reason
     else:
         if info is not None and info.tiers and tier not in info.tiers:

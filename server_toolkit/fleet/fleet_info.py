@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .tiers import SpecCost
+from .tiers import SpecCost, TierChoice, choose_tier
 
 FILE_NAME = "fleet.json"
 
@@ -64,3 +64,8 @@ class FleetInfo:
 
     def full(self) -> SpecCost:
         return SpecCost(**self.full_cost)
+
+    def choose_tier(self, profile: dict) -> TierChoice:
+        """The tier of this fleet for a device of pairing ``profile`` (``tiers.choose_tier``)."""
+        return choose_tier(profile, self.costs(), self.full(), self.recipe, self.round_timeout_s,
+                           self.memory_share, self.time_share)

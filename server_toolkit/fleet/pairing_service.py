@@ -44,7 +44,7 @@ from ..methods.base import Method
 from .fleet_info import FleetInfo
 from .pair_codes import PairCodes, sha256_text
 from .registry import FleetRegistry
-from .tiers import choose_tier, spec_cost, train_memory_mb
+from .tiers import spec_cost, train_memory_mb
 
 log = logging.getLogger(__name__)
 
@@ -217,15 +217,7 @@ class PairingService:
                 {"mode": "code", "tier": row["tier"], "note": "set by the pairing code (pair-code --tier)"},
             )
         else:
-            choice = choose_tier(
-                profile,
-                self.info.costs(),
-                self.info.full(),
-                self.info.recipe,
-                self.info.round_timeout_s,
-                self.info.memory_share,
-                self.info.time_share,
-            )
+            choice = self.info.choose_tier(profile)
             tier, reason = choice.tier, choice.reason
         device_id = device_id_for(confirm.name, self.registry.name_taken)
         password = secrets.token_urlsafe(24)
