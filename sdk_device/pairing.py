@@ -28,14 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .protocol import messages as msgs
-from .protocol.pair_topics import PairTopics, new_client_id
+from .protocol.pair_topics import PAIR_PASSWORD, PAIR_USERNAME, PairTopics, new_client_id
 from .transport.blob_store import BlobStore
 from .transport.endpoint import SERVER, Endpoint
 from .transport.mqtt_link import BrokerAddress
 from .transport.tls import certificate_fingerprint, is_loopback
-
-PAIR_USERNAME = "fedsdk-pair"
-PAIR_PASSWORD = "fedsdk-pair"  # public by design: the broker's ACL confines the account
 
 # kind -> process exit code of ``fedsdk pair`` (scripts can tell failures apart)
 EXIT_CODES = {

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from .topics import ROOT, check_name
 
 PAIR_ROOT = f"{ROOT}/pair"
+PAIR_USERNAME = "fedsdk-pair"  # the shared account pairing clients log in with
+PAIR_PASSWORD = "fedsdk-pair"  # public by design: the broker's ACL confines the account
 SERVER_LEVEL = "_server"  # never a client id: new_client_id makes "pair-<hex>"
 
 

@@ -22,12 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from sdk_device.protocol.topics import ROOT, FleetTopics, check_name
+from sdk_device.protocol.pair_topics import PAIR_PASSWORD, PAIR_ROOT, PAIR_USERNAME  # noqa: F401 (re-exported)
+from sdk_device.protocol.topics import FleetTopics, check_name
 
 SERVER_USERNAME = "fedsdk-server"
-PAIR_USERNAME = "fedsdk-pair"
-PAIR_PASSWORD = "fedsdk-pair"  # public: the ACL confines this account to its own pairing topics
-PAIR_ROOT = f"{ROOT}/pair"
 RESERVED_PREFIX = "fedsdk-"  # no device id may start with it (the service accounts do)
 
 
