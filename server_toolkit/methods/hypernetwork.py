@@ -176,14 +176,21 @@ class HypernetMethod(PersonalizedMethod):
     # -- the Method interface ------------------------------------------------------------
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        return [TrainInstruction(device.device_id, arch.spec, self.generated_weights(client),
+                                 self.client_recipe, {"architecture": arch.name})
+                for device, arch, client in self.register(global_weights, devices)]
+
+    def register(self, global_weights: Weights,
+                 devices: list[DeviceInfo]) -> list[tuple[DeviceInfo, Architecture, HnClient]]:
+        """Load the hypernetwork from ``global_weights`` and add the devices not yet in the
+        client table; each device with its architecture and table entry."""
         self.sync(global_weights)
-        instructions = []
+        registered = []
         for device in devices:
             arch = self.architecture_of(device)
             client = self.add_client(device.device_id, self.architectures[device.device_id])
-            instructions.append(TrainInstruction(device.device_id, arch.spec, self.generated_weights(client),
-                                                 self.client_recipe, {"architecture": arch.name}))
-        return instructions
+            registered.append((device, arch, client))
+        return registered
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:

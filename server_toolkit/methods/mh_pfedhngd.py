@@ -92,12 +92,14 @@ class MHPFedHNGD(MHPFedHN):
     # -- the Method interface ------------------------------------------------------------
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        if self.stage(round_number) == 1:
+            self.register(global_weights, devices)
+            client, arch = self._global()
+            self.teacher_weights = self.generated_weights(client)
+            return [TrainInstruction(d.device_id, arch.spec, self.teacher_weights, self.client_recipe,
+                                     {"architecture": arch.name, "stage": 1}) for d in devices]
         personal = super().configure_train(round_number, global_weights, devices)  # registers the devices
         client, arch = self._global()
-        if self.stage(round_number) == 1:
-            self.teacher_weights = self.generated_weights(client)
-            return [TrainInstruction(i.device_id, arch.spec, self.teacher_weights, self.client_recipe,
-                                     {"architecture": arch.name, "stage": 1}) for i in personal]
         if not self.distill:
             return [dataclasses.replace(i, index_map={**i.index_map, "stage": 2}) for i in personal]
         if not self.teacher_weights:  # stage 2 without a stage 1 before it (a resumed run)
