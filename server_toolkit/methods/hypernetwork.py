@@ -128,9 +128,12 @@ class HypernetMethod(PersonalizedMethod):
 
     def generated_weights(self, client: HnClient) -> Weights:
         """``client``'s generated parameters by name (numpy float32), buffers excluded."""
-        arch = self.architecture_named(client.tier)
         with torch.no_grad():
-            flat = self.generate(client).numpy()
+            return self.unpack(client, self.generate(client).numpy())
+
+    def unpack(self, client: HnClient, flat: np.ndarray) -> Weights:
+        """A flat (K,) vector of ``client``'s architecture as parameters by name (float32)."""
+        arch = self.architecture_named(client.tier)
         return {name: np.array(t, np.float32) for name, t in arch.unpack(flat).items()}
 
     def step_toward(self, client: HnClient, trained: np.ndarray, weight: float = 1.0,
@@ -244,8 +247,9 @@ class HypernetMethod(PersonalizedMethod):
         distance = float("nan")
         for step in range(1, steps + 1):
             generated = self.generate(client)
-            trained = np.asarray(target(self.generated_weights(client)), np.float32)
-            distance = float(np.linalg.norm(generated.detach().numpy() - trained))
+            flat = generated.detach().numpy()
+            trained = np.asarray(target(self.unpack(client, flat)), np.float32)
+            distance = float(np.linalg.norm(flat - trained))
             hypernet_step([generated], [torch.from_numpy(trained)], params, optimizer, max_norm=self.max_norm)
             if on_step:
                 on_step(step, distance)
