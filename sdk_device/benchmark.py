@@ -14,7 +14,7 @@ sample) is what ``fedsdk bench`` times when this device has seen no task of its 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -57,8 +57,9 @@ class BenchRow:
         return asdict(self)
 
 
-def trainable(programs: dict[str, bytes], allowed: list[str] | None = None) -> dict[str, str]:
-    """runtime -> program format, for the installed training runtimes that can run one of ``programs``."""
+def trainable(programs: Collection[str], allowed: list[str] | None = None) -> dict[str, str]:
+    """runtime -> program format, for the installed training runtimes that can run one of the
+    program formats ``programs`` (any collection of format names, e.g. a dict keyed by them)."""
     out = {}
     for name in available_runtimes():
         if name in EVAL_ONLY or (allowed is not None and name not in allowed):

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .benchmark import trainable
 from .protocol import messages as msgs
 from .protocol.blobs import decode_tensors
 from .runtimes.recipe import Recipe
-from .runtimes.registry import FORMATS, available_runtimes
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +27,7 @@ REFERENCE = "torchspec/1"
 
 def trainable_offers(task: msgs.Task, allowed: list[str] | None) -> dict[str, str]:
     """runtime -> format, for each installed (allowed) runtime that can train an offered program."""
-    offered = {p.format for p in task.programs}
-    out = {}
-    for name in available_runtimes():
-        if allowed is not None and name not in allowed:
-            continue
-        fmt = next((f for f in FORMATS[name] if f in offered), None)
-        if fmt is not None and name not in ("onnx", "litert"):  # evaluation-only runtimes
-            out[name] = fmt
-    return out
+    return trainable({p.format for p in task.programs}, allowed)
 
 
 class RuntimeChooser:

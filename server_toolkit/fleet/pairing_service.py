@@ -32,6 +32,7 @@ from collections import OrderedDict
 from typing import Protocol
 
 from export.programs import ProgramCache
+from sdk_device.benchmark import initial_weights
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import encode_tensors
@@ -254,7 +255,5 @@ class PairingService:
         """Seeded weights of ``spec`` (the benchmark needs the right shapes, not trained values)."""
         key = modelspec.dumps(spec)
         if key not in self._weights:
-            from sdk_device.runtimes.torch_model import build_model, state_numpy
-
-            self._weights[key] = encode_tensors(state_numpy(build_model(spec, seed=0)))
+            self._weights[key] = encode_tensors(initial_weights(spec))
         return self._weights[key]
