@@ -40,6 +40,16 @@ def recalibrate_batchnorm(model: torch.nn.Module, batches: Iterable[torch.Tensor
             model(batch)
 
 
+def to_torch(weights: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Numpy tensors by name as float32 torch tensors (sharing memory where possible)."""
+    return {k: torch.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in weights.items()}
+
+
+def to_numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Torch tensors by name as float32 numpy copies (detached)."""
+    return {k: v.detach().numpy().astype(np.float32, copy=True) for k, v in tensors.items()}
+
+
 def input_batches(x: np.ndarray, size: int = 256) -> Iterator[torch.Tensor]:
     """``x`` (n, ...) in consecutive float32 tensors of at most ``size`` rows."""
     for start in range(0, len(x), size):

@@ -24,8 +24,8 @@ from ..submodels.conv_compress import (
     WeightTransform,
     tensor_shapes,
     tier_spec,
-    to_torch,
 )
+from ..torch_utils import to_numpy, to_torch
 
 
 def dilator(global_spec: dict, ratio: float, config: BlockConfig = DEFAULT_BLOCK,
@@ -53,5 +53,5 @@ def train_update_dilator(transform: WeightTransform, change: Weights, global_wei
 
     stats = train_generated(generate, transform.parameters(), global_spec, x, y, schedule, seed)
     with torch.no_grad():
-        out = {k: v.numpy().astype(np.float32, copy=True) for k, v in generate().items()}
+        out = to_numpy(generate())
     return out, stats

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.train_generated import Schedule, train_generated
+from ..torch_utils import to_numpy
 
 Weights = dict[str, np.ndarray]
 
@@ -100,6 +101,6 @@ def learned_aggregate(global_spec: dict, previous: Weights, models: list[Weights
         stats = train_generated(weights, weights.parameters(), global_spec, x, y, schedule, seed,
                                 penalty=lambda: kld_weight * weights.kld())
     with torch.no_grad():
-        out = {k: v.numpy().astype(np.float32, copy=True) for k, v in weights().items()}
+        out = to_numpy(weights())
     v = weights.v.detach()
     return out, {"v_min": float(v.min()), "v_max": float(v.max()), "loss": stats.get("loss")}

@@ -72,6 +72,7 @@ from torch import nn
 from sdk_device.runtimes.torch_model import build_model
 
 from ..models.train_generated import Schedule, train_generated
+from ..torch_utils import to_numpy, to_torch
 from .width import width_layout
 
 Weights = dict[str, np.ndarray]
@@ -249,15 +250,11 @@ class WeightTransform(nn.Module):
         ``base``: see ``TensorPath.forward``."""
         with torch.no_grad():
             out = self(to_torch(weights), None if base is None else to_torch(base))
-        return {k: v.detach().numpy().astype(np.float32, copy=True) for k, v in out.items()}
+        return to_numpy(out)
 
 
 def _key(name: str) -> str:
     return name.replace(".", "__")  # ModuleDict keys cannot hold dots
-
-
-def to_torch(weights: Weights) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in weights.items()}
 
 
 def tensor_shapes(spec: dict) -> dict[str, Shape]:
