@@ -97,10 +97,9 @@ from ..submodels.conv_compress import (
     WeightTransform,
     compressor,
     pull_back,
-    tier_spec,
     train_transform,
 )
-from ..submodels.width import extract, static_bn, width_layout
+from ..submodels.width import WidthPlan, extract, static_bn, width_layout
 from ..torch_utils import one_torch_thread, tensors_from_json, tensors_to_json
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from .tiers import tier_ratio
@@ -164,7 +163,8 @@ class FedConv(Method):
         self.seed = int(seed)
         self.compressors: dict[float, WeightTransform] = {}  # per SR, kept across rounds
         self.dilators: dict[str, WeightTransform] = {}  # per "device@SR", kept with dilate_init="warm"
-        self._specs: dict[float, dict] = {}
+        self.layout = width_layout(self.global_spec)  # the tiers' shapes and where they sit
+        self._plans: dict[float, WidthPlan] = {}
         self._round: int | None = None  # the round the cached sub-models and timings belong to
         self._sub_models: dict[float, Weights] = {}
         self._compress_accs: dict[float, float] = {}
@@ -177,11 +177,15 @@ class FedConv(Method):
         """The shrinkage ratio of ``device`` (``methods/tiers.py``)."""
         return tier_ratio(device, self.tier_map, self.tier_ratios)
 
+    def plan(self, ratio: float) -> WidthPlan:
+        """The width sub-model of ``ratio``: the tier's shapes and its top-left block."""
+        if ratio not in self._plans:
+            self._plans[ratio] = self.layout.plan(ratio)
+        return self._plans[ratio]
+
     def spec_of(self, ratio: float) -> dict:
         """The model a tier of shrinkage ratio ``ratio`` trains."""
-        if ratio not in self._specs:
-            self._specs[ratio] = self.global_spec if ratio == 1.0 else tier_spec(self.global_spec, ratio)
-        return self._specs[ratio]
+        return self.global_spec if ratio == 1.0 else self.plan(ratio).spec
 
     def _server(self) -> tuple[np.ndarray, np.ndarray]:
         if self.server_data is None:
@@ -293,8 +297,7 @@ class FedConv(Method):
                                     self.compress_schedule, self._seed(round_number, f"compress{ratio}"))
             weights = transform.generate(global_weights)
         self._compress_accs[ratio] = stats["accuracy"]
-        self._compress_drifts[ratio] = drift(weights, extract(global_weights, width_layout(self.global_spec)
-                                                             .plan(ratio).index_map))
+        self._compress_drifts[ratio] = drift(weights, extract(global_weights, self.plan(ratio).index_map))
         self._row["compress_acc"] = float(np.mean(list(self._compress_accs.values())))
         self._row["compress_drift"] = float(np.mean(list(self._compress_drifts.values())))
         return weights
