@@ -93,6 +93,7 @@ class RecipFL(Method):
                            "steps": steps, "max_dim": max_dim}
         self.hypernet = self._new_hypernet(seed)
         self.optimizer = torch.optim.Adam(self.hypernet.parameters(), lr=hn_lr)
+        self._loaded: Weights | None = None  # the weights the GHN holds now, when known
         self.max_norm, self.server_step, self.seed = max_norm, server_step, seed
         self.student_recipe = dataclasses.replace(recipe, loss="recipfl_kt") if kt else recipe
         self.initial_pooled = {model: self._init_pooled(model, seed) for model in self.specs}
@@ -114,16 +115,21 @@ class RecipFL(Method):
         return pooled_weights(self.graphs[model], state_numpy(build_model(self.specs[model], seed=seed)))
 
     def hypernet_weights(self) -> Weights:
-        return {name: t.detach().numpy().copy() for name, t in self.hypernet.state_dict().items()}
+        self._loaded = {name: t.detach().numpy().copy() for name, t in self.hypernet.state_dict().items()}
+        return self._loaded
 
     def _load(self, weights: Weights) -> None:
-        """Make the GHN's parameters ``weights`` (in place: the optimizer keeps its state)."""
+        """Make the GHN's parameters ``weights`` (in place: the optimizer keeps its state);
+        nothing to do when they are what it returned last and has not changed since."""
+        if weights is self._loaded:
+            return
         state = self.hypernet.state_dict()
         if set(weights) != set(state):
             raise ValueError("the global weights are not this method's hypernetwork")
         with torch.no_grad():
             for name, tensor in state.items():
                 tensor.copy_(torch.from_numpy(np.asarray(weights[name])))
+        self._loaded = weights
 
     def set_label_counts(self, device_id: str, counts) -> None:
         """Store a device's descriptor (its label histogram, normalised); bad input is ignored."""
@@ -180,6 +186,7 @@ class RecipFL(Method):
                         updates: list[ClientUpdate]) -> Weights:
         started = time.perf_counter()
         self._load(global_weights)
+        self._loaded = None  # the steps below change the GHN
         returned = [(u.device_id, self.returned_models(u)) for u in updates]
         random.Random(self.seed * 100003 + round_number).shuffle(returned)
         gaps, norms = [], []
