@@ -33,6 +33,7 @@ from sdk_device.runtimes.recipe import Recipe
 from ..models.architectures import Architecture, architecture, from_spec
 from ..models.personal_eval import label_weighted_accuracy
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
+from .tiers import device_tier
 
 
 def paper_recipe(recipe: Recipe, lr: float, momentum: float, weight_decay: float, epochs: int,
@@ -97,10 +98,7 @@ class PersonalizedMethod(Method):
 
     def tier_of(self, device: DeviceInfo) -> str | None:
         """The tier naming ``device``'s architecture (see the module docstring), or None."""
-        tier = self.tier_map.get(device.device_id, device.tier)
-        if tier is None:
-            tier = (device.profile or {}).get("tier")
-        return None if tier is None else str(tier)
+        return device_tier(device, self.tier_map)
 
     def architecture_of(self, device: DeviceInfo) -> Architecture:
         """``device``'s architecture, remembered from its first round on (ValueError for an

@@ -27,6 +27,7 @@ from sdk_device.protocol import modelspec
 from ..models.zoo import model_spec
 from ..submodels.width import width_layout
 from .base import DeviceInfo
+from .tiers import device_tier
 
 STRONG, WEAK = "strong", "weak"
 
@@ -40,8 +41,7 @@ class StrongWeak:
     strong_tiers: frozenset[str]
 
     def is_strong(self, device: DeviceInfo) -> bool:
-        tier = device.tier if device.tier is not None else (device.profile or {}).get("tier")
-        return tier is not None and str(tier) in self.strong_tiers
+        return device_tier(device) in self.strong_tiers
 
     def role(self, device: DeviceInfo) -> str:
         return STRONG if self.is_strong(device) else WEAK

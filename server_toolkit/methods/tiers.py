@@ -11,14 +11,20 @@ from __future__ import annotations
 from .base import DeviceInfo
 
 
-def tier_ratio(device: DeviceInfo, tier_map: dict[str, str], tier_ratios: dict[str, float]) -> float:
-    """The ratio of ``device`` (see the module docstring); ValueError if its tier is unknown."""
-    tier = tier_map.get(device.device_id, device.tier)
+def device_tier(device: DeviceInfo, tier_map: dict[str, str] | None = None) -> str | None:
+    """``device``'s tier: ``tier_map[device id]``, else its registered tier, else the one in
+    its profile; None when it has none."""
+    tier = (tier_map or {}).get(device.device_id, device.tier)
     if tier is None:
         tier = (device.profile or {}).get("tier")
+    return None if tier is None else str(tier)
+
+
+def tier_ratio(device: DeviceInfo, tier_map: dict[str, str], tier_ratios: dict[str, float]) -> float:
+    """The ratio of ``device`` (see the module docstring); ValueError if its tier is unknown."""
+    tier = device_tier(device, tier_map)
     if tier is None:
         return 1.0
-    tier = str(tier)
     if tier in tier_ratios:
         ratio = tier_ratios[tier]
     else:
