@@ -17,6 +17,8 @@ import stat
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from .transport.blob_store import atomic_write
+
 log = logging.getLogger(__name__)
 
 ENV_DIR = "FEDSDK_CONFIG_DIR"
@@ -96,12 +98,7 @@ def ensure_dir(directory: Path) -> Path:
 
 def write_private(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` with mode 0600 (never world-readable, even briefly)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o600)  # O_CREAT's mode does not apply to an existing file
-    tmp.replace(path)
+    atomic_write(path, text.encode())
     return path
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from ..protocol.blobs import chunk_count, sha256_hex
 
 
-def _atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
-    """Write via a temporary file and rename; ``durable`` also fsyncs before the rename."""
+def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
+    """Write via a temporary file and rename; ``durable`` also fsyncs before the rename. The
+    file is readable by its owner only (mode 0600, from ``mkstemp``), at every moment."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
@@ -50,7 +51,7 @@ class BlobStore:
         """Store ``data``; returns its id (sha256 hex). Idempotent."""
         blob_id = sha256_hex(data)
         if not self.has(blob_id):
-            _atomic_write(self.path(blob_id), data)
+            atomic_write(self.path(blob_id), data)
         return blob_id
 
     def get(self, blob_id: str) -> bytes:

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sdk_device.protocol.topics import check_name
+from sdk_device.transport.blob_store import atomic_write
 from sdk_device.transport.mqtt_link import BrokerAddress, probe_login
 
 from .security import (
@@ -98,11 +99,7 @@ def read_passwd(path: Path) -> dict[str, str]:
 
 def _write_private(path: Path, text: str) -> None:
     """Replace ``path`` atomically with ``text``, readable by its owner only."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic_write(path, text.encode())
 
 
 class SecurityDirError(RuntimeError):
