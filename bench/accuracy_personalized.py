@@ -147,23 +147,27 @@ def run_one(name: str, devices, tiers, args) -> dict:
 def adapt_new_device(method, device: PersonalDevice, args) -> tuple[float, float]:
     """Bring ``device`` into ``method``'s frozen hypernetwork; (accuracy of the fresh
     embedding's model, accuracy after ``--adapt-steps`` steps) on its local test split."""
-    from server_toolkit.sim.inprocess import _Runtimes
-    from server_toolkit.sim.personalized import local_test_accuracy, local_training_target
+    from server_toolkit.rounds.local_device import (
+        TorchRuntimePool,
+        local_test_accuracy,
+        local_training_target,
+    )
 
-    runtimes = _Runtimes()
+    runtimes = TorchRuntimePool()
     arch = method.architecture_named(device.info.tier)
-    train = local_training_target(device, arch, method.client_recipe, runtimes, args.seed)
+    train = local_training_target(device, arch.spec, method.client_recipe, runtimes, args.seed, arch.flatten)
     first: list[float] = []
 
     def target(generated):
         trained = train(generated)
         if not first:  # the fresh embedding's model, with this pass's BN statistics
-            first.append(local_test_accuracy(device, arch.spec, generated, runtimes))
+            first.append(local_test_accuracy(device, device.x_test, device.y_test, arch.spec, generated,
+                                             runtimes))
         return trained
 
     method.adapt_client(device.info.device_id, device.info.tier, target, args.adapt_steps, args.hn_lr)
     generated = method.generated_weights(method.clients[device.info.device_id])
-    return first[0], local_test_accuracy(device, arch.spec, generated, runtimes)
+    return first[0], local_test_accuracy(device, device.x_test, device.y_test, arch.spec, generated, runtimes)
 
 
 def generalisation(x, y, args) -> dict:

@@ -58,8 +58,9 @@ from server_toolkit.methods.exclusivefl import ExclusiveFL
 from server_toolkit.methods.heterofl import HeteroFL
 from server_toolkit.methods.recipfl import RecipFL
 from server_toolkit.models.zoo import lenet5
+from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.datasets import load_dataset
-from server_toolkit.sim.inprocess import LocalDevice, run_rounds
+from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import partition
 from server_toolkit.submodels.exit_split import prefix_spec
 

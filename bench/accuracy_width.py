@@ -42,8 +42,9 @@ from server_toolkit.methods.feddm import FedDM
 from server_toolkit.methods.fedrolex import FedRolex
 from server_toolkit.methods.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
+from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.datasets import load_dataset
-from server_toolkit.sim.inprocess import LocalDevice, run_rounds
+from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import partition
 from server_toolkit.submodels.width import static_bn, width_layout
 

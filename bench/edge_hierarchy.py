@@ -28,8 +28,8 @@ from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.reconstruct.average import weighted_average
+from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.datasets import load_dataset
-from server_toolkit.sim.inprocess import LocalDevice
 from server_toolkit.sim.partition import partition
 from server_toolkit.sim.simulate import DEFAULT_RECIPE
 

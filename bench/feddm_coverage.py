@@ -42,10 +42,10 @@ def coverage(method, devices: list[DeviceInfo], rounds: int, layers: list[str],
     for rnd in range(1, rounds + 1):
         instructions = method.configure_train(rnd, weights, devices)
         for instruction in instructions:
-            if partial_only and instruction.index_map["ratio"] >= 1.0:
+            if partial_only and instruction.context["ratio"] >= 1.0:
                 continue
             for name in layers:
-                rows, cols = instruction.index_map["tensors"][name][:2]
+                rows, cols = method.index_map(instruction.context)[name][:2]
                 counts[name] += coverage_counts(counts[name].shape, [((rows, cols), 1.0)])
         updates = [ClientUpdate(i.device_id, 1, i.weights, {}, i) for i in instructions]
         weights = method.aggregate_train(rnd, weights, updates)  # FedDM assigns slots here

@@ -358,8 +358,9 @@ def run(
     from .fleet.registry import FleetRegistry
     from .methods import method_class
     from .models.zoo import model_spec
-    from .orchestrator.server import Orchestrator, OrchestratorConfig
     from .report.run_report import RunReport
+    from .rounds.loop import LoopConfig, RoundLoop
+    from .rounds.mqtt_grid import MqttGrid
     from .sim.datasets import load_dataset
 
     data = load_dataset(dataset, data_dir, seed=seed)
@@ -402,40 +403,33 @@ def run(
     report = (
         RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
     )
-    orchestrator = Orchestrator(
-        the_method,
-        endpoint,
-        registry,
-        run_dir,
-        OrchestratorConfig(
-            rounds=rounds,
-            clients_per_round=clients_per_round,
-            fraction=fraction,
-            over_select=over_select,
-            round_timeout_s=round_timeout,
-            seed=seed,
-            program_formats=[f.strip() for f in program_formats.split(",")],
-        ),
+    grid = MqttGrid(endpoint, registry, program_formats=[f.strip() for f in program_formats.split(",")],
+                    fetch_timeout_s=round_timeout)
+    loop = RoundLoop(
+        the_method, grid,
+        LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
+                   over_select=over_select, round_timeout_s=round_timeout, seed=seed),
+        run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
         on_round=lambda row: (report.add_round(row), console.print(row)),
     )
     pairing = None
     try:
         endpoint.start()
-        orchestrator.start(resume=resume)
-        pairing = start_pairing(run_dir, fleet_info, address, the_method, registry, orchestrator.programs,
+        loop.start(resume=resume)
+        pairing = start_pairing(run_dir, fleet_info, address, the_method, registry, grid.programs,
                                 username=username, password=password, ca_file=ca_file, insecure=insecure,
                                 security=broker_security if security_dir else None)
         console.print(f"pairing open: make a code with `fedsdk-server pair-code --run-dir {run_dir}`"
                       + ("" if security_dir else " (no --broker-security: the broker enforces no accounts)"))
         console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
-        while orchestrator.wait_for_devices(min_devices, timeout_s=30) < min_devices:
-            console.print(f"{len(orchestrator.online)}/{min_devices} devices online, still waiting")
-        orchestrator.run()
+        while grid.wait_for_devices(min_devices, timeout_s=30) < min_devices:
+            console.print(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
+        loop.run()
     finally:
         if pairing:
             pairing.close()
-        orchestrator.close()
+        grid.close()
         endpoint.close()
         if broker:
             broker.stop()

@@ -44,7 +44,7 @@ def load_hypernet_run(run_dir: Path):
 
     from .methods import method_class
     from .methods.hypernetwork import HypernetMethod
-    from .orchestrator.checkpoint import load_checkpoint
+    from .rounds.checkpoint import load_checkpoint
 
     found = load_checkpoint(run_dir)
     if found is None:
@@ -98,8 +98,7 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
     from sdk_device.protocol.topics import check_name
 
     from .methods.base import DeviceInfo
-    from .sim.inprocess import _Runtimes
-    from .sim.personalized import PersonalDevice, local_test_accuracy, local_training_target
+    from .rounds.local_device import LocalDevice, TorchRuntimePool, local_test_accuracy, local_training_target
 
     if (weights_path is None) == (data_path is None):
         raise click.UsageError("give exactly one of --weights and --data")
@@ -117,7 +116,8 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
     if device_id in method.clients:
         raise click.ClickException(f"device {device_id!r} is already in this run's hypernetwork")
     summary: dict = {}
-    device, runtimes = None, _Runtimes()
+    device, runtimes = None, TorchRuntimePool()
+    x_held = y_held = np.zeros((0,))
     if weights_path is not None:
         fixed = _fit_weights(arch, weights_path)
 
@@ -138,8 +138,10 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
         if cut < 1:
             raise click.UsageError("--test-fraction leaves no training data")
         own, held = order[:cut], order[cut:]
-        device = PersonalDevice(DeviceInfo(device_id, len(own), tier), x[own], y[own], x[held], y[held])
-        train_locally = local_training_target(device, arch, method.client_recipe, runtimes, seed)
+        device = LocalDevice(DeviceInfo(device_id, len(own), tier), x[own], y[own])
+        x_held, y_held = x[held], y[held]
+        train_locally = local_training_target(device, arch.spec, method.client_recipe, runtimes, seed,
+                                              arch.flatten)
 
         def target(generated: Weights) -> np.ndarray:
             trained = train_locally(generated)
@@ -148,9 +150,9 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
             return trained
 
     def held_out_accuracy(params: Weights) -> float | None:
-        if device is None or len(device.y_test) == 0:
+        if device is None or len(y_held) == 0:
             return None
-        return local_test_accuracy(device, arch.spec, params, runtimes)
+        return local_test_accuracy(device, x_held, y_held, arch.spec, params, runtimes)
 
     summary.update(method.adapt_client(device_id, tier, target, steps, lr or method.hn_lr, on_step))
     summary["accuracy_after"] = held_out_accuracy(method.generated_weights(method.clients[device_id]))

@@ -11,8 +11,9 @@ and needs no edge-specific code on the server or on the devices:
   It says hello again when the group changes. Its MQTT will tells the server when it dies,
   so the server stops waiting for it.
 * **Downward** it is the *server* of its own fleet (``<fleet>.<edge id>`` by default,
-  possibly on another broker): an ``Endpoint`` and an ``Orchestrator`` driving
-  ``relay.EdgeRelay``, with its own registry, blob store and checkpoints in ``--run-dir``.
+  possibly on another broker): the round loop over an MQTT grid of its own (an
+  ``Endpoint``, a registry, a blob store and checkpoints in ``--run-dir``), driving
+  ``relay.EdgeRelay``.
   On brokers with per-device accounts and ACLs (``fedsdk-server security``) the edge's
   device account only reaches its own ``dev/<edge id>`` subtree upward, so its group needs
   a broker of its own (``security init --fleet <fleet>.<edge id>``, typically at the edge
@@ -49,7 +50,8 @@ from sdk_device.transport.mqtt_link import BrokerAddress
 
 from ..fleet.registry import FleetRegistry
 from ..methods.base import TeacherSpec
-from ..orchestrator.server import Orchestrator, OrchestratorConfig
+from ..rounds.loop import LoopConfig, RoundLoop
+from ..rounds.mqtt_grid import MqttGrid
 from .relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
 
 log = logging.getLogger(__name__)
@@ -113,8 +115,9 @@ class EdgeAggregator:
                              password=config.group_password if own_login else config.password,
                              ca_file=config.group_ca_file or config.ca_file, insecure=config.insecure)
         self.relay = EdgeRelay(config.options)
-        self.group = Orchestrator(self.relay, self.down, self.registry, config.run_dir,
-                                  OrchestratorConfig(rounds=0, seed=config.options.seed))
+        self.grid = MqttGrid(self.down, self.registry)
+        self.group = RoundLoop(self.relay, self.grid, LoopConfig(rounds=0, seed=config.options.seed),
+                               run_dir=config.run_dir)
         self._stop = threading.Event()
         self._announced: tuple | None = None  # (devices, samples) of the last hello
         self._awaiting: str | None = None  # task whose result waits for the server's answer
@@ -131,7 +134,7 @@ class EdgeAggregator:
         self.down.start()
         try:
             self.group.start(resume=True)  # clusters survive a restart
-            online = self.group.wait_for_devices(c.min_devices, c.devices_wait_s)
+            online = self.grid.wait_for_devices(c.min_devices, c.devices_wait_s)
             if online == 0:
                 raise RuntimeError(f"no device of {c.group_fleet} came online in {c.devices_wait_s:.0f} s")
             log.info("edge %s: %d device(s) of %s online", c.edge_id, online, c.group_fleet)
@@ -139,17 +142,17 @@ class EdgeAggregator:
             self._hello()
             threading.Thread(target=self._heartbeats, daemon=True).start()
             while not self._stop.is_set() and (max_tasks is None or self.tasks_done < max_tasks):
-                self.group.poll(0.1)  # group hellos and statuses between rounds
+                self.grid.poll(0.1)  # group hellos and statuses between rounds
                 try:
                     incoming = self.up.inbox.get(timeout=0.1)
                 except queue.Empty:
-                    if self._group_state() != self._announced and self.group.online:
+                    if self._group_state() != self._announced and self.grid.devices:
                         self._hello()
                     continue
                 self._handle(incoming)
         finally:
             self._stop.set()
-            self.group.close()
+            self.grid.close()
             self.up.close()
             self.down.close()
             self.registry.close()
@@ -158,7 +161,7 @@ class EdgeAggregator:
         message = incoming.message
         if incoming.status is not None:
             log.info("server is %s", incoming.status)
-            if incoming.status == "online" and self.group.online:
+            if incoming.status == "online" and self.grid.devices:
                 self._hello()
         elif isinstance(message, msgs.Task):
             try:
@@ -188,7 +191,7 @@ class EdgeAggregator:
         except ValueError as exc:
             self._refuse(task, "unsupported_task", str(exc))
             return
-        if not self.group.online:
+        if not self.grid.devices:
             self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} is online")
             return
         try:
@@ -199,7 +202,7 @@ class EdgeAggregator:
             self._refuse(task, "bad_task", f"could not load the task: {exc}")
             return
         log.info("round %d: relaying task %s to %d device(s)", task.round, task.task_id[:8],
-                 len(self.group.online))
+                 len(self.grid.devices))
         started = time.time()
         margin = max(5.0, 0.15 * (task.deadline - started))  # time left for the way up
         if self.relay.needs_warmup():  # ends when the group answered; at most half of the time
@@ -260,11 +263,11 @@ class EdgeAggregator:
 
     # -- upward chatter --------------------------------------------------------------------
     def _group_state(self) -> tuple:
-        online = self.group.online
+        online = self.grid.devices
         return tuple(sorted(online)), sum(d.num_samples for d in online.values())
 
     def _hello(self) -> None:
-        online = self.group.online
+        online = self.grid.devices
         runtimes = sorted({r for d in online.values() for r in d.runtimes}) or ["torch"]
         profile = {"role": "edge", "devices": len(online), "group_fleet": self.config.group_fleet}
         if self.config.tier is not None:

@@ -1,6 +1,6 @@
 """What an edge aggregator does with its group: FedConv's clustering-based local training.
 
-``EdgeRelay`` is a ``Method`` driven by the edge's own orchestrator (``aggregator.py``), so
+``EdgeRelay`` is a ``Method`` driven by the edge's own round loop (``aggregator.py``), so
 its group gets the same task handling, validation, rejection and persistence as a server's
 fleet. Per server task it runs one or two rounds on the group:
 

@@ -1,8 +1,9 @@
-"""The fleet registry (SQLite): devices, rounds, accepted updates, rejections, pairing codes.
+"""The fleet registry (SQLite): devices, rounds, tasks sent, accepted updates, rejections,
+pairing codes.
 
 Never holds device data; accepted update weights live in the server's blob store and are
 referenced here by blob id. Every write commits before returning, so an update recorded
-here survives a server crash (the orchestrator acknowledges only after that).
+here survives a server crash (the MQTT grid acknowledges only after that).
 
 Several processes share one registry file (``fedsdk-server run`` and the ``pair-code`` /
 ``devices`` commands): pairing codes are stored hashed (``fleet/pair_codes.py``), and a
@@ -28,6 +29,8 @@ CREATE TABLE IF NOT EXISTS rounds (
 CREATE TABLE IF NOT EXISTS updates (
     id INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER, device_id TEXT, task_id TEXT UNIQUE,
     blob_id TEXT, num_samples INTEGER, metrics TEXT, received_at REAL);
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY, round INTEGER, device_id TEXT, record TEXT, sent_at REAL);
 CREATE TABLE IF NOT EXISTS rejections (
     id INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER, device_id TEXT, task_id TEXT,
     code TEXT, detail TEXT, at REAL);
@@ -184,6 +187,17 @@ class FleetRegistry:
         info["selected"] = json.loads(info["selected"] or "[]")
         info["metrics"] = json.loads(info["metrics"]) if info["metrics"] else None
         return info
+
+    # -- tasks (what was sent; see rounds/task_records.py) ------------------------------------
+    def add_task(self, task_id: str, rnd: int, device_id: str, record: dict) -> None:
+        """Persist what task ``task_id`` asked of ``device_id`` (before it is sent)."""
+        self._write("INSERT INTO tasks (task_id, round, device_id, record, sent_at) VALUES (?,?,?,?,?)",
+                    (task_id, rnd, device_id, json.dumps(record), time.time()))
+
+    def task(self, task_id: str) -> dict | None:
+        """The record stored by ``add_task``, or None."""
+        rows = self._query("SELECT record FROM tasks WHERE task_id=?", (task_id,))
+        return json.loads(rows[0]["record"]) if rows else None
 
     # -- updates and rejections ------------------------------------------------------------
     def add_update(

@@ -1,7 +1,7 @@
 """Federated methods, by name.
 
 Adding a method = adding one file here with a ``Method`` subclass that sets ``name``;
-nothing else (orchestrator, transport, CLI) changes. ``methods()`` fills its table by importing
+nothing else (round loop, grids, CLI) changes. ``methods()`` fills its table by importing
 every module of this package once, on first use.
 """
 

@@ -1,7 +1,7 @@
 """The method interface, in the spirit of Flower's Strategy.
 
 A method decides *what* each device trains and *how* results become the new global
-model; it never touches MQTT, blobs or the registry (the orchestrator does). Four small
+model; it never touches MQTT, blobs or the registry (the round loop and its grid do). Four small
 methods: ``configure_train``, ``aggregate_train``, ``evaluate`` (central, on server-held
 test data) and ``aggregate_evaluate`` (the devices' own reported metrics).
 """
@@ -46,8 +46,13 @@ class TrainInstruction:
 
     ``weights`` may leave out tensors the device keeps to itself (e.g. BatchNorm running
     statistics); the update then holds exactly the names sent (plus ``teacher.*``).
+    ``context``: the method's own per-instruction decisions (JSON values only, e.g. a width
+    ratio and window offsets, an exit tier, a stage), read back at aggregation from
+    ``ClientUpdate.instruction``; persisted with the task, so a restarted server aggregates
+    what it sent without planning the round again. Derived data (index arrays) is rebuilt
+    from it, never stored in it.
     ``programs``: ready-made ``(format, bytes)`` programs to offer as they are (an edge
-    aggregator forwards its server's); empty: the orchestrator exports them from ``spec``.
+    aggregator forwards its server's); empty: the MQTT grid exports them from ``spec``.
     ``smashed``: ask the device for the inputs of its last linear layer (FedConv's edge).
     """
 
@@ -55,7 +60,7 @@ class TrainInstruction:
     spec: dict
     weights: Weights
     recipe: Recipe
-    index_map: dict = field(default_factory=dict)
+    context: dict = field(default_factory=dict)
     teacher: TeacherSpec | None = None
     programs: tuple[tuple[str, bytes], ...] = ()
     smashed: SmashedRequest | None = None

@@ -26,7 +26,7 @@ from sdk_device.runtimes.recipe import Recipe
 
 from ..models.exit_eval import exit_accuracies
 from ..reconstruct.present_average import average_present
-from ..submodels.exit_split import ExitSplit, name_map, parse_tier, prefix_spec, tier_of_names
+from ..submodels.exit_split import ExitSplit, name_map, parse_tier, prefix_spec
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 
 
@@ -54,22 +54,17 @@ class DepthFL(Method):
         for device in devices:
             sub = self.planner.plan(self.global_spec, global_weights, device.tier, round_number)
             instructions.append(TrainInstruction(device.device_id, sub.spec, sub.weights, self.client_recipe,
-                                                 sub.index_map))
+                                                 {"tier": sub.index_map["tier"]}))
         return instructions
 
     def tier_plan(self, tier: str | None) -> tuple[dict, Recipe]:
         return prefix_spec(self.global_spec, parse_tier(tier, self.global_spec)), self.client_recipe
 
     def client_tensors(self, global_weights: Weights, update: ClientUpdate) -> tuple[int, Weights]:
-        """(tier, the update's tensors under their global names). The tier comes from the
-        instruction's index map, or from the tensor names when that map does not fit (an
-        update re-planned after a server restart without the device's tier)."""
-        names = set(update.weights)
-        mapping = update.instruction.index_map.get("to_global", {})
-        tier = update.instruction.index_map.get("tier")
-        if set(mapping) != names:
-            tier = tier_of_names(self.global_spec, names, list(global_weights))
-            mapping = name_map(self.global_spec, tier, list(global_weights))
+        """(tier, the update's tensors under their global names); the tier is the
+        instruction's ``context["tier"]``."""
+        tier = int(update.instruction.context["tier"])
+        mapping = name_map(self.global_spec, tier, list(global_weights))
         return tier, {mapping[sub]: value for sub, value in update.weights.items()}
 
     def aggregate_train(self, round_number: int, global_weights: Weights,

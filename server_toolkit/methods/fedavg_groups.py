@@ -26,7 +26,7 @@ class FedAvgGroups(StoredModelsMethod):
                         updates: list[ClientUpdate]) -> Weights:
         members: dict[str, list[tuple[Weights, float]]] = {}
         for u in updates:
-            members.setdefault(u.instruction.index_map["architecture"], []).append((u.weights, u.num_samples))
+            members.setdefault(u.instruction.context["architecture"], []).append((u.weights, u.num_samples))
         self.models = {**unpack_models(global_weights),
                        **{name: weighted_average(group) for name, group in members.items()}}
         return pack_models(self.models)

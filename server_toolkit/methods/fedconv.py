@@ -246,7 +246,7 @@ class FedConv(Method):
         started = time.perf_counter()
         full, accuracies = [], []
         for update in updates:
-            ratio = float(update.instruction.index_map.get("ratio", 1.0))
+            ratio = float(update.instruction.context.get("ratio", 1.0))
             if ratio == 1.0:
                 full.append(update.weights)
             elif self.dilate_what == "pullback":

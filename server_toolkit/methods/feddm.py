@@ -55,7 +55,7 @@ from ..reconstruct.similarity_tree import (
 )
 from ..submodels.offsets import balanced_offsets, four_corner_offsets
 from .base import ClientUpdate, DeviceInfo, Weights, label_histogram
-from .width_shared import WidthSharedMethod, contributions
+from .width_shared import WidthSharedMethod
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class FedDM(WidthSharedMethod):
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
-        new_global = coverage_average(global_weights, contributions(updates))
+        new_global = coverage_average(global_weights, self.contributions(updates))
         self._assign_slots(updates)
         if self.tree and len(updates) >= 2 and self.tree_levels > 0:
             self._cooperate(new_global, updates)
@@ -113,7 +113,7 @@ class FedDM(WidthSharedMethod):
 
     def _assign_slots(self, updates: list[ClientUpdate]) -> None:
         for update in sorted(updates, key=lambda u: u.device_id):
-            key = _ratio_key(update.instruction.index_map["ratio"])
+            key = _ratio_key(update.instruction.context["ratio"])
             for other_key, devices in self.slots.items():
                 if other_key != key and update.device_id in devices:
                     devices.remove(update.device_id)  # the device changed tier
@@ -125,7 +125,7 @@ class FedDM(WidthSharedMethod):
         distance = client_distance(self._reference_outputs(updates), self._label_dists(updates), self.lam)
         tree = build_tree(distance)
         level_of_unit = depth_levels(len(self.layout.units), self.tree_levels)
-        parts = contributions(updates)
+        parts = self.contributions(updates)
         self.clusters = {}
         for level in range(1, self.tree_levels + 1):
             names = [n for n, unit in self.layout.unit_of.items() if level_of_unit[unit] == level]

@@ -1,7 +1,7 @@
 """MH-pFedHNGD (seed 002): MH-pFedHN plus a global model that the same hypernetwork
 generates from its own embeddings, trained by every device and used as their teacher.
 
-One paper round is two rounds here, the paper's two stages (the orchestrator runs one
+One paper round is two rounds here, the paper's two stages (the round loop runs one
 exchange per round):
 
 * stage 1, odd rounds: the server generates the global model w_g (embeddings v_g, the
@@ -101,17 +101,17 @@ class MHPFedHNGD(MHPFedHN):
         personal = super().configure_train(round_number, global_weights, devices)  # registers the devices
         client, arch = self._global()
         if not self.distill:
-            return [dataclasses.replace(i, index_map={**i.index_map, "stage": 2}) for i in personal]
+            return [dataclasses.replace(i, context={**i.context, "stage": 2}) for i in personal]
         if not self.teacher_weights:  # stage 2 without a stage 1 before it (a resumed run)
             self.teacher_weights = self.generated_weights(client)
         teacher = TeacherSpec(arch.spec, self.teacher_weights, train=False)
         return [dataclasses.replace(i, recipe=self.kd_recipe, teacher=teacher,
-                                    index_map={**i.index_map, "stage": 2}) for i in personal]
+                                    context={**i.context, "stage": 2}) for i in personal]
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
         self.sync(global_weights)
-        stage_one = [u for u in updates if u.instruction.index_map.get("stage") == 1]
+        stage_one = [u for u in updates if u.instruction.context.get("stage") == 1]
         if not stage_one:
             out = super().aggregate_train(round_number, global_weights, updates)
             self.last_round["stage"] = 2

@@ -18,7 +18,7 @@ pooled to at most 128 scalars per operator (what the GHN's weight encoder reads)
   reported label histogram.
 
 A device only ever receives its own architectures and generated weights. The "global
-weights" the orchestrator keeps and checkpoints are the GHN's parameters.
+weights" the round loop keeps and checkpoints are the GHN's parameters.
 
 Options (``--method-option key=value``): ``small_model`` ("width:0.25"), ``strong_tiers``
 ("strong") (see ``strong_weak``); ``kt`` (true; false: the strong device's small model is

@@ -15,10 +15,12 @@ the global model have the same tensors (see ``static_bn``).
 
 from __future__ import annotations
 
+import json
+
 from sdk_device.runtimes.recipe import Recipe
 
 from ..reconstruct.coverage import coverage_average
-from ..submodels.width import WidthPlan, extract, static_bn, width_layout
+from ..submodels.width import IndexMap, WidthPlan, extract, plan_args, static_bn, width_layout
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from .tiers import tier_ratio
 
@@ -33,6 +35,7 @@ class WidthSharedMethod(Method):
         self.layout = width_layout(self.global_spec)
         self.tier_map = {str(k): str(v) for k, v in (tier_map or {}).items()}
         self.tier_ratios = {str(k): float(v) for k, v in (tier_ratios or {}).items()}
+        self._index_maps: dict[str, IndexMap] = {}  # context (as JSON) -> its plan's index map
 
     # -- what subclasses decide ----------------------------------------------------------
     def offsets(self, round_number: int, device: DeviceInfo, ratio: float) -> dict[int, int]:
@@ -64,14 +67,22 @@ class WidthSharedMethod(Method):
             plan = self.plan_for(round_number, device)
             weights = extract(self.source_weights(global_weights, device), plan.index_map)
             instructions.append(TrainInstruction(device.device_id, plan.spec, weights, self.recipe,
-                                                 plan.instruction_map()))
+                                                 plan.context()))
         return instructions
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
-        return coverage_average(global_weights, contributions(updates))
+        return coverage_average(global_weights, self.contributions(updates))
 
+    def index_map(self, context: dict) -> IndexMap:
+        """Where the tensors of the plan with this ``context`` sit in the global ones."""
+        key = json.dumps(context, sort_keys=True)
+        if key not in self._index_maps:
+            if len(self._index_maps) > 256:
+                self._index_maps.clear()
+            self._index_maps[key] = self.layout.plan(*plan_args(context)).index_map
+        return self._index_maps[key]
 
-def contributions(updates: list[ClientUpdate]) -> list[tuple[Weights, dict, float]]:
-    """(weights, index map, samples) of each update, as ``coverage_average`` takes them."""
-    return [(u.weights, u.instruction.index_map["tensors"], u.num_samples) for u in updates]
+    def contributions(self, updates: list[ClientUpdate]) -> list[tuple[Weights, IndexMap, float]]:
+        """(weights, index map, samples) of each update, as ``coverage_average`` takes them."""
+        return [(u.weights, self.index_map(u.instruction.context), u.num_samples) for u in updates]

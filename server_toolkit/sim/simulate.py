@@ -3,7 +3,10 @@
 Starts a broker (the embedded one unless ``broker_url`` is given), the server, and N
 device agent *processes* (the same ``sdk_device`` code a Raspberry Pi runs) that talk
 over MQTT; each device gets its own partition of the dataset as a local npz file.
-Writes ``runs/<id>/metrics.jsonl``, ``metrics.csv``, ``accuracy.png``, ``summary.json``.
+``grid="inprocess"`` runs the same partition, method, round loop and seeds with the
+devices trained in this process instead (no broker, no processes): the benchmarks' way.
+Writes ``runs/<id>/config.json``, ``metrics.jsonl``, ``metrics.csv``, ``accuracy.png``,
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -28,15 +31,22 @@ from sdk_device.transport.mqtt_link import BrokerAddress
 from ..broker.embedded import EmbeddedBroker
 from ..fleet.registry import FleetRegistry
 from ..methods import method_class
+from ..methods.base import DeviceInfo
 from ..models.zoo import model_spec
-from ..orchestrator.server import Orchestrator, OrchestratorConfig
 from ..report.run_report import RunReport
+from ..rounds.grid import Grid
+from ..rounds.inprocess_grid import InProcessGrid
+from ..rounds.local_device import LocalDevice
+from ..rounds.loop import LoopConfig, RoundLoop
+from ..rounds.mqtt_grid import MqttGrid
 from .datasets import Dataset, load_dataset
 from .edges import plan_edges, register_group, start_edge_process
 from .partition import partition
 from .server_data import take_server_slice
 
 log = logging.getLogger(__name__)
+
+GRIDS = ("mqtt", "inprocess")
 
 # Chosen on digits with small_cnn, IID, 5 devices, 3 rounds: final accuracy 0.947-0.964
 # over seeds 0-3 (adam lr 3e-3 gave 0.894-0.922; sgd lr 0.1 x 3 epochs 0.763-0.900).
@@ -73,6 +83,9 @@ class SimulationConfig:
     device_runtime: str | None = None  # make every device use this runtime (default: its best)
     device_python: str | None = None  # interpreter of the device processes (e.g. .venv-ort/bin/python)
     edges: int = 0  # edge aggregator processes between the server and the devices (see sim/edges.py)
+    grid: str = "mqtt"  # "mqtt": device processes over a broker; "inprocess": devices trained here
+    label: str | None = None  # a name for this run in reports (benchmarks set it, e.g. "FedAvg-S")
+    setting: str | None = None  # what runs compare within, in reports (benchmarks set it)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -144,29 +157,25 @@ class Simulation:
         tiers = self.config.tiers
         return tiers[index % len(tiers)] if tiers else None
 
-    def prepare_data(self, data: Dataset, server_fraction: float = 0.0):
+    def prepare_data(self, data: Dataset,
+                     server_fraction: float = 0.0) -> tuple[list[LocalDevice], tuple | None]:
         """Keep ``server_fraction`` of the training set for the server (if > 0; seeded, so a
         resumed run keeps the same slice), partition the rest, write each device's npz.
-        Returns the server's (x, y) or None."""
+        Returns the devices (id, tier, samples and their data) and the server's (x, y) or None."""
         c = self.config
         x, y, server = data.x_train, data.y_train, None
         if server_fraction > 0:
             cut = take_server_slice(x, y, server_fraction, seed=c.seed)
             server, (x, y) = cut.server, cut.rest
-        parts = partition(
-            y,
-            c.devices,
-            c.partition,
-            seed=c.seed,
-            alpha=c.alpha,
-            min_size=c.min_size,
-            classes_per_client=c.classes_per_client,
-            num_strong=c.num_strong,
-            strong_share=c.strong_share,
-        )
-        for dev, idx in zip(self.device_ids(), parts, strict=True):
-            save_npz(self.run_dir / "devices" / dev / "data.npz", x[idx], y[idx])
-        return server
+        parts = partition(y, c.devices, c.partition, seed=c.seed, alpha=c.alpha, min_size=c.min_size,
+                          classes_per_client=c.classes_per_client, num_strong=c.num_strong,
+                          strong_share=c.strong_share)
+        devices = []
+        for i, (dev, idx) in enumerate(zip(self.device_ids(), parts, strict=True)):
+            if c.grid == "mqtt":
+                save_npz(self.run_dir / "devices" / dev / "data.npz", x[idx], y[idx])
+            devices.append(LocalDevice(DeviceInfo(dev, len(idx), self.device_tier(i)), x[idx], y[idx]))
+        return devices, server
 
     def fleet_of(self, device_id: str) -> str:
         """The fleet a device joins: its edge's group fleet, or the server's."""
@@ -187,35 +196,68 @@ class Simulation:
                 dev_dir / "agent.log", runtime=self.config.device_runtime,
                 python=self.config.device_python))
 
-    def wait_for_fleet(self, orchestrator: Orchestrator, expected: int, timeout_s: float) -> int:
+    def wait_for_fleet(self, grid: Grid, expected: int, timeout_s: float) -> int:
         """Wait until ``expected`` devices and edges said hello; fail early if an edge died."""
         deadline = time.monotonic() + timeout_s
+        online = 0
         while time.monotonic() < deadline:
-            online = orchestrator.wait_for_devices(expected, timeout_s=2.0)
+            online = grid.wait_for_devices(expected, timeout_s=2.0)
             if online >= expected:
                 break
             for edge, proc in zip(self.edges, self.edge_procs, strict=True):
                 if proc.poll() is not None:
                     log_path = self.run_dir / "edges" / edge.edge_id / "edge.log"
                     raise RuntimeError(f"edge aggregator {edge.edge_id} exited; see {log_path}")
-        return len(orchestrator.online)
+        return online
 
     def stop_devices(self) -> None:
         stop_processes(self.device_procs)
         stop_processes(self.edge_procs)
         self.device_procs, self.edge_procs = [], []
 
+    def loop_config(self) -> LoopConfig:
+        c = self.config
+        return LoopConfig(rounds=c.rounds, clients_per_round=c.clients_per_round, fraction=c.fraction,
+                          over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed)
+
     def run(self) -> RunReport:
         c = self.config
+        if c.grid not in GRIDS:
+            raise ValueError(f"unknown grid {c.grid!r}; choose one of {', '.join(GRIDS)}")
+        if c.grid == "inprocess" and c.edges:
+            raise ValueError("edge aggregators are processes on a broker: --edges needs --grid mqtt")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(c.to_json())
         data = load_dataset(c.dataset, c.data_dir, seed=c.seed)
         spec = model_spec(c.model, data.input_shape, data.num_classes)
         method = method_class(c.method)(spec, Recipe.from_dict(c.recipe), **c.method_options)
-        server_data = self.prepare_data(data, method.server_fraction)
+        devices, server_data = self.prepare_data(data, method.server_fraction)
         if server_data is not None:
             method.attach_server_data(*server_data)
         report = RunReport.load(self.run_dir) if self.resume else RunReport(self.run_dir)
+
+        def on_round(row: dict) -> None:
+            report.add_round(row)
+            self.on_event("round", row)
+
+        test_data = (data.x_test, data.y_test)
+        if c.grid == "inprocess":
+            loop = RoundLoop(method, InProcessGrid(devices), self.loop_config(), run_dir=self.run_dir,
+                             test_data=test_data, on_round=on_round)
+            loop.start(resume=self.resume)
+            self.on_event("devices", {"online": len(devices), "expected": len(devices)})
+            loop.run()
+        else:
+            self._run_over_mqtt(method, test_data, on_round)
+        if report.rows:
+            report.write_plot()
+        report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
+                              "edges": c.edges, "grid": c.grid})
+        return report
+
+    def _run_over_mqtt(self, method, test_data: tuple, on_round) -> None:
+        """Broker, device (and edge) processes, the server's MQTT grid and the round loop."""
+        c = self.config
         registry = FleetRegistry(self.run_dir / "registry.sqlite")
         for i, dev in enumerate(self.device_ids()):
             if dev in self.direct_devices:
@@ -230,54 +272,28 @@ class Simulation:
             broker = EmbeddedBroker().start()
             address = broker.address
         self.on_event("broker", {"url": address.url, "embedded": broker is not None})
-        endpoint = Endpoint(
-            address, FleetTopics(c.fleet), BlobStore(self.run_dir / "blobs"), is_known_peer=registry.is_known
-        )
-        orchestrator = None
+        endpoint = Endpoint(address, FleetTopics(c.fleet), BlobStore(self.run_dir / "blobs"),
+                            is_known_peer=registry.is_known)
+        grid = MqttGrid(endpoint, registry, program_formats=c.program_formats,
+                        fetch_timeout_s=c.round_timeout_s)
         try:
             endpoint.start()
             self.start_edges(address)
             self.start_devices(address)
-
-            def on_round(row: dict) -> None:
-                report.add_round(row)
-                self.on_event("round", row)
-
-            orchestrator = Orchestrator(
-                method,
-                endpoint,
-                registry,
-                self.run_dir,
-                OrchestratorConfig(
-                    rounds=c.rounds,
-                    clients_per_round=c.clients_per_round,
-                    fraction=c.fraction,
-                    over_select=c.over_select,
-                    round_timeout_s=c.round_timeout_s,
-                    seed=c.seed,
-                    program_formats=c.program_formats,
-                ),
-                test_data=(data.x_test, data.y_test),
-                on_round=on_round,
-            )
-            orchestrator.start(resume=self.resume)
+            loop = RoundLoop(method, grid, self.loop_config(), run_dir=self.run_dir, test_data=test_data,
+                             on_round=on_round)
+            loop.start(resume=self.resume)
             expected = len(self.direct_devices) + len(self.edges)
-            online = self.wait_for_fleet(orchestrator, expected, timeout_s=180)
+            online = self.wait_for_fleet(grid, expected, timeout_s=180)
             self.on_event("devices", {"online": online, "expected": expected})
             if online == 0:
                 raise RuntimeError(f"no device came online; see {self.run_dir}/devices/*/agent.log "
                                    f"(and edges/*/edge.log)")
-            orchestrator.run()
+            loop.run()
         finally:
-            if orchestrator:
-                orchestrator.close()
+            grid.close()
             self.stop_devices()
             endpoint.close()
             registry.close()
             if broker:
                 broker.stop()
-        if report.rows:
-            report.write_plot()
-        report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
-                              "edges": c.edges})
-        return report

@@ -105,14 +105,6 @@ def conv_segments(global_spec: dict) -> list[list[tuple[str, tuple[int, ...]]]]:
     return segments
 
 
-def tier_of_names(global_spec: dict, names: set[str], global_names: list[str]) -> int:
-    """The tier whose sub-model has exactly these tensor names; ValueError if none has."""
-    for tier in range(1, num_tiers(global_spec) + 1):
-        if set(name_map(global_spec, tier, global_names)) == names:
-            return tier
-    raise ValueError("these tensors are not the sub-model of any exit-split tier")
-
-
 class ExitSplit:
     """Planner: tier ``t`` trains the prefix through exit ``t`` (see the module docstring)."""
 

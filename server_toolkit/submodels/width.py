@@ -63,9 +63,15 @@ class WidthPlan:
     channels: dict[int, np.ndarray]
     index_map: IndexMap
 
-    def instruction_map(self) -> dict:
-        """The ``TrainInstruction.index_map`` the width methods send along with a task."""
-        return {"ratio": self.ratio, "offsets": dict(self.offsets), "tensors": self.index_map}
+    def context(self) -> dict:
+        """The ``TrainInstruction.context`` of this plan (JSON): ratio and window offsets as
+        ``[[space, offset], ...]``; ``WidthLayout.plan(*plan_args(context))`` rebuilds the plan."""
+        return {"ratio": self.ratio, "offsets": sorted([int(s), int(o)] for s, o in self.offsets.items())}
+
+
+def plan_args(context: dict) -> tuple[float, dict[int, int]]:
+    """(ratio, offsets) of a width plan's ``context()``."""
+    return float(context["ratio"]), {int(s): int(o) for s, o in context.get("offsets", [])}
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""A small fleet for integration tests: server endpoint + orchestrator in this process,
-device agents as real processes (or threads, for misbehaving test devices)."""
+"""A small fleet for integration tests: server endpoint, MQTT grid and round loop in this
+process, device agents as real processes (or threads, for misbehaving test devices)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import Method
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.orchestrator.server import Orchestrator, OrchestratorConfig
+from server_toolkit.rounds.loop import LoopConfig, RoundLoop
+from server_toolkit.rounds.mqtt_grid import MqttGrid
 from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.partition import partition
 from server_toolkit.sim.simulate import start_device_process, stop_processes
@@ -79,25 +80,25 @@ class Fleet:
         self.threads.append((agent, thread))
         return agent
 
-    def orchestrator(self, rounds: int, run_dir: Path | None = None, method: Method | None = None,
-                     **config) -> Orchestrator:
-        """An orchestrator of ``method`` (default: FedAvg of small_cnn) over this fleet."""
+    def server(self, rounds: int, run_dir: Path | None = None, method: Method | None = None,
+               program_formats: list[str] | None = None, **config) -> RoundLoop:
+        """The round loop of ``method`` (default: FedAvg of small_cnn) over this fleet's MQTT grid
+        (``loop.grid``)."""
         spec = model_spec("small_cnn", self.data.input_shape, self.data.num_classes)
-        return Orchestrator(
-            method or FedAvg(spec, RECIPE),
-            self.endpoint,
-            self.registry,
-            run_dir or self.root / "server",
-            OrchestratorConfig(rounds=rounds, **config),
-            test_data=(self.data.x_test, self.data.y_test),
-        )
+        grid = MqttGrid(self.endpoint, self.registry, program_formats=program_formats)
+        return RoundLoop(method or FedAvg(spec, RECIPE), grid, LoopConfig(rounds=rounds, **config),
+                         run_dir=run_dir or self.root / "server",
+                         test_data=(self.data.x_test, self.data.y_test))
 
     def run_method(self, method: Method, rounds: int, devices: int, **config) -> list[dict]:
         """Run ``rounds`` rounds of ``method`` once ``devices`` devices are online; the rows."""
-        orchestrator = self.orchestrator(rounds, method=method, **config)
-        orchestrator.start()
-        assert orchestrator.wait_for_devices(devices, timeout_s=120) == devices
-        return orchestrator.run()
+        loop = self.server(rounds, method=method, **config)
+        loop.start()
+        assert loop.grid.wait_for_devices(devices, timeout_s=120) == devices
+        try:
+            return loop.run()
+        finally:
+            loop.grid.close()
 
     def close(self) -> None:
         for agent, _ in self.threads:

@@ -133,16 +133,16 @@ def test_bad_input_is_rejected_and_the_round_goes_on(mosquitto, tmp_path):
                 endpoint = CorruptingEndpoint(fleet.broker, FleetTopics(fleet.fleet),
                                               BlobStore(config.work_dir / "blobs"), device_id=dev)
             agents[dev] = fleet.start_thread(cls(config, endpoint=endpoint))
-        orchestrator = fleet.orchestrator(rounds=2, round_timeout_s=60)
-        orchestrator.start()
-        assert orchestrator.wait_for_devices(len(paths), timeout_s=120) == len(paths)
+        loop = fleet.server(rounds=2, round_timeout_s=60)
+        loop.start()
+        assert loop.grid.wait_for_devices(len(paths), timeout_s=120) == len(paths)
 
         # A device the fleet does not know talks to the server.
         intruder = Endpoint(fleet.broker, FleetTopics(fleet.fleet), BlobStore(tmp_path / "intruder"),
                             device_id="intruder").start()
         intruder.send(SERVER, msgs.Hello(device_id="intruder", runtimes=["torch"], num_samples=5, profile={}))
 
-        rows = orchestrator.run()
+        rows = loop.run()
     finally:
         fleet.close()
         if intruder:

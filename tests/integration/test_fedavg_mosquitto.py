@@ -15,10 +15,10 @@ def test_five_devices_three_rounds_reach_90_percent(mosquitto, tmp_path):
     try:
         for dev, path in fleet.write_data(devices, "iid").items():
             fleet.start_process(dev, path)
-        orchestrator = fleet.orchestrator(rounds=3, round_timeout_s=120)
-        orchestrator.start()
-        assert orchestrator.wait_for_devices(5, timeout_s=120) == 5
-        rows = orchestrator.run()
+        loop = fleet.server(rounds=3, round_timeout_s=120)
+        loop.start()
+        assert loop.grid.wait_for_devices(5, timeout_s=120) == 5
+        rows = loop.run()
     finally:
         fleet.close()
     assert [r["round"] for r in rows] == [1, 2, 3]

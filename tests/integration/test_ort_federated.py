@@ -18,7 +18,8 @@ from sdk_device.data.npz import load_npz
 from server_toolkit.methods.base import DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.sim.inprocess import LocalDevice, run_rounds
+from server_toolkit.rounds.local_device import LocalDevice
+from server_toolkit.sim.inprocess import run_rounds
 
 from ..ort_env import ort_python
 from .harness import RECIPE, Fleet
@@ -64,13 +65,13 @@ def test_onnxruntime_devices_train_in_a_federation(mosquitto, tmp_path):
             fleet.start_process(dev, paths[dev])
         for dev in ort_devices:
             _start_ort_device(fleet, dev, paths[dev])
-        orchestrator = fleet.orchestrator(rounds=ROUNDS, round_timeout_s=120,
+        loop = fleet.server(rounds=ROUNDS, round_timeout_s=120,
                                           program_formats=["torchspec/1", "ort-training/1"])
-        orchestrator.start()
+        loop.start()
         # export the programs (ORT artifacts: a subprocess) while the devices start up
-        orchestrator.programs.programs(orchestrator.method.global_spec, RECIPE)
-        assert orchestrator.wait_for_devices(4, timeout_s=120) == 4
-        rows = orchestrator.run()
+        loop.grid.programs.programs(loop.method.global_spec, RECIPE)
+        assert loop.grid.wait_for_devices(4, timeout_s=120) == 4
+        rows = loop.run()
     finally:
         fleet.close()
     assert all(r["accepted"] == 4 and r["rejected"] == 0 for r in rows), rows

@@ -8,7 +8,7 @@ import pytest
 from sdk_device.protocol.topics import FleetTopics
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
-from server_toolkit.orchestrator.checkpoint import load_checkpoint
+from server_toolkit.rounds.checkpoint import load_checkpoint
 
 from .harness import Fleet
 
@@ -26,9 +26,9 @@ def test_resume_uses_updates_accepted_before_the_crash(mosquitto, tmp_path):
     try:
         for dev, path in fleet.write_data(devices, "iid").items():
             fleet.start_process(dev, path)
-        first = fleet.orchestrator(rounds=2, run_dir=run_dir)
+        first = fleet.server(rounds=2, run_dir=run_dir)
         first.start()
-        assert first.wait_for_devices(3, timeout_s=120) == 3
+        assert first.grid.wait_for_devices(3, timeout_s=120) == 3
         first.run_round(1)
 
         def crash(*args):
@@ -37,7 +37,7 @@ def test_resume_uses_updates_accepted_before_the_crash(mosquitto, tmp_path):
         first.method.aggregate_train = crash
         with pytest.raises(Crash):
             first.run_round(2)
-        first.close()
+        first.grid.close()
         fleet.endpoint.close()
         accepted_before = {u["task_id"] for u in fleet.registry.updates(2)}
         assert len(accepted_before) == 3  # persisted (and acknowledged) before the crash
@@ -46,7 +46,7 @@ def test_resume_uses_updates_accepted_before_the_crash(mosquitto, tmp_path):
         # A new server process: same run directory, same registry, a new connection.
         fleet.endpoint = Endpoint(fleet.broker, FleetTopics(fleet.fleet), BlobStore(run_dir / "blobs"),
                                   is_known_peer=fleet.registry.is_known).start()
-        second = fleet.orchestrator(rounds=2, run_dir=run_dir)
+        second = fleet.server(rounds=2, run_dir=run_dir)
         second.start(resume=True)
         assert second.completed_round == 1
         rows = second.run()

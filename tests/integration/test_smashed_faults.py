@@ -1,4 +1,4 @@
-"""Smashed data over a real mosquitto: a group round of an edge's orchestrator asks every
+"""Smashed data over a real mosquitto: a group round of an edge's round loop asks every
 device for the inputs of its last linear layer. An honest device process sends them;
 rogue devices (threads) send smashed data of the wrong width, with NaN, with labels out of
 range, or too large, and one tries to point the server at another blob through its
@@ -16,7 +16,8 @@ from sdk_device.runtimes.torch_model import build_model, state_numpy
 from sdk_device.transport.endpoint import SERVER
 from server_toolkit.edge.relay import EdgeOptions, EdgeRelay, ForwardedTask
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.orchestrator.server import Orchestrator, OrchestratorConfig
+from server_toolkit.rounds.loop import LoopConfig, RoundLoop
+from server_toolkit.rounds.mqtt_grid import MqttGrid
 
 from .harness import RECIPE, Fleet
 from .test_faults import RecordingAgent
@@ -78,18 +79,18 @@ def test_bad_smashed_data_is_rejected_and_the_round_goes_on(mosquitto, tmp_path,
     relay = EdgeRelay(EdgeOptions(smashed_samples=SAMPLES))
     weights = state_numpy(build_model(spec, seed=0))
     relay.forward(ForwardedTask(((modelspec.FORMAT, modelspec.dumps(spec)),), weights, RECIPE))
-    orchestrator = Orchestrator(relay, fleet.endpoint, fleet.registry, tmp_path / "edge",
-                                OrchestratorConfig(rounds=1, round_timeout_s=90))
+    grid = MqttGrid(fleet.endpoint, fleet.registry)
+    loop = RoundLoop(relay, grid, LoopConfig(rounds=1, round_timeout_s=90), run_dir=tmp_path / "edge")
     try:
         fleet.start_process("good", paths["good"])
         agents = {dev: fleet.start_thread(cls(fleet.agent_config(dev, paths[dev])))
                   for dev, cls in rogues.items()}
-        orchestrator.start()
-        assert orchestrator.wait_for_devices(len(paths), timeout_s=120) == len(paths)
-        orchestrator.global_weights = weights
-        row = orchestrator.run_round(1)
+        loop.start()
+        assert grid.wait_for_devices(len(paths), timeout_s=120) == len(paths)
+        loop.global_weights = weights
+        row = loop.run_round(1)
     finally:
-        orchestrator.close()
+        grid.close()
         fleet.close()
 
     assert row["accepted"] == 2  # the honest device and the pointer (its key is dropped)

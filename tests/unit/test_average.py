@@ -115,7 +115,7 @@ def test_fedavg_configure_train_gives_everyone_the_global_model():
         assert isinstance(ins, TrainInstruction)
         assert ins.spec == SPEC
         assert ins.recipe == recipe
-        assert ins.index_map == {}
+        assert ins.context == {}
         assert set(ins.weights) == set(weights)
         for name, arr in weights.items():
             np.testing.assert_array_equal(ins.weights[name], arr)

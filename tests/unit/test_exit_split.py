@@ -25,7 +25,6 @@ from server_toolkit.submodels.exit_split import (
     num_tiers,
     parse_tier,
     prefix_spec,
-    tier_of_names,
 )
 
 SPEC = vgg_multi_exit((1, 8, 8), 10, channels=(4, 8, 8, 16))
@@ -84,10 +83,6 @@ def test_head_layers_are_renamed_into_the_trunk():
     linear = len(SPEC["layers"][first_exit]["head"]) - 1
     assert mapping[f"layers.{first_exit + linear}.weight"] == f"layers.{first_exit}.head.{linear}.weight"
     assert not any(g.startswith(f"layers.{first_exit + 1}.") for g in mapping.values())
-    for tier in (1, 2, 3):
-        assert tier_of_names(SPEC, set(name_map(SPEC, tier, names)), names) == tier
-    with pytest.raises(ValueError):
-        tier_of_names(SPEC, {"layers.0.weight"}, names)
 
 
 def test_vgg_segments_are_blocks_1_2_then_3_then_4():

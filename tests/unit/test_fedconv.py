@@ -19,7 +19,8 @@ from server_toolkit.models.zoo import model_spec
 from server_toolkit.reconstruct.average import weighted_average
 from server_toolkit.reconstruct.conv_dilate import dilator
 from server_toolkit.reconstruct.learned_aggregate import LayerWeights, learned_aggregate
-from server_toolkit.sim.inprocess import LocalDevice, run_rounds
+from server_toolkit.rounds.local_device import LocalDevice
+from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.server_data import take_server_slice
 from server_toolkit.submodels.conv_compress import (
     BlockConfig,
@@ -251,7 +252,7 @@ def test_fedconv_rounds_in_process_send_tier_models_and_report_server_time():
         assert all(r[key] >= 0 for r in rows), key
     assert "server_pretrain_s" in rows[0] and "server_pretrain_s" not in rows[1]
     for instruction in sent:
-        ratio = instruction.index_map["ratio"]
+        ratio = instruction.context["ratio"]
         assert instruction.spec == tier_spec(method.global_spec, ratio) or ratio == 1.0
         assert {k: v.shape for k, v in instruction.weights.items()} == tensor_shapes(instruction.spec)
     assert set(method.compressors) == {0.75, 0.5, 0.25}

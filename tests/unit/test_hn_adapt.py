@@ -19,7 +19,7 @@ from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.methods.mh_pfedhn import MHPFedHN
 from server_toolkit.models.architectures import architecture
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.orchestrator.checkpoint import save_checkpoint
+from server_toolkit.rounds.checkpoint import save_checkpoint
 from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.personalized import PersonalDevice, run_personalized
 

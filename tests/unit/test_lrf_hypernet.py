@@ -23,7 +23,7 @@ from server_toolkit.reconstruct.lrf_hypernet import (
     matrix_to_conv,
     mse,
 )
-from server_toolkit.submodels.exit_split import conv_segments
+from server_toolkit.submodels.exit_split import conv_segments, name_map
 
 SPEC = vgg_multi_exit((1, 8, 8), 10, channels=(4, 8, 8, 16))
 
@@ -172,7 +172,8 @@ def test_generated_conv_weights_enter_the_aggregated_global_model():
     for dev, (tier, n) in samples.items():
         instruction = with_hn.configure_train(1, global_weights, [DeviceInfo(dev, n, str(tier))])[0]
         trained = state_numpy(build_model(SPEC, seed=tier + 10))
-        weights = {sub: trained[g] for sub, g in instruction.index_map["to_global"].items()}
+        to_global = name_map(SPEC, instruction.context["tier"], list(global_weights))
+        weights = {sub: trained[g] for sub, g in to_global.items()}
         updates.append(ClientUpdate(dev, n, weights, {}, instruction))
     new_hn = with_hn.aggregate_train(1, global_weights, updates)
     new_plain = without_hn.aggregate_train(1, global_weights, updates)

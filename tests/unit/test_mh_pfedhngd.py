@@ -29,7 +29,7 @@ def test_stage_one_sends_the_smallest_architecture_with_its_head_and_makes_one_w
     weights = m.initial_weights(0)
     stage_one = m.configure_train(1, weights, DEVICES)
     assert {i.spec["layers"][1]["op"] for i in stage_one} == {"linear"}  # mlp: flatten, linear, ...
-    assert all(i.index_map == {"architecture": "mlp", "stage": 1} and i.teacher is None for i in stage_one)
+    assert all(i.context == {"architecture": "mlp", "stage": 1} and i.teacher is None for i in stage_one)
     assert all(i.recipe.loss == "ce" for i in stage_one)
     assert m.global_client.head == m.clients["b"].head == "tau6"  # K_g = min K_i: the smallest client's head
     sent = m.teacher_weights
@@ -69,7 +69,7 @@ def test_stage_two_distils_from_the_global_model_sent_at_stage_one():
         # ...but the teacher is w_g as it was sent
         assert all(np.array_equal(i.teacher.weights[k], sent[k]) for k in sent)
         assert i.recipe.loss == "kd" and i.recipe.alpha == 0.2 and i.recipe.temperature == 5
-        assert i.index_map["stage"] == 2 and i.spec == m.architecture_named(m.clients[i.device_id].tier).spec
+        assert i.context["stage"] == 2 and i.spec == m.architecture_named(m.clients[i.device_id].tier).spec
     before = {d: m.generate(m.clients[d]).detach().numpy().copy() for d in "abc"}
     m.aggregate_train(2, weights, trained_copies(stage_two, {"a": 0.1, "b": 0.1, "c": 0.1}))
     assert m.last_round["stage"] == 2

@@ -199,18 +199,16 @@ def test_devices_show_retier_and_revoke(tmp_path):
 
 def test_the_running_server_takes_tiers_and_revocations_from_the_registry(tmp_path, monkeypatch):
     from server_toolkit.methods.base import DeviceInfo
-    from server_toolkit.methods.fedavg import FedAvg
-    from server_toolkit.orchestrator.server import Orchestrator, OrchestratorConfig
+    from server_toolkit.rounds.mqtt_grid import MqttGrid
 
     monkeypatch.setattr(registry_module, "KNOWN_REFRESH_S", 0.0)
     registry = FleetRegistry(tmp_path / "registry.sqlite")
     for dev in ("a", "b"):
         registry.add_device(dev, tier="1.0")
-    orchestrator = Orchestrator(FedAvg(model_spec("small_cnn", (1, 8, 8), 10), Recipe()), None, registry,
-                                tmp_path, OrchestratorConfig())
-    orchestrator.online = {dev: DeviceInfo(dev, 10, "1.0") for dev in ("a", "b")}  # as at their hello
+    grid = MqttGrid(None, registry)
+    grid.devices = {dev: DeviceInfo(dev, 10, "1.0") for dev in ("a", "b")}  # as at their hello
     other_process = FleetRegistry(tmp_path / "registry.sqlite")  # `fedsdk-server devices …`
     other_process.set_tier("a", "0.25", {"mode": "manual"})
     other_process.revoke("b")
-    assert orchestrator._select(exclude=set()) == [DeviceInfo("a", 10, "0.25")]
-    orchestrator.close()
+    assert grid.online() == [DeviceInfo("a", 10, "0.25")]
+    grid.close()

@@ -23,8 +23,9 @@ from server_toolkit.reconstruct.similarity_tree import (
     pairwise_symmetric_kl,
     subtree_labels,
 )
+from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.datasets import load_dataset
-from server_toolkit.sim.inprocess import LocalDevice, run_rounds
+from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import label_histogram, partition
 from server_toolkit.submodels.offsets import four_corner_offsets, rolling_offsets
 from server_toolkit.submodels.width import width_layout
@@ -53,9 +54,9 @@ def _play(method, devices, rounds: int) -> dict[str, np.ndarray]:
     for rnd in range(1, rounds + 1):
         instructions = method.configure_train(rnd, weights, devices)
         for ins in instructions:
-            if ins.index_map["ratio"] < 1:
+            if ins.context["ratio"] < 1:
                 for n in names:
-                    counts[n] += coverage_counts(counts[n].shape, [(ins.index_map["tensors"][n][:2], 1)])
+                    counts[n] += coverage_counts(counts[n].shape, [(method.index_map(ins.context)[n][:2], 1)])
         weights = method.aggregate_train(rnd, weights, [ClientUpdate(i.device_id, 1, i.weights, {}, i)
                                                         for i in instructions])
     return counts
@@ -65,7 +66,7 @@ def test_heterofl_always_takes_the_top_left_block():
     method = method_class("heterofl")(SPEC, Recipe())
     for rnd in (1, 7):
         (ins,) = method.configure_train(rnd, method.initial_weights(0), [DeviceInfo("a", 1, "0.5")])
-        rows, cols = ins.index_map["tensors"]["layers.3.weight"]
+        rows, cols = method.index_map(ins.context)["layers.3.weight"]
         np.testing.assert_array_equal(rows, np.arange(16))
         np.testing.assert_array_equal(cols, np.arange(8))
 
@@ -76,7 +77,7 @@ def test_fedrolex_rolls_one_channel_per_round_and_wraps():
     assert [rolling_offsets(layout, 0.5, t)[first] for t in (1, 2, 16, 17)] == [0, 1, 15, 0]
     method = method_class("fedrolex")(SPEC, Recipe())
     (ins,) = method.configure_train(12, method.initial_weights(0), [DeviceInfo("a", 1, "0.5")])
-    rows = ins.index_map["tensors"]["layers.0.weight"][0]
+    rows = method.index_map(ins.context)["layers.0.weight"][0]
     np.testing.assert_array_equal(rows, [0, 1, 2, 11, 12, 13, 14, 15])
 
 
@@ -112,7 +113,7 @@ def test_feddm_spreads_the_devices_of_a_tier_within_a_round():
         weights = method.aggregate_train(rnd, weights, [ClientUpdate(i.device_id, 1, i.weights, {}, i)
                                                         for i in instructions])
     # from round 2 on the four 0.25-devices hold slots 0..3: together they tile every space
-    windows = [(i.index_map["tensors"]["layers.0.weight"][:1], 1) for i in instructions]
+    windows = [(method.index_map(i.context)["layers.0.weight"][:1], 1) for i in instructions]
     np.testing.assert_array_equal(coverage_counts((16,), windows), np.ones(16))
 
 
@@ -133,7 +134,7 @@ def test_tiers_come_from_the_map_the_fleet_or_the_profile():
 def test_devices_only_ever_see_their_sub_model():
     method = method_class("feddm")(SPEC, Recipe(), tree=False)
     for ins in method.configure_train(1, method.initial_weights(0), _devices(4)):
-        ratio = ins.index_map["ratio"]
+        ratio = ins.context["ratio"]
         assert ins.spec["layers"][0]["out"] == int(np.ceil(16 * ratio))
         assert ins.spec["layers"][-1]["out"] == 10
         own = state_numpy(build_model(ins.spec, seed=0))
@@ -192,7 +193,7 @@ def test_tree_cooperation_personalises_the_deeper_layers_by_subtree():
     # a device is sent its subtree's classifier, cut to its window
     info = devices[1].info
     (ins,) = method.configure_train(3, result.weights, [info])
-    rows, cols = ins.index_map["tensors"]["layers.9.weight"]
+    rows, cols = method.index_map(ins.context)["layers.9.weight"]
     sent = ins.weights["layers.9.weight"]
     np.testing.assert_array_equal(sent, heads[info.device_id][np.ix_(rows, cols)])
     assert not np.array_equal(sent, result.weights["layers.9.weight"][np.ix_(rows, cols)])
@@ -208,5 +209,5 @@ def test_feddm_plans_are_reproduced_after_a_restart():
     restarted.load_state_dict(json.loads(json.dumps(method.state_dict())))
     for original, info in zip(before, infos, strict=True):
         (again,) = restarted.configure_train(3, result.weights, [info])  # one device at a time
-        assert again.spec == original.spec and again.index_map["offsets"] == original.index_map["offsets"]
+        assert again.spec == original.spec and again.context == original.context
         assert all(np.array_equal(again.weights[k], original.weights[k]) for k in original.weights)

@@ -11,8 +11,10 @@ from safetensors.numpy import load_file, save_file
 from ..methods.base import Weights
 
 
-def save_checkpoint(run_dir: Path, round_number: int, weights: Weights, state: dict) -> Path:
-    """Write ``checkpoints/global_r<NNNN>.safetensors`` then ``state.json`` (atomically)."""
+def save_checkpoint(run_dir: Path, round_number: int, weights: Weights, state: dict, keep: int = 3) -> Path:
+    """Write ``checkpoints/global_r<NNNN>.safetensors`` then ``state.json`` (atomically);
+    then delete all but the ``keep`` newest checkpoint files (a hypernetwork's weights are
+    tens of MB a round)."""
     ckpt_dir = run_dir / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     path = ckpt_dir / f"global_r{round_number:04d}.safetensors"
@@ -23,6 +25,8 @@ def save_checkpoint(run_dir: Path, round_number: int, weights: Weights, state: d
     tmp_state = run_dir / "state.json.tmp"
     tmp_state.write_text(json.dumps(body, indent=2))
     os.replace(tmp_state, run_dir / "state.json")
+    for old in sorted(ckpt_dir.glob("global_r*.safetensors"))[:-max(1, keep)]:
+        old.unlink(missing_ok=True)
     return path
 
 

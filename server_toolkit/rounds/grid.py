@@ -1,0 +1,73 @@
+"""The grid: how the round loop reaches devices (after Flower's ``Grid``).
+
+The round loop (``rounds/loop.py``) never sees MQTT, blobs or device processes; it talks
+to a grid, which knows which devices are online and runs one exchange per round: hand each
+instruction to its device, then collect results until ``quorum`` are accepted, every asked
+device is resolved (accepted, refused, rejected or gone), or the deadline passes.
+
+Two grids implement it:
+
+* ``MqttGrid`` (``rounds/mqtt_grid.py``): real devices over MQTT: tasks, pulled and
+  validated blobs, a registry that survives server restarts;
+* ``InProcessGrid`` (``rounds/inprocess_grid.py``): simulated devices trained in this
+  process with the device's own task code, for benchmarks and quick studies.
+
+Both hand back ``ClientUpdate``s, so a number measured on one is a number of the other.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from ..methods.base import ClientUpdate, DeviceInfo, TrainInstruction
+
+
+@dataclass
+class Exchange:
+    """What one round's exchange brought back: the accepted updates (in arrival order) and
+    how many results or refusals were rejected, by reason code."""
+
+    updates: list[ClientUpdate] = field(default_factory=list)
+    rejections: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.rejections.values())
+
+
+class Grid(ABC):
+    """The devices of one fleet, as the round loop sees them."""
+
+    @abstractmethod
+    def online(self) -> list[DeviceInfo]:
+        """The devices that may be selected now (online, registered, with current tiers),
+        sorted by device id."""
+
+    @abstractmethod
+    def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
+                 quorum: int) -> Exchange:
+        """Send every instruction; collect results until ``quorum`` updates are accepted,
+        every device asked is resolved, or ``deadline`` (unix seconds) passes."""
+
+    def wait_for_devices(self, count: int, timeout_s: float) -> int:
+        """Handle traffic until ``count`` devices are online (or the timeout); how many are."""
+        return len(self.online())
+
+    def accepted_before(self, round_number: int) -> list[ClientUpdate]:
+        """Updates of ``round_number`` accepted before a restart of the server (their round
+        was interrupted); empty for a round never opened."""
+        return []
+
+    def close_round(self, round_number: int, row: dict) -> None:  # noqa: B027 - optional
+        """The round is over (its metrics row); later results for it are refused."""
+
+    def poll(self, timeout_s: float) -> None:  # noqa: B027 - optional
+        """Handle incoming traffic between rounds for up to ``timeout_s`` seconds."""
+
+    def traffic(self) -> tuple[int, int]:
+        """Bytes sent to and received from devices so far: (down, up)."""
+        return 0, 0
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release what the grid holds (threads, connections)."""

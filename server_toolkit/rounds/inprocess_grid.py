@@ -1,0 +1,45 @@
+"""The in-process grid: simulated devices trained in this process, for benchmarks.
+
+The same instructions as on the MQTT grid, each trained on its ``LocalDevice`` as the
+device agent trains it (``rounds/local_device.py``); devices are loop iterations instead
+of processes and blobs never leave memory. Every device is online and answers every task.
+"""
+
+from __future__ import annotations
+
+from ..methods.base import DeviceInfo, TrainInstruction, Weights
+from .grid import Exchange, Grid
+from .local_device import LocalDevice, TorchRuntimePool, train_on_device
+
+
+class InProcessGrid(Grid):
+    """``devices`` trained here, one after the other, every round. ``traffic()`` counts the
+    tensor bytes that would travel (weights and teachers down, results up; no programs, no
+    headers)."""
+
+    def __init__(self, devices: list[LocalDevice]) -> None:
+        self.devices = {d.info.device_id: d for d in devices}
+        self.runtimes = TorchRuntimePool()
+        self.bytes_down = self.bytes_up = 0
+
+    def online(self) -> list[DeviceInfo]:
+        return sorted((d.info for d in self.devices.values()), key=lambda d: d.device_id)
+
+    def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
+                 quorum: int) -> Exchange:
+        updates = []
+        for instruction in instructions:
+            self.bytes_down += _nbytes(instruction.weights)
+            if instruction.teacher is not None:
+                self.bytes_down += _nbytes(instruction.teacher.weights)
+            update = train_on_device(self.devices[instruction.device_id], instruction, self.runtimes)
+            self.bytes_up += _nbytes(update.weights) + _nbytes(update.smashed or {})
+            updates.append(update)
+        return Exchange(updates)
+
+    def traffic(self) -> tuple[int, int]:
+        return self.bytes_down, self.bytes_up
+
+
+def _nbytes(tensors: Weights) -> int:
+    return sum(int(v.nbytes) for v in tensors.values())

@@ -1,0 +1,170 @@
+"""The round loop: the one place where a federated round happens.
+
+Per round: select devices from the grid (over-selecting to absorb dropouts) -> ask the
+method what each trains (``configure_train``) -> stamp each task's training seed -> let
+the grid exchange tasks for results until quorum or deadline -> ``aggregate_train`` ->
+``aggregate_evaluate`` -> central ``evaluate`` (and any extra evaluators) -> checkpoint ->
+one metrics row. ``fedsdk-server run``, ``simulate`` (either grid), edge aggregators and
+every benchmark drive their rounds through this class.
+
+Seeds: the selection draws from ``random.Random(seed)`` (its state is checkpointed); each
+task trains with ``task_seed(seed, round, device)``, so a device shuffles its data alike on
+the in-process and the MQTT grid, and differently in every round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from .checkpoint import load_checkpoint, save_checkpoint
+from .grid import Grid
+
+log = logging.getLogger(__name__)
+
+RoundCallback = Callable[[dict], None]
+Evaluator = Callable[[int, Weights], dict]  # (round, global weights) -> metrics for the row
+
+
+@dataclass
+class LoopConfig:
+    """Round settings. ``clients_per_round`` = quorum (else ``fraction`` of the online
+    devices; neither: every online device); ``over_select`` = extra fraction of devices
+    asked, to absorb dropouts; ``round_timeout_s`` = the devices' time per round."""
+
+    rounds: int = 20
+    clients_per_round: int | None = None
+    fraction: float | None = None
+    over_select: float = 0.0
+    round_timeout_s: float = 120.0
+    seed: int = 0
+    keep_checkpoints: int = 3  # the newest checkpoints kept in the run directory (>= 1)
+
+
+def task_seed(run_seed: int, round_number: int, device_id: str) -> int:
+    """The seed one device trains one round's task with, in [0, 2**31)."""
+    digest = hashlib.sha256(f"{run_seed}/{round_number}/{device_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+class RoundLoop:
+    """Drives ``method`` over the devices of ``grid``.
+
+    ``run_dir``: where checkpoints go (None: no checkpoints, e.g. a benchmark);
+    ``test_data``: (x, y) for the method's central ``evaluate``; ``evaluators``: more
+    per-round measurements merged into each row; ``on_round``: called with each row.
+    """
+
+    def __init__(self, method: Method, grid: Grid, config: LoopConfig, run_dir: Path | None = None,
+                 test_data: tuple[np.ndarray, np.ndarray] | None = None,
+                 on_round: RoundCallback | None = None, evaluators: tuple[Evaluator, ...] = ()) -> None:
+        self.method = method
+        self.grid = grid
+        self.config = config
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.test_data = test_data
+        self.on_round = on_round
+        self.evaluators = evaluators
+        self.global_weights: Weights = {}
+        self.completed_round = 0
+        self.last_updates: list[ClientUpdate] = []
+        self._rng = random.Random(config.seed)
+
+    # -- set-up ------------------------------------------------------------------------------
+    def start(self, resume: bool = False) -> None:
+        """Load the last checkpoint (``resume``, when there is one) or make fresh weights."""
+        found = load_checkpoint(self.run_dir) if resume and self.run_dir is not None else None
+        if found:
+            self.completed_round, self.global_weights, state = found
+            self.method.load_state_dict(state.get("method_state", {}))
+            if "rng" in state:
+                self._rng.setstate(_tuple_state(state["rng"]))
+            log.info("resuming after round %d from %s", self.completed_round, state["checkpoint"])
+        else:
+            self.global_weights = self.method.initial_weights(self.config.seed)
+
+    # -- rounds ------------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        """Run rounds ``completed_round + 1 .. config.rounds``; their metric rows."""
+        return [self.run_round(rnd) for rnd in range(self.completed_round + 1, self.config.rounds + 1)]
+
+    def run_round(self, rnd: int) -> dict:
+        """One round (see the module docstring); returns its metrics row."""
+        started = time.monotonic()
+        already = self.grid.accepted_before(rnd)
+        wanted = self._wanted()
+        selected = [] if wanted is not None and len(already) >= wanted else \
+            self._select(exclude={u.device_id for u in already})
+        quorum = len(selected) + len(already) if wanted is None else min(wanted, len(selected) + len(already))
+        clock = time.perf_counter()
+        instructions = [self._seeded(rnd, i) for i in
+                        self.method.configure_train(rnd, self.global_weights, selected)] if selected else []
+        configure_s = time.perf_counter() - clock
+        deadline = time.time() + self.config.round_timeout_s
+        exchange = self.grid.exchange(rnd, instructions, deadline, max(0, quorum - len(already)))
+        if already:
+            log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
+        updates = already + exchange.updates
+        row: dict = {"round": rnd, "selected": len(selected) + len(already), "accepted": len(updates),
+                     "rejected": exchange.rejected}
+        clock = time.perf_counter()
+        if updates:
+            self.global_weights = self.method.aggregate_train(rnd, self.global_weights, updates)
+            row.update(self.method.aggregate_evaluate(rnd, updates))
+        else:
+            log.warning("round %d: no update arrived before the deadline; global model unchanged", rnd)
+        aggregate_s = time.perf_counter() - clock
+        clock = time.perf_counter()
+        if self.test_data is not None:
+            row.update(self.method.evaluate(self.global_weights, *self.test_data))
+        for evaluator in self.evaluators:
+            row.update(evaluator(rnd, self.global_weights))
+        evaluate_s = time.perf_counter() - clock
+        row["seconds"] = time.monotonic() - started
+        row["bytes_down"], row["bytes_up"] = self.grid.traffic()
+        row.update(server_configure_s=configure_s, server_aggregate_s=aggregate_s,
+                   server_evaluate_s=evaluate_s)
+        if self.run_dir is not None:
+            save_checkpoint(self.run_dir, rnd, self.global_weights,
+                            {"method_state": self.method.state_dict(), "rng": self._rng.getstate(),
+                             "method": self.method.name}, keep=self.config.keep_checkpoints)
+        self.grid.close_round(rnd, row)
+        self.completed_round = rnd
+        self.last_updates = updates
+        if self.on_round:
+            self.on_round(row)
+        return row
+
+    def _seeded(self, rnd: int, instruction: TrainInstruction) -> TrainInstruction:
+        seed = task_seed(self.config.seed, rnd, instruction.device_id)
+        return dataclasses.replace(instruction, recipe=dataclasses.replace(instruction.recipe, seed=seed))
+
+    def _select(self, exclude: set[str]) -> list[DeviceInfo]:
+        candidates = [d for d in self.grid.online() if d.device_id not in exclude]
+        want = self._wanted()
+        if want is None:
+            return candidates
+        count = min(len(candidates), math.ceil(want * (1 + self.config.over_select)))
+        return self._rng.sample(candidates, count)
+
+    def _wanted(self) -> int | None:
+        if self.config.clients_per_round is not None:
+            return self.config.clients_per_round
+        if self.config.fraction is not None:
+            return max(1, math.ceil(self.config.fraction * len(self.grid.online())))
+        return None
+
+
+def _tuple_state(state):
+    """JSON turns random.getstate()'s tuples into lists; turn them back."""
+    return tuple(_tuple_state(s) if isinstance(s, list) else s for s in state)

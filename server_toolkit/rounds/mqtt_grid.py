@@ -1,0 +1,316 @@
+"""The MQTT grid: real devices reached through an ``Endpoint`` and a fleet registry.
+
+An exchange: export each task's programs (before the deadline starts counting against the
+devices) -> persist the task record -> offer its blobs and send the task -> handle incoming
+traffic until quorum, every device asked resolved, or the deadline -> pull each result,
+validate it, persist it, and only then acknowledge it. Invalid input (bad messages,
+unknown devices or tasks, wrong shapes, NaN, oversized or corrupt blobs, late results) is
+rejected, recorded in the registry, logged and answered with an ``error``; the round goes
+on. The registry (devices, tiers, revocations, tasks, updates) survives server restarts:
+``accepted_before`` returns a restarted round's updates with the instructions they answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from export.programs import ProgramCache
+from sdk_device.protocol import messages as msgs
+from sdk_device.protocol import modelspec
+from sdk_device.protocol.blobs import check_update, decode_tensors, encode_tensors
+from sdk_device.protocol.errors import ProtocolError
+from sdk_device.protocol.smashed import check_smashed
+from sdk_device.transport.endpoint import Endpoint, Incoming
+
+from ..fleet.registry import FleetRegistry
+from ..methods.base import TEACHER_PREFIX, ClientUpdate, DeviceInfo, TrainInstruction
+from .grid import Exchange, Grid
+from .task_records import instruction_from_record, task_record
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """A task of the open round: what it asked, and what its result must look like."""
+
+    task_id: str
+    round: int
+    instruction: TrainInstruction
+    sent_bytes: int
+    reference: dict  # tensor name -> (shape, dtype) the update must have
+    answered: bool = False
+
+
+class MqttGrid(Grid):
+    """The devices of ``registry`` reachable through ``endpoint``.
+
+    ``program_formats``: the program formats offered with each task; ``max_update_factor``:
+    an update may be at most this times the bytes sent (+64 KiB); ``fetch_timeout_s``: how
+    long pulling one result may take.
+    """
+
+    def __init__(self, endpoint: Endpoint, registry: FleetRegistry, program_formats: list[str] | None = None,
+                 max_update_factor: float = 2.0, fetch_timeout_s: float = 120.0) -> None:
+        self.endpoint = endpoint
+        self.registry = registry
+        self.programs = ProgramCache(program_formats or [modelspec.FORMAT])
+        self.max_update_factor = max_update_factor
+        self.fetch_timeout_s = fetch_timeout_s
+        self.devices: dict[str, DeviceInfo] = {}  # online devices, by id
+        self._pending: dict[str, _Pending] = {}  # tasks of the open round
+        self._closed_tasks: dict[str, int] = {}  # task id -> round, for tasks of recent closed rounds
+        self._open_round: int | None = None
+        self._lock = threading.RLock()  # _accept rejects while holding it
+        self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
+        self._resolved: set[str] = set()  # devices of the open round accepted, refused or rejected
+        self._accepted: list[str] = []  # task ids accepted in the open exchange, in order
+        self._rejections: dict[str, int] = {}  # code -> count in the open exchange
+        self.progress: dict[str, float] = {}  # device -> last reported training progress (0..1)
+
+    # -- the Grid interface --------------------------------------------------------------------
+    def online(self) -> list[DeviceInfo]:
+        # The registry is the truth for revocations and tiers (`fedsdk-server devices revoke|retier`
+        # may change them while we run).
+        return sorted((DeviceInfo(d.device_id, d.num_samples, self.registry.tier_of(d.device_id), d.runtimes,
+                                  d.profile) for d in self.devices.values()
+                       if self.registry.is_known(d.device_id)), key=lambda d: d.device_id)
+
+    def wait_for_devices(self, count: int, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while len(self.devices) < count and time.monotonic() < deadline:
+            self._pump(timeout_s=0.2)
+        return len(self.devices)
+
+    def poll(self, timeout_s: float) -> None:
+        self._pump(timeout_s)
+
+    def traffic(self) -> tuple[int, int]:
+        return self.endpoint.bytes_sent, self.endpoint.bytes_received
+
+    def close(self) -> None:
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
+
+    def accepted_before(self, round_number: int) -> list[ClientUpdate]:
+        info = self.registry.round_info(round_number)
+        if info is None or info["status"] != "open":
+            return []
+        return [self._load_update(row) for row in self.registry.updates(round_number)]
+
+    def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
+                 quorum: int) -> Exchange:
+        for instruction in instructions:  # export first: the deadline is the devices' time
+            if not instruction.programs:
+                self.programs.programs(instruction.spec, instruction.recipe)
+        earlier = [u["device_id"] for u in self.registry.updates(round_number)]
+        self.registry.open_round(round_number, sorted({*earlier, *(i.device_id for i in instructions)}), "")
+        with self._lock:
+            self._open_round, self._resolved, self._accepted, self._rejections = round_number, set(), [], {}
+        asked = {i.device_id for i in instructions}
+        for instruction in instructions:
+            self._send_task(round_number, instruction, deadline)
+        while len(self._accepted) < quorum and not asked <= self._resolved and time.time() < deadline:
+            self._pump(timeout_s=0.1)
+        with self._lock:
+            self._open_round = None  # late results are now rejected as round_closed
+            accepted, rejections = list(self._accepted), dict(self._rejections)
+        rows = {u["task_id"]: u for u in self.registry.updates(round_number)}
+        return Exchange([self._load_update(rows[t]) for t in accepted if t in rows], rejections)
+
+    def close_round(self, round_number: int, row: dict) -> None:
+        self.registry.close_round(round_number, row)
+        self._closed_tasks.update({k: p.round for k, p in self._pending.items() if p.round <= round_number})
+        self._closed_tasks = {k: r for k, r in self._closed_tasks.items() if r > round_number - 10}
+        self._pending = {k: p for k, p in self._pending.items() if p.round > round_number}
+
+    # -- sending -------------------------------------------------------------------------------
+    def _send_task(self, rnd: int, instruction: TrainInstruction, deadline: float) -> None:
+        dev = instruction.device_id
+        built = instruction.programs or tuple(self.programs.programs(instruction.spec, instruction.recipe))
+        programs = [self.endpoint.offer(dev, data, "program", fmt) for fmt, data in built]
+        weights_blob = encode_tensors(instruction.weights)
+        weights = self.endpoint.offer(dev, weights_blob, "weights", "safetensors")
+        reference = {k: (tuple(v.shape), str(v.dtype)) for k, v in instruction.weights.items()}
+        expected_bytes = len(weights_blob)
+        teacher = None
+        if instruction.teacher is not None:  # the teacher runs on the device's torch runtime
+            spec, teacher_weights = instruction.teacher.spec, instruction.teacher.weights
+            teacher_blob = encode_tensors(teacher_weights)
+            teacher = msgs.Teacher(
+                programs=[self.endpoint.offer(dev, modelspec.dumps(spec), "program", modelspec.FORMAT)],
+                weights=self.endpoint.offer(dev, teacher_blob, "weights", "safetensors"),
+                train=instruction.teacher.train,
+            )
+            if instruction.teacher.train:
+                expected_bytes += len(teacher_blob)
+                reference.update({TEACHER_PREFIX + k: (tuple(v.shape), str(v.dtype))
+                                  for k, v in teacher_weights.items()})
+        task = msgs.Task(task_id=msgs.new_id(), round=rnd, programs=programs, weights=weights,
+                         recipe=instruction.recipe.to_dict(), deadline=deadline, teacher=teacher,
+                         smashed=instruction.smashed.samples if instruction.smashed else 0)
+        self.registry.add_task(task.task_id, rnd, dev, task_record(
+            instruction, weights.id, teacher.weights.id if teacher else None,
+            [(p.format, p.id) for p in programs]))
+        self._pending[task.task_id] = _Pending(task.task_id, rnd, instruction, expected_bytes, reference)
+        self.endpoint.send(dev, task)
+
+    # -- incoming traffic ----------------------------------------------------------------------
+    def _pump(self, timeout_s: float) -> None:
+        """Handle one incoming item (if any arrives within ``timeout_s``)."""
+        try:
+            incoming = self.endpoint.inbox.get(timeout=timeout_s)
+        except queue.Empty:
+            return
+        self._handle(incoming)
+
+    def _handle(self, incoming: Incoming) -> None:
+        dev, message = incoming.peer, incoming.message
+        if incoming.rejected is not None:
+            self._resolved.add(dev)  # nothing more is expected from a device sending garbage
+            rejected = incoming.rejected
+            self._record_rejection(self._open_round, dev, None, rejected.code, rejected.detail)
+        elif incoming.status is not None:
+            self._on_status(dev, incoming.status)
+        elif isinstance(message, msgs.Hello):
+            self._on_hello(dev, message)
+        elif isinstance(message, msgs.Result):
+            self._on_result(dev, message)
+        elif isinstance(message, msgs.Heartbeat):
+            self.progress[dev] = message.progress
+        elif isinstance(message, msgs.Error):
+            log.warning("device %s reports %s: %s", dev, message.code, message.detail)
+            if message.ref in self._pending:
+                self._resolved.add(dev)  # it refused its task
+            self._record_rejection(self._open_round, dev, message.ref, f"device:{message.code}",
+                                   message.detail)
+
+    def _record_rejection(self, rnd: int | None, dev: str, task_id: str | None, code: str,
+                          detail: str) -> None:
+        self.registry.add_rejection(rnd, dev, task_id, code, detail)
+        with self._lock:
+            if rnd is not None and rnd == self._open_round:
+                self._rejections[code] = self._rejections.get(code, 0) + 1
+
+    def _on_status(self, dev: str, status: str) -> None:
+        """Last will / reconnect of a device: leave or rejoin the pool of selectable devices."""
+        if status == "offline" and dev in self.devices:
+            log.warning("device %s went offline", dev)
+            self.devices.pop(dev, None)
+            self._resolved.add(dev)  # do not hold the round for it
+            self.registry.set_status(dev, "offline")
+        elif status == "online" and dev not in self.devices:
+            known = self.registry.device(dev)
+            if known and known["num_samples"]:  # it said hello before: it is back
+                self.devices[dev] = DeviceInfo(dev, known["num_samples"], known["tier"],
+                                               tuple(known["runtimes"] or ()), known["profile"] or {})
+                self.registry.set_status(dev, "online")
+                log.info("device %s is back online", dev)
+
+    def _on_hello(self, dev: str, hello: msgs.Hello) -> None:
+        if hello.device_id != dev:
+            self._reject(dev, None, ProtocolError("invalid_field", "hello names another device"))
+            return
+        self.registry.record_hello(dev, hello.profile, hello.runtimes, hello.num_samples)
+        tier = (self.registry.device(dev) or {}).get("tier")
+        self.devices[dev] = DeviceInfo(dev, hello.num_samples, tier, tuple(hello.runtimes), hello.profile)
+        log.info("device %s online: %d samples, runtimes %s", dev, hello.num_samples, hello.runtimes)
+
+    def _on_result(self, dev: str, result: msgs.Result) -> None:
+        pending = self._pending.get(result.task_id)
+        with self._lock:
+            open_round = self._open_round
+        if result.task_id in self._closed_tasks:
+            rnd = self._closed_tasks[result.task_id]
+            self._reject(dev, result.task_id, ProtocolError("round_closed", f"round {rnd} is over"), rnd)
+            return
+        if pending is None or pending.instruction.device_id != dev:
+            self._reject(dev, result.task_id, ProtocolError("unknown_task", "no such task for this device"))
+            return
+        if pending.answered:  # QoS 1 may deliver a message twice: the first one counts
+            log.info("ignoring a second result for task %s from %s", result.task_id[:8], dev)
+            return
+        if result.round != pending.round or pending.round != open_round:
+            err = ProtocolError("invalid_field", f"task is of round {pending.round}")
+            self._reject(dev, result.task_id, err)
+            return
+        limit = int(pending.sent_bytes * self.max_update_factor) + 65536
+        if result.weights.size > limit:
+            self._reject(dev, result.task_id, ProtocolError(
+                "too_large", f"update of {result.weights.size} bytes; at most {limit} expected"))
+            return
+        samples = result.metrics.get("samples")
+        if type(samples) is not int or samples <= 0:
+            self._reject(dev, result.task_id, ProtocolError("invalid_field", "metrics.samples must be > 0"))
+            return
+        pending.answered = True  # one result per task
+        self._fetchers.submit(self._accept, dev, result, pending)
+
+    def _accept(self, dev: str, result: msgs.Result, pending: _Pending) -> None:
+        """Pull, validate and persist one result, then acknowledge it (fetch thread)."""
+        try:
+            data = self.endpoint.fetch(dev, result.weights, durable=True, timeout_s=self.fetch_timeout_s)
+            check_update(decode_tensors(data), pending.reference)
+            smashed_id = self._accept_smashed(dev, result, pending)
+        except (ProtocolError, TimeoutError) as exc:
+            err = exc if isinstance(exc, ProtocolError) else ProtocolError("timeout", str(exc))
+            self._reject(dev, result.task_id, err)
+            return
+        with self._lock:
+            if self._open_round != pending.round:
+                self._reject(dev, result.task_id, ProtocolError("round_closed", "the round closed meanwhile"))
+                return
+            metrics = {k: v for k, v in result.metrics.items() if k != "smashed_blob"}  # the server's key
+            if smashed_id:
+                metrics["smashed_blob"] = smashed_id
+            self.registry.add_update(pending.round, dev, result.task_id, result.weights.id,
+                                     result.metrics["samples"], metrics)
+            self._accepted.append(result.task_id)
+            self._resolved.add(dev)
+        self.endpoint.send(dev, msgs.Ack(ref=result.task_id, detail="persisted"))
+        self.endpoint.withdraw(dev)
+        log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
+                 result.metrics["samples"])
+
+    def _accept_smashed(self, dev: str, result: msgs.Result, pending: _Pending) -> str | None:
+        """Pull and check the smashed data the task asked for (fetch thread); its blob id.
+        Smashed data nobody asked for is not pulled; a device may send none."""
+        request = pending.instruction.smashed
+        if result.smashed is None or request is None:
+            return None
+        if result.smashed.size > request.max_bytes():
+            raise ProtocolError("too_large",
+                                f"smashed data of {result.smashed.size} bytes; at most {request.max_bytes()}")
+        data = self.endpoint.fetch(dev, result.smashed, durable=True, timeout_s=self.fetch_timeout_s)
+        check_smashed(decode_tensors(data), request)
+        return result.smashed.id
+
+    def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None = None) -> None:
+        """Record, log and tell the device (an Error with the reason's code, ``ref`` = task id)."""
+        log.warning("rejected result from %s: %s", dev, err)
+        task = self._pending.get(task_id or "")
+        if task is not None:
+            self._resolved.add(dev)
+        rnd = rnd if rnd is not None else task.round if task else self._open_round
+        self._record_rejection(rnd, dev, task_id, err.code, err.detail)
+        self.endpoint.send(dev, msgs.Error(code=err.code, detail=err.detail[:500], ref=task_id))
+
+    def _load_update(self, row: dict) -> ClientUpdate:
+        """An accepted update (a registry row) with the instruction it answered."""
+        weights = decode_tensors(self.endpoint.store.get(row["blob_id"]))
+        pending = self._pending.get(row["task_id"])
+        if pending is not None:
+            instruction = pending.instruction
+        else:  # accepted before a restart: the instruction as it was persisted when sent
+            record = self.registry.task(row["task_id"])
+            if record is None:
+                raise RuntimeError(f"task {row['task_id']} of an accepted update has no record")
+            instruction = instruction_from_record(record, self.endpoint.store)
+        smashed_id = row["metrics"].get("smashed_blob")
+        smashed = decode_tensors(self.endpoint.store.get(smashed_id)) if smashed_id else None
+        return ClientUpdate(row["device_id"], row["num_samples"], weights, row["metrics"], instruction,
+                            smashed)
