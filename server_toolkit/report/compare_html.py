@@ -41,6 +41,8 @@ DASHES = (None, "7 4", "2 3", "9 3 2 3")
 MISSING = "–"
 _LEFT = ' class="label"'
 
+Styles = dict[str, tuple[str, str | None]]  # series label -> (colour, dash pattern or None)
+
 CSS = """
 body{margin:0;background:#f3f3f1;color:#222;font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,
  'DejaVu Sans',sans-serif}
@@ -124,7 +126,7 @@ def build_page(runs: Sequence[Run], *, inputs: Sequence[str] = (), last_k: int =
         raise ValueError(f"last_k must be >= 1, got {last_k}")
     made_at = made_at or datetime.now().astimezone()
     settings = group_runs(runs)
-    styles: dict[str, tuple[str, str | None]] = {}
+    styles: Styles = {}
     for setting in settings:
         for series in setting.series:
             if series.label not in styles:
@@ -172,46 +174,57 @@ def _inputs_section(runs: Sequence[Run], settings: list[Setting], inputs: Sequen
     return "\n".join(out)
 
 
-def _setting_section(index: int, setting: Setting, styles: dict[str, tuple[str, str | None]],
-                     last_k: int) -> str:
+def _setting_section(index: int, setting: Setting, styles: Styles, last_k: int) -> str:
+    sid = f"setting-{index}"
+    return "\n".join([f'<section class="setting" id="{sid}">',
+                      f"<h2>Setting {index}: {escape(setting.label)}</h2>",
+                      f'<p class="note">{len(setting.series)} series, {len(setting.runs)} runs.</p>',
+                      _accuracy_block(sid, setting, styles, last_k),
+                      _key_tables(sid, setting, styles, last_k),
+                      _key_charts(setting, styles),
+                      _runs_block(sid, setting, styles),
+                      "</section>"])
+
+
+def _accuracy_block(sid: str, setting: Setting, styles: Styles, last_k: int) -> str:
+    """The accuracy chart, the final / last-k table, and notes on replicates that differ."""
+    lines = [_line(series, MAIN_KEY, styles) for series in setting.series]
+    chart = svg.line_chart(lines, title=f"{MAIN_KEY} per round", x_label="round", y_label=MAIN_KEY)
+    out = ["<figure>" + chart
+           + f"<figcaption>The rows' <code>{MAIN_KEY}</code> per round: each series' mean over its runs; "
+           "the band is ± one standard deviation where it has two runs or more.</figcaption></figure>",
+           f"<h3>{escape(MAIN_KEY.capitalize())}</h3>"]
+    rows = [[_label_td(series, styles), _td(seeds_text(series)), _td(rounds_text(series)),
+             _td(format_stat(MAIN_KEY, series.final(MAIN_KEY))),
+             _td(format_stat(MAIN_KEY, series.last_k(MAIN_KEY, last_k)))] for series in setting.series]
+    out.append(_table(f"{sid}-accuracy", ["series", "runs (seeds)", "rounds", f"final {MAIN_KEY}",
+                                          f"mean of last {last_k} rounds"], rows))
+    out.append('<p class="note">mean ± sample standard deviation over the series\' runs; '
+               f"a run with fewer than {last_k} rounds counts all of them.</p>")
+    notes = [f"<li>{escape(series.label)}: runs differ in <code>{escape(key)}</code> "
+             f"({escape(', '.join(values))}), yet count as replicates.</li>"
+             for series in setting.series for key, values in config_differences(series).items()]
+    if notes:
+        out.append('<ul class="note">' + "".join(notes) + "</ul>")
+    return "\n".join(out)
+
+
+def _key_tables(sid: str, setting: Setting, styles: Styles, last_k: int) -> str:
+    """Tables of the other keys: accuracies by part, cost per round, everything else."""
     keys = setting.keys()
     parts = sorted((k for k in keys if is_accuracy_part(k)), key=natural_key)
     costs = ([k for k in keys if is_cumulative(k)] + [k for k in keys if k == "seconds"]
              + sorted((k for k in keys if is_time(k) and k != "seconds"), key=natural_key))
     others = [k for k in keys if k != MAIN_KEY and k not in parts and k not in costs]
-    sid = f"setting-{index}"
-    out = [f'<section class="setting" id="{sid}">',
-           f"<h2>Setting {index}: {escape(setting.label)}</h2>",
-           f'<p class="note">{len(setting.series)} series, {len(setting.runs)} runs.</p>']
+    last = f"mean of last {last_k} rounds"
 
-    lines = [_line(series, MAIN_KEY, styles) for series in setting.series]
-    out.append("<figure>" + svg.line_chart(lines, title=f"{MAIN_KEY} per round", x_label="round",
-                                           y_label=MAIN_KEY)
-               + f"<figcaption>The rows' <code>{MAIN_KEY}</code> per round: each series' mean over its runs; "
-               "the band is ± one standard deviation where it has two runs or more.</figcaption></figure>")
+    def last_mean(series: Series, key: str) -> Stat | None:
+        return series.last_k(key, last_k)
 
-    out.append(f"<h3>{escape(MAIN_KEY.capitalize())}</h3>")
-    rows = []
-    for series in setting.series:
-        rows.append([_label_td(series, styles), _td(seeds_text(series)), _td(rounds_text(series)),
-                     _td(format_stat(MAIN_KEY, series.final(MAIN_KEY))),
-                     _td(format_stat(MAIN_KEY, series.last_k(MAIN_KEY, last_k)))])
-    out.append(_table(f"{sid}-accuracy", ["series", "runs (seeds)", "rounds", f"final {MAIN_KEY}",
-                                          f"mean of last {last_k} rounds"], rows))
-    out.append('<p class="note">mean ± sample standard deviation over the series\' runs; '
-               f"a run with fewer than {last_k} rounds counts all of them.</p>")
-    notes = []
-    for series in setting.series:
-        for key, values in config_differences(series).items():
-            notes.append(f"<li>{escape(series.label)}: runs differ in <code>{escape(key)}</code> "
-                         f"({escape(', '.join(values))}), yet count as replicates.</li>")
-    if notes:
-        out.append('<ul class="note">' + "".join(notes) + "</ul>")
-
+    out = []
     if parts:
         out.append("<h3>Accuracy by exit, tier, architecture, role</h3>")
-        out.append(_key_table(f"{sid}-parts", setting, parts, styles,
-                              lambda s, k: s.last_k(k, last_k), f"mean of last {last_k} rounds"))
+        out.append(_key_table(f"{sid}-parts", setting, parts, styles, last_mean, last))
     if costs:
         out.append("<h3>Cost per round</h3>")
         out.append(_key_table(f"{sid}-cost", setting, costs, styles, Series.per_round, "mean per round"))
@@ -219,21 +232,25 @@ def _setting_section(index: int, setting: Setting, styles: dict[str, tuple[str, 
                    "difference from the previous row.</p>")
     if others:
         out.append("<h3>Other metrics</h3>")
-        out.append(_key_table(f"{sid}-other", setting, others, styles,
-                              lambda s, k: s.last_k(k, last_k), f"mean of last {last_k} rounds"))
+        out.append(_key_table(f"{sid}-other", setting, others, styles, last_mean, last))
+    return "\n".join(out)
 
-    small = [k for k in keys if k != MAIN_KEY]
-    if small:
-        charts = []
-        for key in small:
-            title = f"{key} per round" + (" (difference)" if is_cumulative(key) else "")
-            charts.append(svg.line_chart([_line(series, key, styles) for series in setting.series],
-                                         title=title, x_label="round", y_label=key, width=372, height=240,
-                                         legend=False))
-        out.append(f"<details><summary>Every other per-round key ({len(small)} charts, colours as "
-                   f'above)</summary><div class="grid">{"".join(charts)}</div></details>')
 
-    out.append("<h3>Runs</h3>")
+def _key_charts(setting: Setting, styles: Styles) -> str:
+    """A folded grid of small per-round charts, one per key other than the main one."""
+    keys = [k for k in setting.keys() if k != MAIN_KEY]
+    if not keys:
+        return ""
+    charts = [svg.line_chart([_line(series, key, styles) for series in setting.series],
+                             title=f"{key} per round" + (" (difference)" if is_cumulative(key) else ""),
+                             x_label="round", y_label=key, width=372, height=240, legend=False)
+              for key in keys]
+    return (f"<details><summary>Every other per-round key ({len(keys)} charts, colours as above)</summary>"
+            f'<div class="grid">{"".join(charts)}</div></details>')
+
+
+def _runs_block(sid: str, setting: Setting, styles: Styles) -> str:
+    """The setting's runs: directory name (path on hover), series, seed, rounds, final accuracy, config."""
     rows = []
     for series in setting.series:
         for run in series.runs:
@@ -246,13 +263,11 @@ def _setting_section(index: int, setting: Setting, styles: dict[str, tuple[str, 
                          _td(str(len(run.rows))),
                          _td(format_value(MAIN_KEY, final[-1]) if final else MISSING),
                          f'<td class="label">{config}</td>'])
-    out.append(_table(f"{sid}-runs", ["run", "series", "seed", "rounds", f"final {MAIN_KEY}", "config"],
-                      rows, left=(0, 1, 5)))
-    out.append("</section>")
-    return "\n".join(out)
+    return "<h3>Runs</h3>\n" + _table(f"{sid}-runs", ["run", "series", "seed", "rounds", f"final {MAIN_KEY}",
+                                                      "config"], rows, left=(0, 1, 5))
 
 
-def _line(series: Series, key: str, styles: dict[str, tuple[str, str | None]]) -> svg.Line:
+def _line(series: Series, key: str, styles: Styles) -> svg.Line:
     colour, dash = styles[series.label]
     pts = [svg.Point(round_no, stat.mean, stat.std,
                      f"{series.label}, round {round_no}: {format_stat(key, stat)} (n={stat.n})")
@@ -260,7 +275,7 @@ def _line(series: Series, key: str, styles: dict[str, tuple[str, str | None]]) -
     return svg.Line(series.label, colour, pts, dash)
 
 
-def _key_table(table_id: str, setting: Setting, keys: list[str], styles: dict[str, tuple[str, str | None]],
+def _key_table(table_id: str, setting: Setting, keys: list[str], styles: Styles,
                stat_of, what: str) -> str:
     """Rows = keys, columns = series; each cell ``stat_of(series, key)``."""
     header = [f"key ({what})"] + [_label_th(series, styles) for series in setting.series]
@@ -273,15 +288,15 @@ def _td(text: str, label: bool = False) -> str:
     return f'<td class="label">{escape(text)}</td>' if label else f"<td>{escape(text)}</td>"
 
 
-def _swatch(series: Series, styles: dict[str, tuple[str, str | None]]) -> str:
+def _swatch(series: Series, styles: Styles) -> str:
     return f'<span class="swatch" style="background:{styles[series.label][0]}"></span>'
 
 
-def _label_td(series: Series, styles: dict[str, tuple[str, str | None]]) -> str:
+def _label_td(series: Series, styles: Styles) -> str:
     return f'<td class="label">{_swatch(series, styles)}{escape(series.label)}</td>'
 
 
-def _label_th(series: Series, styles: dict[str, tuple[str, str | None]]) -> str:
+def _label_th(series: Series, styles: Styles) -> str:
     return f'<th class="label">{_swatch(series, styles)}{escape(series.label)}</th>'
 
 
