@@ -71,9 +71,10 @@ _method_option = click.option(
     "--dataset",
     default="digits",
     show_default=True,
-    help="digits (bundled), mnist (needs --data-dir) or npz:<path>.",
+    help="digits (bundled), mnist, fashion_mnist (see `datasets list`) or npz:<path>.",
 )
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Where a local MNIST copy lives.")
+@click.option("--data-dir", type=click.Path(file_okay=False),
+              help="Where mnist / fashion_mnist live (npz or IDX files; `datasets fetch` gets them).")
 @click.option(
     "--model",
     default="small_cnn",
@@ -234,7 +235,7 @@ def simulate(
                     f"{data['accepted']}/{data['selected']} updates",
                 )
 
-        from .sim.datasets import DatasetError
+        from .data.errors import DatasetError
         from .sim.partition import PartitionError
 
         try:
@@ -286,9 +287,10 @@ def simulate(
     "--dataset",
     default="digits",
     show_default=True,
-    help="Defines the model's input/classes; its test split evaluates the global model.",
+    help="digits, mnist, fashion_mnist or npz:<path>: defines the model's input/classes; "
+    "its test split evaluates the global model.",
 )
-@click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Where mnist / fashion_mnist live.")
 @click.option(
     "--server-data",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -353,6 +355,7 @@ def run(
     from .broker.embedded import EmbeddedBroker
     from .broker.mosquitto_auth import SecurityDirError
     from .broker.secured import server_connection
+    from .data.datasets import load_dataset
     from .fleet.pair_codes import LockoutPolicy
     from .fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
     from .fleet.registry import FleetRegistry
@@ -360,12 +363,11 @@ def run(
     from .models.zoo import model_spec
     from .orchestrator.server import Orchestrator, OrchestratorConfig
     from .report.run_report import RunReport
-    from .sim.datasets import load_dataset
 
-    data = load_dataset(dataset, data_dir, seed=seed)
-    spec = model_spec(model, data.input_shape, data.num_classes)
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
     try:
+        data = load_dataset(dataset, data_dir, seed=seed)
+        spec = model_spec(model, data.input_shape, data.num_classes)
         the_method = method_class(method)(spec, recipe, **parse_options(method_options))
         _attach_server_data(the_method, data, server_data, seed)
     except (ValueError, TypeError) as exc:
@@ -528,7 +530,7 @@ def _attach_server_data(method, data, server_data: Path | None, seed: int) -> No
     own data, so that split is the server's)."""
     from sdk_device.data.npz import load_npz
 
-    from .sim.server_data import take_server_slice
+    from .data.server_slice import take_server_slice
 
     if method.server_fraction <= 0:
         if server_data:

@@ -46,7 +46,7 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
                server_data: tuple[np.ndarray, np.ndarray] | None = None) -> RunResult:
     """Run ``rounds`` rounds of ``method`` over ``devices`` (sampling ``clients_per_round``).
     ``server_data``: the (x, y) a method with ``server_fraction`` > 0 keeps (cut it off the
-    devices' data with ``sim.server_data.take_server_slice``). Tasks are trained as a device
+    devices' data with ``data.server_slice.take_server_slice``). Tasks are trained as a device
     agent trains them (``sdk_device.local_training``): tensors a task leaves out stay on the
     device, teachers are trained/used as the task says."""
     if server_data is not None:

@@ -26,15 +26,15 @@ from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 
 from ..broker.embedded import EmbeddedBroker
+from ..data.datasets import Dataset, load_dataset
+from ..data.server_slice import take_server_slice
 from ..fleet.registry import FleetRegistry
 from ..methods import method_class
 from ..models.zoo import model_spec
 from ..orchestrator.server import Orchestrator, OrchestratorConfig
 from ..report.run_report import RunReport
-from .datasets import Dataset, load_dataset
 from .edges import plan_edges, register_group, start_edge_process
 from .partition import partition
-from .server_data import take_server_slice
 
 log = logging.getLogger(__name__)
 
