@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.tls import is_loopback
 
+from .cli_datasets import datasets
 from .cli_pairing import devices_retier, devices_revoke, devices_show, pair_code, pairing_options, parse_tiers
 from .cli_security import certs, security
 from .hn_cli import hn
@@ -646,6 +647,7 @@ devices.add_command(devices_show)
 devices.add_command(devices_revoke)
 devices.add_command(devices_retier)
 main.add_command(hn)
+main.add_command(datasets)
 
 if __name__ == "__main__":
     main()
