@@ -1,6 +1,6 @@
 # The two set-up commands of the README:
 #   make demo   - install into .venv and run a real federated simulation (embedded broker, digits)
-#   make test   - install into .venv (+ mosquitto, shellcheck) and run the test suite
+#   make test   - install into .venv (+ mosquitto, shellcheck, Fashion-MNIST) and run the test suite
 # Versions come from constraints.txt (torch 2.13.0 CPU etc.); override PYTHON to pick another interpreter.
 
 PYTHON ?= python3
@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedsdk-installed
 
-.PHONY: demo test lint bench mosquitto shellcheck ort-env litert-env clean
+.PHONY: demo test lint bench mosquitto shellcheck fashion-mnist ort-env litert-env clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/fedsdk-server simulate
 
-test: $(STAMP) mosquitto shellcheck ort-env litert-env
+test: $(STAMP) mosquitto shellcheck fashion-mnist ort-env litert-env
 	$(BIN)/pytest -q
 
 mosquitto:
@@ -26,6 +26,9 @@ mosquitto:
 
 shellcheck:  # lints firmware_scripts/install-device.sh in the tests
 	@sh scripts/ensure-tool.sh shellcheck shellcheck
+
+fashion-mnist:  # Debian's copy of Fashion-MNIST (the dataset tests load, verify and serve it)
+	@sh scripts/ensure-package.sh dataset-fashion-mnist /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
 ort-env:  # .venv-ort: ONNX Runtime training (its wheel replaces onnxruntime, so its own venv)
 	@sh scripts/setup-ort-env.sh
