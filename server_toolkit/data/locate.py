@@ -68,10 +68,10 @@ def not_found_message(dataset: KnownDataset, data_dir: str | Path | None) -> str
                 f"{dataset.how_to_get()}")
     where = []
     for root in roots:
-        note = "" if root.is_dir() else ", does not exist"
+        notes = [f"and its {subdirs} sub-directories" if root.is_dir() else "does not exist"]
         if data_dir is None and dataset.package:
-            note += f", {dataset.package}'s directory; no --data-dir given"
-        where.append(f"{root} (and its {subdirs}{note})")
+            notes.append(f"{dataset.package}'s directory; no --data-dir given")
+        where.append(f"{root} ({'; '.join(notes)})")
     partial = ""
     for directory in search_dirs(dataset, data_dir):
         files = _idx_files(dataset, directory)
