@@ -53,8 +53,8 @@ class Fetched:
 
 
 def file_url(base: str, name: str) -> str:
-    """``base`` joined with a file name (a missing trailing slash on ``base`` is added)."""
-    return base if base.endswith("/" + name) else base.rstrip("/") + "/" + name
+    """A mirror's base URL joined with a file name (with or without a trailing slash on ``base``)."""
+    return base.rstrip("/") + "/" + name
 
 
 def _check_mirror(base: str) -> None:
