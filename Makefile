@@ -1,6 +1,6 @@
 # The two set-up commands of the README:
 #   make demo   - install into .venv and run a real federated simulation (embedded broker, digits)
-#   make test   - install into .venv (+ mosquitto, shellcheck, chromium) and run the test suite
+#   make test   - install into .venv (+ mosquitto, shellcheck, chromium, Fashion-MNIST) and run the test suite
 # Versions come from constraints.txt (torch 2.13.0 CPU etc.); override PYTHON to pick another interpreter.
 
 PYTHON ?= python3
@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedsdk-installed
 
-.PHONY: demo test lint bench mosquitto shellcheck chromium ort-env litert-env clean
+.PHONY: demo test lint bench mosquitto shellcheck chromium fashion-mnist ort-env litert-env clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/fedsdk-server simulate
 
-test: $(STAMP) mosquitto shellcheck chromium ort-env litert-env
+test: $(STAMP) mosquitto shellcheck chromium fashion-mnist ort-env litert-env
 	$(BIN)/pytest -q
 
 mosquitto:
@@ -29,6 +29,9 @@ shellcheck:  # lints firmware_scripts/install-device.sh in the tests
 
 chromium:  # renders the runs report page (fedsdk-server report) in the tests
 	@sh scripts/ensure-tool.sh chromium chromium
+
+fashion-mnist:  # Debian's copy of Fashion-MNIST (the dataset tests load, verify and serve it)
+	@sh scripts/ensure-package.sh dataset-fashion-mnist /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
 ort-env:  # .venv-ort: ONNX Runtime training (its wheel replaces onnxruntime, so its own venv)
 	@sh scripts/setup-ort-env.sh

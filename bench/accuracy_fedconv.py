@@ -42,6 +42,8 @@ import torch
 from sdk_device.protocol import modelspec
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
+from server_toolkit.data.datasets import load_dataset
+from server_toolkit.data.server_slice import take_server_slice
 from server_toolkit.methods.base import DeviceInfo, Method
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.methods.fedconv import FedConv
@@ -50,10 +52,8 @@ from server_toolkit.methods.heterofl import HeteroFL
 from server_toolkit.models.train_generated import Schedule
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.local_device import LocalDevice
-from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import partition
-from server_toolkit.sim.server_data import take_server_slice
 from server_toolkit.submodels.conv_compress import PLAIN, BlockConfig, compressor, tier_spec, train_transform
 from server_toolkit.submodels.width import static_bn
 

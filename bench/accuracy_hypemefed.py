@@ -31,12 +31,12 @@ import numpy as np
 import torch
 
 from sdk_device.runtimes.recipe import Recipe
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import methods
 from server_toolkit.methods.base import DeviceInfo, Method
 from server_toolkit.models.exit_eval import deepest_exit_accuracy
 from server_toolkit.models.zoo import vgg_multi_exit
 from server_toolkit.rounds.local_device import LocalDevice
-from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import PartitionError, partition
 from server_toolkit.submodels.exit_split import num_tiers

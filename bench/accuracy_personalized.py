@@ -57,12 +57,12 @@ import numpy as np
 import torch
 
 from sdk_device.runtimes.recipe import Recipe
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import DeviceInfo, Method
 from server_toolkit.methods.heterofl import HeteroFL
 from server_toolkit.models.architectures import architecture, from_spec
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.partition import partition
 from server_toolkit.sim.personalized import PersonalDevice, run_personalized
 from server_toolkit.submodels.width import static_bn, width_layout

@@ -51,6 +51,7 @@ import torch
 from sdk_device.protocol import modelspec
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods.allsmall import AllSmall
 from server_toolkit.methods.base import DeviceInfo, Method
 from server_toolkit.methods.depthfl import DepthFL
@@ -59,7 +60,6 @@ from server_toolkit.methods.heterofl import HeteroFL
 from server_toolkit.methods.recipfl import RecipFL
 from server_toolkit.models.zoo import lenet5
 from server_toolkit.rounds.local_device import LocalDevice
-from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import partition
 from server_toolkit.submodels.exit_split import prefix_spec

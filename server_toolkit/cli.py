@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.tls import is_loopback
 
+from .cli_datasets import datasets
 from .cli_pairing import devices_retier, devices_revoke, devices_show, pair_code, pairing_options, parse_tiers
 from .cli_report import report
 from .cli_security import certs, security
@@ -72,9 +73,10 @@ _method_option = click.option(
     "--dataset",
     default="digits",
     show_default=True,
-    help="digits (bundled), mnist (needs --data-dir) or npz:<path>.",
+    help="digits (bundled), mnist, fashion_mnist (see `datasets list`) or npz:<path>.",
 )
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Where a local MNIST copy lives.")
+@click.option("--data-dir", type=click.Path(file_okay=False),
+              help="Where mnist / fashion_mnist live (npz or IDX files; `datasets fetch` gets them).")
 @click.option(
     "--model",
     default="small_cnn",
@@ -235,7 +237,7 @@ def simulate(
                     f"{data['accepted']}/{data['selected']} updates",
                 )
 
-        from .sim.datasets import DatasetError
+        from .data.errors import DatasetError
         from .sim.partition import PartitionError
 
         try:
@@ -287,9 +289,10 @@ def simulate(
     "--dataset",
     default="digits",
     show_default=True,
-    help="Defines the model's input/classes; its test split evaluates the global model.",
+    help="digits, mnist, fashion_mnist or npz:<path>: defines the model's input/classes; "
+    "its test split evaluates the global model.",
 )
-@click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Where mnist / fashion_mnist live.")
 @click.option(
     "--server-data",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -354,6 +357,7 @@ def run(
     from .broker.embedded import EmbeddedBroker
     from .broker.mosquitto_auth import SecurityDirError
     from .broker.secured import server_connection
+    from .data.datasets import load_dataset
     from .fleet.pair_codes import LockoutPolicy
     from .fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
     from .fleet.registry import FleetRegistry
@@ -362,12 +366,11 @@ def run(
     from .report.run_report import RunReport
     from .rounds.loop import LoopConfig, RoundLoop
     from .rounds.mqtt_grid import MqttGrid
-    from .sim.datasets import load_dataset
 
-    data = load_dataset(dataset, data_dir, seed=seed)
-    spec = model_spec(model, data.input_shape, data.num_classes)
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
     try:
+        data = load_dataset(dataset, data_dir, seed=seed)
+        spec = model_spec(model, data.input_shape, data.num_classes)
         the_method = method_class(method)(spec, recipe, **parse_options(method_options))
         _attach_server_data(the_method, data, server_data, seed)
     except (ValueError, TypeError) as exc:
@@ -523,7 +526,7 @@ def _attach_server_data(method, data, server_data: Path | None, seed: int) -> No
     own data, so that split is the server's)."""
     from sdk_device.data.npz import load_npz
 
-    from .sim.server_data import take_server_slice
+    from .data.server_slice import take_server_slice
 
     if method.server_fraction <= 0:
         if server_data:
@@ -640,6 +643,7 @@ devices.add_command(devices_revoke)
 devices.add_command(devices_retier)
 main.add_command(hn)
 main.add_command(report)
+main.add_command(datasets)
 
 if __name__ == "__main__":
     main()

@@ -1,16 +1,18 @@
 """Shared fixtures: a real mosquitto broker on a free loopback port (anonymous, or secured
-with per-device accounts + ACL, optionally over TLS)."""
+with per-device accounts + ACL, optionally over TLS), and Debian's Fashion-MNIST files."""
 
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 from server_toolkit.broker.mosquitto import MosquittoBroker
 from server_toolkit.broker.secured import make_secured_broker
+from server_toolkit.data.catalogue import FASHION_MNIST
 
 
 def _require_mosquitto() -> None:
@@ -46,6 +48,18 @@ def secured_mosquitto_tls(tmp_path):
     _require_mosquitto()
     with make_secured_broker(tmp_path / "secured", "sec", tls=True) as secured:
         yield secured
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_dir() -> Path:
+    """Debian's Fashion-MNIST directory (package dataset-fashion-mnist: the four IDX .gz files,
+    re-compressed by Debian); fails, with the fix, if it is not installed."""
+    directory = FASHION_MNIST.system_dirs[0]
+    missing = [f.gz_name for f in FASHION_MNIST.files if not (directory / f.gz_name).is_file()]
+    if missing:
+        pytest.fail(f"Fashion-MNIST is not installed ({directory} lacks {', '.join(missing)}): "
+                    f"apt-get install -y {FASHION_MNIST.package} (the README's test command does this)")
+    return directory
 
 
 @pytest.fixture(autouse=True)

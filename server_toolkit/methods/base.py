@@ -112,7 +112,7 @@ class Method(ABC):
 
     Server data: a method that tunes something on labelled data of its own sets
     ``server_fraction`` > 0; whoever runs it (simulation, ``fedsdk-server run``, benches)
-    then cuts that share of the training set off before partitioning (``sim/server_data.py``)
+    then cuts that share of the training set off before partitioning (``data/server_slice.py``)
     and hands it over with ``attach_server_data`` before ``initial_weights``.
     """
 

@@ -29,6 +29,8 @@ from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 
 from ..broker.embedded import EmbeddedBroker
+from ..data.datasets import Dataset, load_dataset
+from ..data.server_slice import take_server_slice
 from ..fleet.registry import FleetRegistry
 from ..methods import method_class
 from ..methods.base import DeviceInfo
@@ -39,10 +41,8 @@ from ..rounds.inprocess_grid import InProcessGrid
 from ..rounds.local_device import LocalDevice
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.mqtt_grid import MqttGrid
-from .datasets import Dataset, load_dataset
 from .edges import plan_edges, register_group, start_edge_process
 from .partition import partition
-from .server_data import take_server_slice
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import Method
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.loop import LoopConfig, RoundLoop
 from server_toolkit.rounds.mqtt_grid import MqttGrid
-from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.partition import partition
 from server_toolkit.sim.simulate import start_device_process, stop_processes
 

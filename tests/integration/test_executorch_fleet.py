@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from sdk_device.runtimes.recipe import Recipe
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.local_device import LocalDevice
-from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import partition
 from server_toolkit.sim.simulate import Simulation, SimulationConfig

@@ -23,8 +23,8 @@ from export import onnx as onnx_export
 from sdk_device.protocol import modelspec
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.sim.datasets import load_dataset
 
 from ..ort_env import run_ort
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sdk_device.data.npz import save_npz
-from server_toolkit.sim.datasets import load_dataset
+from server_toolkit.data.datasets import load_dataset
 
 pytestmark = pytest.mark.integration
 

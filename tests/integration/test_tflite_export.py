@@ -21,8 +21,8 @@ from sdk_device.runtimes.litert_runtime import LiteRTRuntime
 from sdk_device.runtimes.onnxruntime_runtime import OnnxEvalRuntime
 from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
 from sdk_device.runtimes.torch_runtime import TorchRuntime
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.sim.datasets import load_dataset
 
 pytestmark = pytest.mark.integration
 

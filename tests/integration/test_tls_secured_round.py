@@ -23,7 +23,7 @@ from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import probe_login
 from server_toolkit.broker.certs import init_certs
-from server_toolkit.sim.datasets import load_dataset
+from server_toolkit.data.datasets import load_dataset
 
 pytestmark = pytest.mark.integration
 

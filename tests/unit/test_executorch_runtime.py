@@ -17,7 +17,7 @@ from sdk_device.runtimes.registry import create_runtime, pick_runtime
 from sdk_device.runtimes.selftest import fastest_passing, format_table, run_selftest
 from sdk_device.runtimes.torch_model import build_model, state_numpy
 from sdk_device.runtimes.torch_runtime import TorchRuntime
-from server_toolkit.sim.datasets import load_dataset
+from server_toolkit.data.datasets import load_dataset
 
 from .pte_cache import cached_programs  # noqa: F401 - provides the program_for fixture
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
+from server_toolkit.data.server_slice import take_server_slice
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.fedconv import FedConv
 from server_toolkit.models.train_generated import Schedule
@@ -21,7 +22,6 @@ from server_toolkit.reconstruct.conv_dilate import dilator
 from server_toolkit.reconstruct.learned_aggregate import LayerWeights, learned_aggregate
 from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.inprocess import run_rounds
-from server_toolkit.sim.server_data import take_server_slice
 from server_toolkit.submodels.conv_compress import (
     BlockConfig,
     TensorPath,
@@ -290,8 +290,8 @@ def test_fedconv_state_survives_a_json_checkpoint():
 def test_fedsdk_server_run_gives_the_method_its_server_data(tmp_path):
     from sdk_device.data.npz import save_npz
     from server_toolkit.cli import _attach_server_data
+    from server_toolkit.data.datasets import load_dataset
     from server_toolkit.methods.fedavg import FedAvg
-    from server_toolkit.sim.datasets import load_dataset
 
     data = load_dataset("digits")
     method = small_fedconv()
@@ -332,7 +332,7 @@ def test_fedconv_keeps_learning_on_digits_over_ten_rounds():
     under the earlier defaults): ten in-process rounds on digits, Dirichlet(0.5), SR 1.0 / 0.5 /
     0.25, fewer server epochs than the defaults; the global model must end well above chance
     and not far below its best round."""
-    from server_toolkit.sim.datasets import load_dataset
+    from server_toolkit.data.datasets import load_dataset
     from server_toolkit.sim.partition import partition
 
     data = load_dataset("digits")

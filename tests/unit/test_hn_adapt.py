@@ -12,6 +12,7 @@ from safetensors.numpy import load_file, save_file
 from sdk_device.data.npz import save_npz
 from sdk_device.runtimes.recipe import Recipe
 from server_toolkit.cli import main
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.hn_cli import adapt_run
 from server_toolkit.methods.base import DeviceInfo
@@ -20,7 +21,6 @@ from server_toolkit.methods.mh_pfedhn import MHPFedHN
 from server_toolkit.models.architectures import architecture
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.checkpoint import save_checkpoint
-from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.personalized import PersonalDevice, run_personalized
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

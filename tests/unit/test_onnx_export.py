@@ -30,8 +30,8 @@ from sdk_device.runtimes.onnxruntime_runtime import OnnxEvalRuntime, cross_entro
 from sdk_device.runtimes.registry import FORMATS, RUNTIMES, _installed, pick_runtime
 from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
 from sdk_device.runtimes.torch_runtime import TorchRuntime
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.sim.datasets import load_dataset
 
 SHAPE = (1, 8, 8)
 

@@ -70,7 +70,7 @@ def test_label_weighted_accuracy_scores_the_classes_the_device_has():
 
 
 def test_evaluate_reports_mean_min_and_per_architecture_accuracy():
-    from server_toolkit.sim.datasets import load_dataset
+    from server_toolkit.data.datasets import load_dataset
 
     data = load_dataset("digits", seed=0)
     m = FedAvgGroups(SPEC, Recipe())

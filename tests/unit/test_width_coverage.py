@@ -9,6 +9,7 @@ import torch
 
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_model import build_model, state_numpy
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
@@ -16,7 +17,6 @@ from server_toolkit.models.zoo import model_spec
 from server_toolkit.reconstruct.average import weighted_average
 from server_toolkit.reconstruct.coverage import coverage_average, coverage_counts
 from server_toolkit.rounds.local_device import LocalDevice
-from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import partition
 from server_toolkit.submodels.width import extract, static_bn, width_layout, window

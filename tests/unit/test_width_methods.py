@@ -10,6 +10,7 @@ from scipy.stats import entropy
 
 from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_model import build_model, state_numpy
+from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.feddm import FedDM
@@ -24,7 +25,6 @@ from server_toolkit.reconstruct.similarity_tree import (
     subtree_labels,
 )
 from server_toolkit.rounds.local_device import LocalDevice
-from server_toolkit.sim.datasets import load_dataset
 from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import label_histogram, partition
 from server_toolkit.submodels.offsets import four_corner_offsets, rolling_offsets

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .datasets import stratified_split
+from .split import stratified_split
 
 
 @dataclass(frozen=True)
