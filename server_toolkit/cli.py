@@ -112,6 +112,9 @@ _method_option = click.option(
     help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...).",
 )
 @click.option("--device-runtime", default=None, help="Make every simulated device use this runtime.")
+@click.option("--grid", type=click.Choice(["mqtt", "inprocess"]), default="mqtt", show_default=True,
+              help="mqtt: device processes over a broker; inprocess: the same devices trained in this "
+              "process (no broker; what the benchmarks run).")
 @click.option("--edges", default=0, show_default=True,
               help="Edge aggregator processes; edge k serves the devices of the k-th tier (round-robin).")
 @click.option(
@@ -156,6 +159,7 @@ def simulate(
     method_options,
     program_formats,
     device_runtime,
+    grid,
     edges,
     device_python,
     local_epochs,
@@ -205,6 +209,7 @@ def simulate(
             device_runtime=device_runtime,
             device_python=device_python,
             edges=edges,
+            grid=grid,
         )
         run_dir = new_run_dir(runs_dir)
     console.print(
