@@ -75,6 +75,10 @@ _method_option = click.option(
     show_default=True,
     help="digits (bundled), mnist, fashion_mnist (see `datasets list`) or npz:<path>.",
 )
+@click.option("--train-samples", type=click.IntRange(min=1), default=None,
+              help="Use a label-stratified subset of this many training samples (default: all).")
+@click.option("--test-samples", type=click.IntRange(min=1), default=None,
+              help="Evaluate on a label-stratified subset of this many test samples (default: all).")
 @click.option("--data-dir", type=click.Path(file_okay=False),
               help="Where mnist / fashion_mnist live (npz or IDX files; `datasets fetch` gets them).")
 @click.option(
@@ -132,47 +136,25 @@ _method_option = click.option(
     help="mqtt://host:port of an existing broker (default: start the embedded one on 127.0.0.1).",
 )
 @click.option(
-    "--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True
+    "--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
+    help="Where a new run directory (named by the date and time) is made.",
 )
+@click.option("--run-dir", "run_dir_option", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write the run into exactly this (new or empty) directory instead.")
+@click.option("--label", default=None, help="A name for this run in `fedsdk-server report` (e.g. FedAvg-S).")
+@click.option("--setting", default=None,
+              help="What this run is compared within in `fedsdk-server report` "
+              "(default: dataset, partition, model).")
 @click.option(
     "--resume",
     "resume_dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Continue the run in this directory from its last checkpoint.",
 )
-def simulate(
-    method,
-    dataset,
-    data_dir,
-    model,
-    devices,
-    rounds,
-    clients_per_round,
-    fraction,
-    over_select,
-    partition,
-    alpha,
-    classes_per_client,
-    num_strong,
-    strong_share,
-    tiers,
-    method_options,
-    program_formats,
-    device_runtime,
-    grid,
-    edges,
-    device_python,
-    local_epochs,
-    batch_size,
-    lr,
-    optimizer,
-    seed,
-    round_timeout,
-    broker_url,
-    runs_dir,
-    resume_dir,
-) -> None:
-    """Run a whole federation here: broker, server and N real device processes over MQTT."""
+def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr, optimizer,
+             **options) -> None:
+    """Run a whole federation here: broker, server and N real device processes over MQTT
+    (or, with `--grid inprocess`, the same devices trained in this process)."""
     import json
 
     from .report.run_report import final_accuracy
@@ -180,38 +162,27 @@ def simulate(
 
     if resume_dir:
         config = SimulationConfig(**json.loads((resume_dir / "config.json").read_text()))
-        config.rounds = max(config.rounds, rounds)
+        config.rounds = max(config.rounds, options["rounds"])
         run_dir = resume_dir
     else:
+        seed = options["seed"]
         recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+        tiers, formats = options.pop("tiers"), options.pop("program_formats")
         config = SimulationConfig(
-            method=method,
-            dataset=dataset,
-            data_dir=data_dir,
-            model=model,
-            devices=devices,
-            rounds=rounds,
-            clients_per_round=clients_per_round,
-            fraction=fraction,
-            over_select=over_select,
-            partition=partition,
-            alpha=alpha,
-            classes_per_client=classes_per_client,
-            num_strong=num_strong,
-            strong_share=strong_share,
+            **{k: v for k, v in options.items() if k not in ("method_options", "round_timeout")},
             recipe=recipe.to_dict(),
-            seed=seed,
-            round_timeout_s=round_timeout,
-            broker_url=broker_url,
+            round_timeout_s=options["round_timeout"],
             tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
-            method_options=parse_options(method_options),
-            program_formats=[f.strip() for f in program_formats.split(",")],
-            device_runtime=device_runtime,
-            device_python=device_python,
-            edges=edges,
-            grid=grid,
+            method_options=parse_options(options["method_options"]),
+            program_formats=[f.strip() for f in formats.split(",")],
         )
-        run_dir = new_run_dir(runs_dir)
+        if run_dir_option is not None:
+            if run_dir_option.exists() and any(run_dir_option.iterdir()):
+                raise click.ClickException(f"--run-dir {run_dir_option} is not empty "
+                                           "(use --resume to continue it)")
+            run_dir = run_dir_option
+        else:
+            run_dir = new_run_dir(runs_dir)
     console.print(
         f"[bold]fedsdk simulate[/]: {config.method} on {config.dataset} ({config.model}), "
         f"{config.devices} devices, {config.rounds} rounds, {config.partition} partition "

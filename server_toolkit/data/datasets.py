@@ -25,7 +25,7 @@ from .errors import DatasetError
 from .idx import read_idx
 from .locate import locate
 from .npz import read_npz
-from .split import stratified_split
+from .split import stratified_split, stratified_subset
 
 KNOWN_DATASETS = (*CATALOGUE, "npz:<path>")
 
@@ -46,6 +46,14 @@ class Dataset:
         """Shape of one sample, (C, H, W)."""
         c, h, w = self.x_train.shape[1:]
         return int(c), int(h), int(w)
+
+    def subset(self, train: int | None = None, test: int | None = None, seed: int = 0) -> Dataset:
+        """A label-stratified, seeded subset: about ``train`` training and ``test`` test
+        samples (None: all of that split). Keeps ``num_classes``."""
+        tr = stratified_subset(self.y_train, train, seed) if train else np.arange(len(self.y_train))
+        te = stratified_subset(self.y_test, test, seed + 1) if test else np.arange(len(self.y_test))
+        return Dataset(self.name, self.x_train[tr], self.y_train[tr], self.x_test[te], self.y_test[te],
+                       self.num_classes)
 
 
 def load_dataset(

@@ -21,3 +21,14 @@ def stratified_split(
     train = rng.permutation(np.concatenate(train_parts)).astype(np.int64)
     test = rng.permutation(np.concatenate(test_parts)).astype(np.int64)
     return train, test
+
+
+def stratified_subset(y: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """Sorted indices of about ``count`` samples of (N,) labels ``y``, each label keeping its
+    share (seeded); all of them when ``count`` >= N."""
+    if count >= len(y):
+        return np.arange(len(y), dtype=np.int64)
+    if count < 1:
+        raise ValueError(f"a subset needs at least one sample, got {count}")
+    _, kept = stratified_split(y, count / len(y), np.random.default_rng(seed))
+    return np.sort(kept)

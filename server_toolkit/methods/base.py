@@ -117,6 +117,8 @@ class Method(ABC):
     """
 
     name: str = ""
+    family: str = ""  # what kind of method: averaging, width, exit, conv, personalised, resource-skew
+    example: str = ""  # `fedsdk-server simulate --method NAME <example>`: arguments it is shown with
     server_fraction: float = 0.0  # share of the training data the server keeps (0: none)
     server_data: tuple[np.ndarray, np.ndarray] | None = None
 

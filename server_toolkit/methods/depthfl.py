@@ -41,6 +41,8 @@ class DepthFL(Method):
     """Exit-split sub-models, plain averaging of the layers each client has."""
 
     name = "depthfl"
+    family = "exit"
+    example = "--model vgg_multi_exit --tiers 1,2,3"
 
     def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = 0.005,
                  client_batch_size: int = 16, user_recipe: bool = False) -> None:

@@ -13,6 +13,7 @@ from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 
 class FedAvg(Method):
     name = "fedavg"
+    family = "averaging"
     planner = FullModel()
 
     def configure_train(self, round_number: int, global_weights: Weights,

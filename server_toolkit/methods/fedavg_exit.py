@@ -22,6 +22,8 @@ from .fedavg import FedAvg
 
 class FedAvgLargeExit(FedAvg):
     name = "fedavg-l-exit"
+    family = "exit"
+    example = "--model vgg_multi_exit"
 
     def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = 0.005,
                  client_batch_size: int = 16, user_recipe: bool = False) -> None:
@@ -30,6 +32,8 @@ class FedAvgLargeExit(FedAvg):
 
 class FedAvgShallowExit(FedAvgLargeExit):
     name = "fedavg-s-exit"
+    family = "exit"
+    example = "--model vgg_multi_exit"
 
     def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = 0.005,
                  client_batch_size: int = 16, user_recipe: bool = False) -> None:

@@ -18,6 +18,8 @@ from .personalized import StoredModelsMethod, pack_models, unpack_models
 
 class FedAvgGroups(StoredModelsMethod):
     name = "fedavg_groups"
+    family = "personalised"
+    example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
 
     def model_key(self, device_id: str, arch: Architecture) -> str:
         return arch.name

@@ -117,6 +117,8 @@ def drift(generated: Weights, block: Weights) -> float:
 
 class FedConv(Method):
     name = "fedconv"
+    family = "conv"
+    example = "--tiers 1.0,0.75,0.5,0.25"
 
     def __init__(self, global_spec: dict, recipe: Recipe, server_fraction: float = 0.05,
                  pretrain_epochs: int = 5, server_train_epochs: int = 0, compress_epochs: int = 20,

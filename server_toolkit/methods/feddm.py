@@ -64,6 +64,8 @@ RULES = {"balanced": balanced_offsets, "four_corner": four_corner_offsets}
 
 class FedDM(WidthSharedMethod):
     name = "feddm"
+    family = "width"
+    example = "--tiers 1.0,0.75,0.5,0.25"
 
     def __init__(self, global_spec: dict, recipe: Recipe, tree: bool = True, lam: float = 1.0,
                  tree_levels: int = 2, reference: str | np.ndarray | None = None,

@@ -14,6 +14,8 @@ from .width_shared import WidthSharedMethod
 
 class HeteroFL(WidthSharedMethod):
     name = "heterofl"
+    family = "width"
+    example = "--tiers 1.0,0.75,0.5,0.25"
 
     def offsets(self, round_number: int, device: DeviceInfo, ratio: float) -> dict[int, int]:
         return heterofl_offsets(self.layout, ratio, round_number)

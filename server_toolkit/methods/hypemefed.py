@@ -46,6 +46,8 @@ def parse_rank(rank: int | str | None) -> int | None:
 
 class HypeMeFed(DepthFL):
     name = "hypemefed"
+    family = "exit"
+    example = "--model vgg_multi_exit --tiers 1,2,3"
 
     def __init__(self, global_spec: dict, recipe: Recipe, hypernet: str = "lrf", rank: int | str | None = 100,
                  hidden: int = 512, hn_epochs: int = 25, hn_lr: float = 5e-4, seed: int = 0,

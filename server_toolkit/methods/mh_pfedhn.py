@@ -16,6 +16,8 @@ from .hypernetwork import HypernetMethod
 
 class MHPFedHN(HypernetMethod):
     name = "mh_pfedhn"
+    family = "personalised"
+    example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
 
     def head_key(self, arch: Architecture) -> str:
         return f"tau{arch.chunks(self.chunk)}"

@@ -44,6 +44,8 @@ GLOBAL_MODEL = "global_model/"
 
 class MHPFedHNGD(MHPFedHN):
     name = "mh_pfedhngd"
+    family = "personalised"
+    example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
     global_client: HnClient | None = None
 
     def __init__(self, global_spec: dict, recipe: Recipe, kd_alpha: float = 0.01,

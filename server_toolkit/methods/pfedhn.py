@@ -19,6 +19,8 @@ from .hypernetwork import HypernetMethod
 
 class PFedHN(HypernetMethod):
     name = "pfedhn"
+    family = "personalised"
+    example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
 
     def head_key(self, arch: Architecture) -> str:
         return f"arch-{arch.name}"

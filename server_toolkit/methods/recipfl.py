@@ -72,6 +72,9 @@ LARGE, SMALL = "large", "small"
 
 class RecipFL(Method):
     name = "recipfl"
+    family = "resource-skew"
+    example = ("--model lenet5 --devices 6 --partition quantity-skew --num-strong 1 "
+               "--tiers strong,weak,weak,weak,weak,weak --method-option small_model=width:0.3")
 
     def __init__(self, global_spec: dict, recipe: Recipe, small_model: str | dict = "width:0.25",
                  strong_tiers: str | list[str] = "strong", kt: bool = True, hidden: int = 64,

@@ -60,6 +60,8 @@ class SimulationConfig:
     method: str = "fedavg"
     dataset: str = "digits"
     data_dir: str | None = None
+    train_samples: int | None = None  # a stratified subset of the training split (None: all of it)
+    test_samples: int | None = None  # a stratified subset of the test split (None: all of it)
     model: str = "small_cnn"
     devices: int = 8
     rounds: int = 20
@@ -229,6 +231,8 @@ class Simulation:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(c.to_json())
         data = load_dataset(c.dataset, c.data_dir, seed=c.seed)
+        if c.train_samples or c.test_samples:
+            data = data.subset(c.train_samples, c.test_samples, seed=c.seed)
         spec = model_spec(c.model, data.input_shape, data.num_classes)
         method = method_class(c.method)(spec, Recipe.from_dict(c.recipe), **c.method_options)
         devices, server_data = self.prepare_data(data, method.server_fraction)
