@@ -195,10 +195,12 @@ def architecture_names() -> list[str]:
 
 @lru_cache(maxsize=64)
 def _cached(tier: str, input_shape: Shape, num_classes: int) -> Architecture:
-    builder = ARCHITECTURES.get(tier) or ZOO.get(tier)
-    if builder is None:
-        raise ValueError(f"tier {tier!r} names no architecture; known: {', '.join(architecture_names())}")
-    return from_spec(tier, builder(input_shape, num_classes))
+    from .zoo import model_spec
+
+    if tier.partition("@")[0] not in (*ARCHITECTURES, *ZOO):
+        raise ValueError(f"tier {tier!r} names no architecture; known: {', '.join(architecture_names())} "
+                         f"(NAME@R: NAME at width ratio R)")
+    return from_spec(tier, model_spec(tier, input_shape, num_classes))
 
 
 def architecture(tier: str, input_shape: Shape, num_classes: int) -> Architecture:

@@ -119,10 +119,25 @@ ZOO: dict[str, Callable[..., dict]] = {
 
 
 def model_spec(name: str, input_shape: Shape, num_classes: int, **kwargs) -> dict:
-    """The spec of zoo model ``name``; ValueError listing the zoo for an unknown name."""
+    """The spec of zoo model ``name``; ValueError listing the zoo for an unknown name.
+
+    ``NAME@R`` (e.g. ``small_cnn@0.25``) is model NAME with every hidden layer cut to a
+    fraction R of its channels: the width sub-model HeteroFL gives a tier of ratio R (the
+    model FedAvg-S trains)."""
     from .architectures import ARCHITECTURES  # the heterogeneous-fleet architectures
 
     builders = {**ZOO, **ARCHITECTURES}
-    if name not in builders:
-        raise ValueError(f"unknown model {name!r}; the zoo has {', '.join(sorted(builders))}")
-    return builders[name](tuple(input_shape), num_classes, **kwargs)
+    base, cut, ratio = name.partition("@")
+    if base not in builders:
+        raise ValueError(f"unknown model {name!r}; the zoo has {', '.join(sorted(builders))} "
+                         f"(NAME@R: NAME at width ratio R)")
+    spec = builders[base](tuple(input_shape), num_classes, **kwargs)
+    if not cut:
+        return spec
+    from ..submodels.width import width_layout
+
+    try:
+        width = float(ratio)
+    except ValueError:
+        raise ValueError(f"model {name!r}: the width after '@' must be a number in (0, 1]") from None
+    return width_layout(spec).plan(width).spec

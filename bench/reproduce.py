@@ -1,0 +1,294 @@
+"""One reproduction per seed paper: every arm is a `fedsdk-server simulate` command.
+
+    .venv/bin/python bench/reproduce.py FAMILY --data-dir DIR [--dataset fashion_mnist]
+        [--seeds 0 1 2] [--jobs 2] [--runs-dir runs/reproduce] [--mqtt-smoke] [--list]
+
+FAMILY is one of ``FAMILIES`` below (``--list`` prints them with their commands). For each
+setting (e.g. Dirichlet α = 0.1 and 0.5), arm (the method and its baselines) and seed, the
+bench runs ``fedsdk-server simulate --grid inprocess ... --run-dir RUNS/FAMILY/SETTING/ARM/seedS``
+in a subprocess (``--jobs`` at a time, one torch thread each): the same code path, options and
+metrics as a user's ``simulate`` (``--grid inprocess`` trains the devices in the server's
+process; ``--grid mqtt`` gives the same numbers with device processes, see
+``tests/integration/test_every_method.py``). A run whose directory already holds all its
+rounds is not run again, so an interrupted reproduction continues where it stopped.
+
+Printed per setting: each arm's final accuracy and the mean of its last 5 rounds, mean ± std
+over seeds; then each claim of the paper: the method's last-5 mean minus the baseline's, per
+seed (same seed = same partition, sampling and initial weights) and over seeds, and whether
+it holds (the difference of the means exceeds both arms' std over seeds). ``--mqtt-smoke``
+also runs the family's main method once over MQTT (device processes, embedded broker) for a
+few rounds. ``fedsdk-server report RUNS/FAMILY --out report.html`` draws the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FEDSDK_SERVER = [sys.executable, "-m", "server_toolkit.cli"]
+LAST_K = 5
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One line of a paper's comparison: a label and its ``simulate`` arguments."""
+
+    label: str
+    args: str
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A data setting the arms are compared in (e.g. a Dirichlet α)."""
+
+    name: str
+    args: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The paper's claim: ``method`` beats each of ``baselines`` on ``metric`` (``paper``: by how much)."""
+
+    method: str
+    baselines: tuple[str, ...]
+    paper: str
+    metric: str = "accuracy"
+
+
+@dataclass(frozen=True)
+class Family:
+    """A seed paper's reproduction: common arguments, settings, arms, claims."""
+
+    name: str
+    paper: str
+    common: str
+    settings: tuple[Setting, ...]
+    arms: tuple[Arm, ...]
+    claims: tuple[Claim, ...]
+    metrics: tuple[str, ...] = ("accuracy",)  # what the summary tables show (last-5 means)
+
+    def command(self, setting: Setting, arm: Arm, seed: int, run_dir: Path, data: dict) -> list[str]:
+        """The ``fedsdk-server simulate`` arguments of one run."""
+        args = [*shlex.split(self.common), *shlex.split(setting.args), *shlex.split(arm.args),
+                "--grid", "inprocess", "--seed", str(seed), "--run-dir", str(run_dir),
+                "--label", arm.label, "--setting", f"{self.name} {data['dataset']} {setting.name}",
+                "--dataset", data["dataset"]]
+        if data.get("data_dir"):
+            args += ["--data-dir", data["data_dir"]]
+        return ["simulate", *args]
+
+
+DIR = "--partition dirichlet --alpha"
+WIDTH_TIERS = "--tiers 1.0,0.75,0.5,0.25"
+STANDALONE_TIERS = "small_cnn@1.0,small_cnn@0.75,small_cnn@0.5,small_cnn@0.25"  # each device alone, own width
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family(
+        "fedconv", "FedConv: +13.8 pts global accuracy over parameter sharing (HeteroFL, FedRolex), α = 0.1",
+        "--model small_cnn --devices 20 --rounds 20 --train-samples 8000 --test-samples 2000 "
+        "--local-epochs 2",
+        (Setting("Dir(0.1)", f"{DIR} 0.1"), Setting("Dir(0.5)", f"{DIR} 0.5")),
+        (Arm("FedConv", f"--method fedconv {WIDTH_TIERS}"),
+         Arm("HeteroFL", f"--method heterofl {WIDTH_TIERS}"),
+         Arm("FedRolex", f"--method fedrolex {WIDTH_TIERS}"),
+         Arm("FedAvg-S", "--method fedavg --model small_cnn@0.25"),
+         Arm("Standalone", f"--method local --tiers {STANDALONE_TIERS}")),
+        (Claim("FedConv", ("HeteroFL", "FedRolex"), "+13.8 pts (mean over both, α = 0.1)"),
+         Claim("FedConv", ("FedAvg-S",), "FedConv > FedAvg (which trains the smallest model)")),
+    ),
+    Family(
+        "feddm", "FedDM: moving windows + tree cooperation beat HeteroFL / FedRolex (no number given)",
+        "--model small_cnn --devices 20 --rounds 20 --train-samples 8000 --test-samples 2000 "
+        f"--local-epochs 2 {WIDTH_TIERS}",
+        (Setting("Dir(0.1)", f"{DIR} 0.1"), Setting("Dir(0.5)", f"{DIR} 0.5")),
+        (Arm("FedDM + tree", "--method feddm"),
+         Arm("FedDM, no tree", "--method feddm --method-option tree=false"),
+         Arm("HeteroFL", "--method heterofl"),
+         Arm("FedRolex", "--method fedrolex")),
+        (Claim("FedDM + tree", ("HeteroFL", "FedRolex"), "no number (2-page work in progress)"),
+         Claim("FedDM, no tree", ("HeteroFL", "FedRolex"), "coverage balance alone")),
+    ),
+)}
+
+
+# -- running ----------------------------------------------------------------------------------
+def run_dir_of(root: Path, family: Family, setting: Setting, arm: Arm, seed: int) -> Path:
+    return root / family.name / _slug(setting.name) / _slug(arm.label) / f"seed{seed}"
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in text).strip("_")
+
+
+def rounds_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+def wanted_rounds(command: list[str]) -> int:
+    return int(command[command.index("--rounds") + 1]) if "--rounds" in command else 20
+
+
+def run_one(command: list[str], run_dir: Path, log: Path) -> tuple[float, int]:
+    """Run one simulate command (fresh directory); (wall seconds, exit code)."""
+    if run_dir.exists():
+        for path in sorted(run_dir.rglob("*"), reverse=True):  # an interrupted run starts again
+            path.unlink() if path.is_file() else path.rmdir()
+        run_dir.rmdir()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    started = time.monotonic()
+    with open(log, "w") as out:
+        code = subprocess.call(["nice", "-n", "5", *FEDSDK_SERVER, *command], stdout=out,
+                               stderr=subprocess.STDOUT, env=env)
+    return time.monotonic() - started, code
+
+
+def reproduce(family: Family, seeds: list[int], root: Path, data: dict, jobs: int) -> None:
+    todo = []
+    for setting in family.settings:
+        for arm in family.arms:
+            for seed in seeds:
+                run_dir = run_dir_of(root, family, setting, arm, seed)
+                command = family.command(setting, arm, seed, run_dir, data)
+                if rounds_done(run_dir) >= wanted_rounds(command) and (run_dir / "summary.json").is_file():
+                    continue
+                todo.append((command, run_dir))
+    print(f"{family.name}: {len(todo)} run(s) to do, {jobs} at a time", flush=True)
+
+    def one(item: tuple[list[str], Path]) -> None:
+        command, run_dir = item
+        seconds, code = run_one(command, run_dir, run_dir.parent / f"{run_dir.name}.log")
+        status = "ok" if code == 0 else f"FAILED (exit {code}, see {run_dir.parent / run_dir.name}.log)"
+        print(f"  {seconds:7.1f} s  {status}  fedsdk-server {shlex.join(command)}", flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, todo))
+
+
+def mqtt_smoke(family: Family, root: Path, data: dict) -> None:
+    """The family's main method once over MQTT (device processes, embedded broker), 3 rounds, 5 devices."""
+    setting, arm = family.settings[0], family.arms[0]
+    run_dir = root / family.name / "mqtt-smoke"
+    command = family.command(setting, arm, 0, run_dir, data)
+    command[command.index("--grid") + 1] = "mqtt"
+    for flag, value in (("--rounds", "3"), ("--devices", "5")):
+        if flag in command:
+            command[command.index(flag) + 1] = value
+    seconds, code = run_one(command, run_dir, root / family.name / "mqtt-smoke.log")
+    rows = read_rows(run_dir)
+    accuracy = rows[-1].get("accuracy") if rows else None
+    print(f"MQTT smoke ({arm.label}, {setting.name}, 5 device processes, 3 rounds): exit {code}, "
+          f"{seconds:.0f} s, final accuracy {accuracy}", flush=True)
+
+
+# -- the summary --------------------------------------------------------------------------------
+def read_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def last_k(rows: list[dict], key: str, k: int = LAST_K) -> float | None:
+    values = [r[key] for r in rows if isinstance(r.get(key), int | float)]
+    return float(np.mean(values[-k:])) if values else None
+
+
+def summarise(family: Family, seeds: list[int], root: Path) -> dict:
+    """Print the tables and claims; returns {setting: {arm: {metric: [per-seed last-5]}}}."""
+    out: dict = {}
+    print(f"\n# {family.name}: {family.paper}")
+    for setting in family.settings:
+        print(f"\n## {setting.name} ({len(seeds)} seeds; last-{LAST_K} = mean of the last {LAST_K} rounds)")
+        columns = " | ".join(f"last-{LAST_K} {m}" for m in family.metrics)
+        print(f"| arm | final accuracy | {columns} | runs |")
+        print("|---|---|" + "---|" * len(family.metrics) + "---|")
+        table = out.setdefault(setting.name, {})
+        for arm in family.arms:
+            runs = [read_rows(run_dir_of(root, family, setting, arm, s)) for s in seeds]
+            runs = [r for r in runs if r]
+            finals = [last_k(r, "accuracy", 1) for r in runs]
+            cells = [_mean_std([v for v in finals if v is not None])]
+            table[arm.label] = {}
+            for metric in family.metrics:
+                values = [last_k(r, metric) for r in runs]
+                table[arm.label][metric] = values
+                cells.append(_mean_std([v for v in values if v is not None]))
+            print(f"| {arm.label} | " + " | ".join(cells) + f" | {len(runs)} |")
+        for claim in family.claims:
+            ours = table.get(claim.method, {}).get(claim.metric, [])
+            for baseline in claim.baselines:
+                theirs = table.get(baseline, {}).get(claim.metric, [])
+                print(f"claim {claim.method} > {baseline} ({claim.metric}; paper: {claim.paper}): "
+                      + verdict(ours, theirs))
+    return out
+
+
+def verdict(ours: list, theirs: list) -> str:
+    """Per-seed differences, their mean ± std, and whether the claim holds."""
+    pairs = [(a, b) for a, b in zip(ours, theirs, strict=False) if a is not None and b is not None]
+    if not pairs:
+        return "no runs"
+    diffs = [100 * (a - b) for a, b in pairs]
+    a, b = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    margin = 100 * max(a.std(ddof=1) if len(a) > 1 else 0.0, b.std(ddof=1) if len(b) > 1 else 0.0)
+    gap = 100 * (a.mean() - b.mean())
+    holds = "holds" if gap > margin and gap > 0 else "does not hold"
+    return (f"{gap:+.2f} pts (per seed {', '.join(f'{d:+.1f}' for d in diffs)}; std over seeds "
+            f"≤ {margin:.2f}) -> {holds}")
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{np.mean(values):.4f} ± {np.std(values, ddof=1):.4f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("family", nargs="?", choices=sorted(FAMILIES))
+    parser.add_argument("--dataset", default="fashion_mnist")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (one torch thread each).")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/reproduce"))
+    parser.add_argument("--mqtt-smoke", action="store_true", help="Also one short run over MQTT.")
+    parser.add_argument("--summary-only", action="store_true", help="Print the tables of the runs there.")
+    parser.add_argument("--list", action="store_true", help="Print the families and their commands.")
+    args = parser.parse_args()
+    data = {"dataset": args.dataset, "data_dir": args.data_dir}
+    if args.list or args.family is None:
+        for family in FAMILIES.values():
+            print(f"{family.name}: {family.paper}")
+            for setting in family.settings:
+                for arm in family.arms:
+                    run_dir = run_dir_of(args.runs_dir, family, setting, arm, 0)
+                    print("  fedsdk-server " + shlex.join(family.command(setting, arm, 0, run_dir, data)))
+        return
+    family = FAMILIES[args.family]
+    started = time.monotonic()
+    if not args.summary_only:
+        reproduce(family, args.seeds, args.runs_dir, data, args.jobs)
+        if args.mqtt_smoke:
+            mqtt_smoke(family, args.runs_dir, data)
+    summarise(family, args.seeds, args.runs_dir)
+    print(f"\nwall time {time.monotonic() - started:.0f} s; "
+          f"report: fedsdk-server report {args.runs_dir / family.name} --out {family.name}.html")
+
+
+if __name__ == "__main__":
+    main()
