@@ -13,6 +13,7 @@ from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.tls import is_loopback
 
 from .cli_datasets import datasets
+from .cli_methods import methods
 from .cli_pairing import devices_retier, devices_revoke, devices_show, pair_code, pairing_options, parse_tiers
 from .cli_report import report
 from .cli_security import certs, security
@@ -620,6 +621,7 @@ devices.add_command(devices_retier)
 main.add_command(hn)
 main.add_command(report)
 main.add_command(datasets)
+main.add_command(methods)
 
 if __name__ == "__main__":
     main()

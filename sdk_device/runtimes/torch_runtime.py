@@ -95,6 +95,11 @@ class TorchRuntime:
                    for k, v in (extras or {}).items()}
         xt, yt = torch.from_numpy(np.ascontiguousarray(x, np.float32)), torch.from_numpy(y.astype(np.int64))
         gen = torch.Generator().manual_seed(recipe.seed)
+        with torch.random.fork_rng():  # dropout draws from the global generator: seed it too, so a
+            torch.manual_seed(recipe.seed)  # task trains the same wherever it runs
+            return self._epochs(model, opt, loss_fn, xt, yt, extra_t, recipe, gen, progress)
+
+    def _epochs(self, model, opt, loss_fn, xt, yt, extra_t, recipe: Recipe, gen, progress) -> StepStats:
         n = len(yt)
         batches = batch_bounds(n, recipe.batch_size)
         steps_per_epoch = len(batches)

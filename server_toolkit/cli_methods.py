@@ -1,0 +1,62 @@
+"""``fedsdk-server methods``: the federated methods this server knows, and their options."""
+
+from __future__ import annotations
+
+import inspect
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+@click.group()
+def methods() -> None:
+    """The federated methods: `methods list`, `methods show NAME`."""
+
+
+@methods.command("list")
+def methods_list() -> None:
+    """Every method with its family and example arguments."""
+    from .methods import methods as registry
+
+    table = Table("method", "family", "example: fedsdk-server simulate --method NAME …")
+    for name, cls in sorted(registry().items(), key=lambda item: (item[1].family, item[0])):
+        table.add_row(name, cls.family or "-", cls.example or "")
+    console.print(table)
+
+
+@methods.command("show")
+@click.argument("name")
+def methods_show(name: str) -> None:
+    """One method: what it does (its module's documentation), its options and their defaults."""
+    from .methods import method_class
+
+    try:
+        cls = method_class(name)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(f"[bold]{name}[/] ({cls.family}); example: "
+                  f"fedsdk-server simulate --method {name} {cls.example}")
+    console.print(inspect.getdoc(inspect.getmodule(cls)) or "", markup=False, highlight=False)
+    table = Table("option (--method-option KEY=VALUE)", "default", title="options")
+    for option, default in method_options(cls).items():
+        table.add_row(option, default)
+    console.print(table)
+
+
+def method_options(cls: type) -> dict[str, str]:
+    """{option: its default, as text} from the keyword parameters of the method's constructors
+    (the class's own first, then its bases')."""
+    options: dict[str, str] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        for param in inspect.signature(klass.__init__).parameters.values():
+            if param.name in ("self", "global_spec", "recipe") or param.kind in (param.VAR_KEYWORD,
+                                                                                  param.VAR_POSITIONAL):
+                continue
+            default = "required" if param.default is param.empty else repr(param.default)
+            options.setdefault(param.name, default)
+    return options

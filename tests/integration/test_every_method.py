@@ -1,0 +1,71 @@
+"""Every registered method learns on digits through ``fedsdk-server simulate`` with its README
+example, and the MQTT simulation gives the numbers of the in-process grid.
+
+The method list comes from the registry (``server_toolkit.methods.methods()``), so a method
+added later is covered without touching this file: it declares its ``family`` and its
+``example`` arguments, and the README shows that example.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from server_toolkit.methods import methods
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+ROUNDS = 6  # "within 10 rounds": every family passes its threshold by round 6 here
+# Accuracy after ROUNDS rounds that counts as "well above chance" (10 classes: chance 0.1). Set
+# from runs of every method with these settings (lowest seen per family, minus a margin):
+# averaging 0.95, width 0.85, exit 0.80, conv 0.75, personalised 0.45 (heterogeneous fleets of
+# five architectures: the personal models' mean), resource-skew 0.45.
+THRESHOLDS = {"averaging": 0.8, "width": 0.7, "exit": 0.6, "conv": 0.55, "personalised": 0.35,
+              "resource-skew": 0.35}
+DEFAULT_THRESHOLD = 0.35  # a family this file does not know yet
+# In-process and MQTT runs train the same devices with the same seeds: the numbers agree
+# to float noise (different processes may sum in another order).
+SAME = 0.01
+
+
+def simulate_args(name: str, grid: str, run_dir: Path) -> list[str]:
+    """``simulate`` with the method's example, small enough for the test suite."""
+    args = ["simulate", "--method", name, *shlex.split(methods()[name].example)]
+    if "--devices" not in args:
+        args += ["--devices", "4"]
+    return [*args, "--rounds", str(ROUNDS), "--local-epochs", "2", "--seed", "0", "--grid", grid,
+            "--run-dir", str(run_dir), "--round-timeout", "240"]
+
+
+def run_simulate(args: list[str]) -> list[dict]:
+    done = subprocess.run([sys.executable, "-m", "server_toolkit.cli", *args], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_dir = Path(args[args.index("--run-dir") + 1])
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", sorted(methods()))
+def test_every_method_learns_on_digits_over_mqtt_as_it_does_in_process(name, tmp_path):
+    over_mqtt = run_simulate(simulate_args(name, "mqtt", tmp_path / "mqtt"))
+    in_process = run_simulate(simulate_args(name, "inprocess", tmp_path / "inprocess"))
+    threshold = THRESHOLDS.get(methods()[name].family, DEFAULT_THRESHOLD)
+    assert len(over_mqtt) == ROUNDS and all(r["accepted"] == r["selected"] > 0 for r in over_mqtt)
+    assert over_mqtt[-1]["accuracy"] >= threshold, [round(r["accuracy"], 3) for r in over_mqtt]
+    assert [r["accepted"] for r in over_mqtt] == [r["accepted"] for r in in_process]
+    for mqtt_row, local_row in zip(over_mqtt, in_process, strict=True):
+        assert abs(mqtt_row["accuracy"] - local_row["accuracy"]) <= SAME, (mqtt_row, local_row)
+
+
+def test_the_readme_shows_every_methods_example():
+    readme = (ROOT / "README.md").read_text()
+    for name, cls in methods().items():
+        shown = " ".join(["simulate --method", name, cls.example]).strip()
+        assert shown in " ".join(readme.split()), f"README lacks `fedsdk-server {shown}`"
