@@ -4,7 +4,9 @@ Per round: select devices from the grid (over-selecting to absorb dropouts) -> a
 method what each trains (``configure_train``) -> stamp each task's training seed -> let
 the grid exchange tasks for results until quorum or deadline -> ``aggregate_train`` ->
 ``aggregate_evaluate`` -> central ``evaluate`` (and any extra evaluators) -> checkpoint ->
-one metrics row. ``fedsdk-server run``, ``simulate`` (either grid), edge aggregators and
+one metrics row (with the seconds the method spent in each step: ``time_configure_s``,
+``time_aggregate_s`` (aggregate_train and aggregate_evaluate), ``time_evaluate_s``).
+``fedsdk-server run``, ``simulate`` (either grid), edge aggregators and
 every benchmark drive their rounds through this class.
 
 Seeds: the selection draws from ``random.Random(seed)`` (its state is checkpointed); each
@@ -132,8 +134,7 @@ class RoundLoop:
         evaluate_s = time.perf_counter() - clock
         row["seconds"] = time.monotonic() - started
         row["bytes_down"], row["bytes_up"] = self.grid.traffic()
-        row.update(server_configure_s=configure_s, server_aggregate_s=aggregate_s,
-                   server_evaluate_s=evaluate_s)
+        row.update(time_configure_s=configure_s, time_aggregate_s=aggregate_s, time_evaluate_s=evaluate_s)
         if self.run_dir is not None:
             save_checkpoint(self.run_dir, rnd, self.global_weights,
                             {"method_state": self.method.state_dict(), "rng": self._rng.getstate(),

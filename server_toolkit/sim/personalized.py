@@ -11,7 +11,7 @@ evaluator of that loop:
   statistics. For methods without personal models (one global model cut per tier, e.g.
   HeteroFL) the model the device would be sent next round is evaluated;
 * ``server_s``: the seconds the method's ``configure_train`` + ``aggregate_train`` took,
-  the server's work per round (the loop's ``server_configure_s`` + ``server_aggregate_s``).
+  the server's work per round (the loop's ``time_configure_s`` + ``time_aggregate_s``).
 
 Each row also reports ``personal_accuracy`` (mean over devices, each device counting
 once) and ``personal_accuracy_<architecture>``.
@@ -89,7 +89,7 @@ def run_personalized(method: Method, devices: list[PersonalDevice], rounds: int,
                      recalibrate_bn: bool = False) -> list[dict]:
     """Run ``rounds`` rounds of ``method``; one metrics row per round (module docstring)."""
     def with_server_s(row: dict) -> None:
-        row["server_s"] = row["server_configure_s"] + row["server_aggregate_s"]
+        row["server_s"] = row["time_configure_s"] + row["time_aggregate_s"]
         if on_round:
             on_round(row)
 
