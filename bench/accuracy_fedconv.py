@@ -39,8 +39,8 @@ import time
 import numpy as np
 import torch
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
+from fedcore import modelspec
+from fedcore.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.data.server_slice import take_server_slice
@@ -98,7 +98,7 @@ def train_alone(spec: dict, x: np.ndarray, y: np.ndarray, recipe: Recipe, epochs
     """A fresh model of ``spec`` (seeded) trained ``epochs`` epochs on (x, y)."""
     runtime = TorchRuntime()
     runtime.load_program(modelspec.dumps(spec), modelspec.FORMAT)
-    from sdk_device.runtimes.torch_model import build_model, state_numpy
+    from fedcore.torch_model import build_model, state_numpy
 
     runtime.set_weights(state_numpy(build_model(spec, seed=seed)))
     runtime.train(x, y, Recipe.from_dict({**recipe.to_dict(), "epochs": epochs, "seed": seed}))

@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import methods
 from server_toolkit.methods.base import DeviceInfo, Method

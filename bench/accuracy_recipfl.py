@@ -48,8 +48,8 @@ import time
 import numpy as np
 import torch
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
+from fedcore import modelspec
+from fedcore.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods.allsmall import AllSmall

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
+from fedcore import modelspec
+from fedcore.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods.base import DeviceInfo, Method

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.edge.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask

@@ -17,7 +17,7 @@ import argparse
 
 import numpy as np
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.feddm import FedDM
 from server_toolkit.methods.fedrolex import FedRolex

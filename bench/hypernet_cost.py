@@ -42,7 +42,7 @@ def worker(kind: str, rank: str, hidden: int, epochs: int) -> dict:
     """Measure one configuration in this (fresh) process; returns the figures."""
     import torch
 
-    from sdk_device.runtimes.torch_model import build_model, state_numpy
+    from fedcore.torch_model import build_model, state_numpy
     from server_toolkit.methods.hypemefed import parse_rank
     from server_toolkit.models.zoo import vgg_multi_exit
     from server_toolkit.reconstruct.hypernet_bank import HypernetBank

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcore.recipe import Recipe
 from sdk_device.runtimes.onnxruntime_runtime import OrtTrainingRuntime
-from sdk_device.runtimes.recipe import Recipe
 
 
 def main(argv: list[str]) -> int:

@@ -30,12 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fedcore import modelspec  # noqa: E402
+from fedcore.recipe import Recipe  # noqa: E402
 from sdk_device.benchmark import bench_programs, initial_weights  # noqa: E402
 from sdk_device.pair_cli import _benchmark  # noqa: E402
 from sdk_device.pairing import PairClient, PairingError  # noqa: E402
-from sdk_device.protocol import modelspec  # noqa: E402
 from sdk_device.protocol.errors import ProtocolError  # noqa: E402
-from sdk_device.runtimes.recipe import Recipe  # noqa: E402
 from sdk_device.transport.tls import certificate_fingerprint  # noqa: E402
 from server_toolkit.broker.secured import make_secured_broker  # noqa: E402
 from server_toolkit.fleet.pair_codes import LockoutPolicy, PairCodes  # noqa: E402

@@ -43,10 +43,10 @@ import torch  # noqa: E402
 
 from export.executorch import export_with_stats  # noqa: E402
 from export.parity import gradient_parity  # noqa: E402
-from sdk_device.protocol import modelspec  # noqa: E402
+from fedcore import modelspec  # noqa: E402
+from fedcore.recipe import Recipe  # noqa: E402
+from fedcore.torch_model import build_model, state_numpy  # noqa: E402
 from sdk_device.runtimes.executorch_runtime import ExecutorchRuntime  # noqa: E402
-from sdk_device.runtimes.recipe import Recipe  # noqa: E402
-from sdk_device.runtimes.torch_model import build_model, state_numpy  # noqa: E402
 from sdk_device.runtimes.torch_runtime import TorchRuntime  # noqa: E402
 from server_toolkit.models.zoo import model_spec  # noqa: E402
 

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from export.onnx import export_ort_training_program, ort_python_path  # noqa: E402
-from sdk_device.protocol import modelspec  # noqa: E402
-from sdk_device.runtimes.recipe import Recipe  # noqa: E402
+from fedcore import modelspec  # noqa: E402
+from fedcore.recipe import Recipe  # noqa: E402
 from sdk_device.runtimes.torch_runtime import TorchRuntime  # noqa: E402
 from server_toolkit.models.zoo import model_spec  # noqa: E402
 

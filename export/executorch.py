@@ -46,10 +46,10 @@ import warnings
 import torch
 from torch import nn
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.torch_model import build_model
+from fedcore import modelspec
+from fedcore.losses import Loss
+from fedcore.torch_model import build_model
 
-from .losses import Loss
 from .program_model import ProgramModel
 
 FORMAT = "pte/1"
@@ -198,7 +198,7 @@ def export_training_program(spec: dict, loss: dict, max_batch: int, seed: int = 
                             backend: str = "xnnpack") -> bytes:
     """The ``.pte`` bytes of (spec, loss) with a fixed batch of ``max_batch`` samples.
 
-    ``loss`` is a loss dict (see ``export.losses``); ``seed`` sets the initial weights
+    ``loss`` is a loss dict (see ``fedcore.losses``); ``seed`` sets the initial weights
     stored in the program (a runtime overwrites them with each task's weights).
     ``backend``: "xnnpack" delegates what XNNPACK supports (the matrix products, element-
     wise ops, copies) to it; "portable" runs every op on ExecuTorch's CPU kernels.

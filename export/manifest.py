@@ -13,9 +13,9 @@ Schema ``fedsdk-manifest/1`` (a JSON object)::
     input              {"x": {"shape": [C, H, W], "dtype", "layout"}, "y": {...},
                         "max_batch": B}
     recipe             the training recipe dict (epochs, batch_size, optimizer, lr, ...)
-    loss               the loss dict (see export.losses)
+    loss               the loss dict (see fedcore.losses)
     optimizer          {"name", "lr", "momentum", "weight_decay", ("betas", "eps")}: the
-                       update rule every runtime applies (sdk_device.runtimes.optimizers)
+                       update rule every runtime applies (fedcore.optimizers)
     files              [{"name", "format", "sha256", "size"}], sorted by name
 
 No torch needed: parameter shapes are derived from the spec.
@@ -27,9 +27,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
+from fedcore.recipe import Recipe
 from sdk_device.runtimes.optimizers import ADAM_BETAS, ADAM_EPS
-from sdk_device.runtimes.recipe import Recipe
 
 SCHEMA = "fedsdk-manifest/1"
 MANIFEST_NAME = "manifest.json"

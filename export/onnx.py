@@ -33,7 +33,7 @@ needed for the parity tests in tests/integration/test_ort_parity.py):
   BatchNorm weights are all ones), losing their names, so it traces a copy with distinct
   random values and writes the true values back by name. Every graph's weight names are
   the torch state names, so weights travel between runtimes by name.
-* The loss is ``export.losses.Loss`` (shared with the ExecuTorch programs) with a sample
+* The loss is ``fedcore.losses.Loss`` (shared with the ExecuTorch programs) with a sample
   mask of ones: the dynamic batch axis means every row is a real sample.
 * Where ``onnxruntime.training`` is not importable (it lives in its own environment, see
   ``scripts/setup-ort-env.sh``), artifact generation runs in that environment's python as
@@ -58,11 +58,10 @@ import onnx
 import torch
 from torch import nn
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
+from fedcore.losses import Loss
+from fedcore.torch_model import build_model
 from sdk_device.runtimes import ort_program
-from sdk_device.runtimes.torch_model import build_model
-
-from .losses import Loss
 
 OPSET = 17
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -176,7 +175,7 @@ def last_linear(model: nn.Module) -> nn.Linear | None:
 class TrainingForward(nn.Module):
     """forward(input, labels, *extra loss inputs) -> (loss, final logits, *new running stats).
 
-    The loss is ``export.losses.Loss``, the same definition every exported program uses.
+    The loss is ``fedcore.losses.Loss``, the same definition every exported program uses.
     The batch axis is dynamic, so every row is a real sample: the sample mask is all ones."""
 
     def __init__(self, model: nn.Module, loss: Loss, num_classes: int) -> None:

@@ -1,8 +1,8 @@
 """Gradient parity: an exported program against torch autograd on the same weights and data.
 
-The reference is ``sdk_device.runtimes.torch_model.SpecModel`` (the torch runtime's own
+The reference is ``fedcore.torch_model.SpecModel`` (the torch runtime's own
 model, built from nn modules) in train mode, with the program's loss from
-``export.losses``. Dropout layers of the reference multiply by the same masks the
+``fedcore.losses``. Dropout layers of the reference multiply by the same masks the
 program receives. Three checks:
 
 * ``gradient_parity``: loss, every parameter gradient and the updated BN running stats of
@@ -22,11 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedcore.losses import Loss
+from fedcore.recipe import Recipe
+from fedcore.torch_model import SpecModel, build_model, load_numpy, state_numpy
 from sdk_device.runtimes.executorch_runtime import ExecutorchRuntime
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import SpecModel, build_model, load_numpy, state_numpy
-
-from .losses import Loss
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The model of a torchspec/1 spec, written for export: same parameters, safe operations.
 
-``ProgramModel`` has exactly the parameters of ``sdk_device.runtimes.torch_model.SpecModel``
+``ProgramModel`` has exactly the parameters of ``fedcore.torch_model.SpecModel``
 (same names, shapes and order), but its forward pass uses ``export.decompositions`` (which
 ExecuTorch trains correctly) and takes as explicit inputs everything that is state or
 randomness in torch:
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
 
 from . import decompositions as ops
 

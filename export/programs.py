@@ -11,8 +11,8 @@ import hashlib
 import json
 from collections.abc import Callable
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
+from fedcore import modelspec
+from fedcore.recipe import Recipe
 
 Exporter = Callable[[dict, Recipe], bytes]
 

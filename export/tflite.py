@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
+from fedcore.torch_model import build_model
 from sdk_device.runtimes import litert_runtime
-from sdk_device.runtimes.torch_model import build_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_LITERT_PYTHON = REPO_ROOT / ".venv-litert" / "bin" / "python"

@@ -16,17 +16,18 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcore import modelspec
+from fedcore.recipe import Recipe
+
 from .data.npz import load_npz
 from .local_training import TEACHER_PREFIX, LocalTensors, train_with_teacher
 from .profile import device_profile, peak_rss_mb
 from .protocol import messages as msgs
-from .protocol import modelspec
 from .protocol.blobs import DEFAULT_CHUNK_BYTES, decode_tensors, encode_tensors
 from .protocol.errors import ProtocolError
 from .protocol.smashed import encode_smashed
 from .protocol.topics import FleetTopics
 from .runtime_choice import RuntimeChooser, trainable_offers
-from .runtimes.recipe import Recipe
 from .runtimes.registry import available_runtimes, create_runtime, pick_runtime
 from .transport.blob_store import BlobStore
 from .transport.endpoint import SERVER, Endpoint

@@ -65,9 +65,10 @@ def _cached_task(work_dir: Path):
 
 
 def run_bench(work_dir: Path | None, data_path: Path | None, steps: int, as_json: bool) -> None:
+    from fedcore import modelspec
+    from fedcore.recipe import Recipe
+
     from .benchmark import REFERENCE_SPEC, bench_inputs, bench_programs, initial_weights
-    from .protocol import modelspec
-    from .runtimes.recipe import Recipe
 
     work_dir, data_path = _defaults(work_dir, data_path)
     profile = device_profile(available_runtimes())

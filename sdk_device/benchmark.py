@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from fedcore import modelspec
+from fedcore.recipe import Recipe
+
 from .profile import current_rss_mb, peak_rss_mb
-from .protocol import modelspec
-from .runtimes.recipe import Recipe
 from .runtimes.registry import FORMATS, available_runtimes, create_runtime
 
 EVAL_ONLY = ("onnx", "litert")
@@ -85,7 +86,7 @@ def bench_inputs(
 
 def initial_weights(spec: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded initial weights of ``spec`` (needs torch)."""
-    from .runtimes.torch_model import build_model, state_numpy
+    from fedcore.torch_model import build_model, state_numpy
 
     return state_numpy(build_model(spec, seed=seed))
 

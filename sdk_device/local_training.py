@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcore.recipe import Recipe
+
 from .protocol.blobs import decode_tensors, encode_tensors
 from .runtimes.base import Progress, StepStats
-from .runtimes.recipe import Recipe
 
 Weights = dict[str, np.ndarray]
 TEACHER_PREFIX = "teacher."

@@ -159,11 +159,12 @@ def pair(
 def _benchmark(offer, models: dict, fetch, x, y, allowed, available_mb: float | None = None) -> dict:
     """Time a training step of each offered model (smallest first) on each runtime here; a
     model whose estimated training memory exceeds ``available_mb`` is skipped, not tried."""
+    from fedcore.modelspec import loads
+    from fedcore.recipe import Recipe
+
     from .benchmark import bench_programs, trainable
     from .profile import peak_rss_mb
     from .protocol.blobs import decode_tensors
-    from .protocol.modelspec import loads
-    from .runtimes.recipe import Recipe
 
     recipe = Recipe.from_dict(offer.recipe)
     console.print(

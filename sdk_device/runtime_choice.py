@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcore.recipe import Recipe
+
 from .benchmark import trainable
 from .protocol import messages as msgs
 from .protocol.blobs import decode_tensors
-from .runtimes.recipe import Recipe
 
 log = logging.getLogger(__name__)
 

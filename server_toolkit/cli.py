@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from sdk_device.transport.tls import is_loopback
 
 from .cli_datasets import datasets

@@ -40,7 +40,7 @@ Weights = dict[str, np.ndarray]
 def load_hypernet_run(run_dir: Path):
     """(method with its hypernetwork loaded, last round, state.json) of a hypernetwork run;
     click.ClickException explains what is wrong otherwise."""
-    from sdk_device.runtimes.recipe import Recipe
+    from fedcore.recipe import Recipe
 
     from .methods import method_class
     from .methods.hypernetwork import HypernetMethod

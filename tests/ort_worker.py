@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcore.recipe import Recipe
 from sdk_device.runtimes.onnxruntime_runtime import OrtTrainingRuntime
-from sdk_device.runtimes.recipe import Recipe
 
 
 def run_case(job_dir: Path, case: dict) -> None:

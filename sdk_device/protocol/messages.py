@@ -94,7 +94,7 @@ class Task(Message):
     """Server -> device: train ``weights`` with one of ``programs`` following ``recipe``.
 
     deadline: unix seconds after which the server no longer accepts the result.
-    recipe: {"epochs", "batch_size", "optimizer", "lr", ...}; see sdk_device.runtimes.recipe.
+    recipe: {"epochs", "batch_size", "optimizer", "lr", ...}; see fedcore.recipe.
     teacher: optional second model for distillation losses (see ``Teacher``).
     ``weights`` may omit some of the program's tensors (e.g. BatchNorm running statistics
     that stay on the device): the device keeps its own values for those and returns

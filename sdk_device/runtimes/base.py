@@ -9,24 +9,15 @@ Runtime slot in by implementing this protocol and registering in ``runtimes.regi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from .recipe import Recipe
+from fedcore.recipe import Recipe, StepStats
 
 Progress = Callable[[float], None]  # called with the fraction done, 0..1
 
-
-@dataclass(frozen=True)
-class StepStats:
-    """What a training or evaluation pass measured. loss: mean per sample (summed over
-    outputs when training a multi-exit model); accuracy: of the final output, 0..1."""
-
-    samples: int
-    loss: float
-    accuracy: float
+__all__ = ["Progress", "Runtime", "StepStats"]
 
 
 class Runtime(Protocol):

@@ -27,9 +27,10 @@ import json
 import numpy as np
 import torch
 
+from fedcore.recipe import Recipe
+
 from .base import Progress, StepStats
 from .optimizers import make_optimizer
-from .recipe import Recipe
 
 FORMAT = "pte/1"
 META_METHOD = "fedsdk_meta"

@@ -26,10 +26,11 @@ import re
 
 import numpy as np
 
+from fedcore.recipe import Recipe
+
 from . import program_archive
 from .base import Progress, StepStats
 from .onnxruntime_runtime import cross_entropy_sum
-from .recipe import Recipe
 
 FORMAT = "tflite/1"
 MODEL_FILE = "model.tflite"

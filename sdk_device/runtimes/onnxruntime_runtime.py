@@ -32,10 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcore.recipe import Recipe
+
 from . import ort_program
 from .base import Progress, StepStats
 from .optimizers import make_optimizer
-from .recipe import Recipe
 
 EVAL_FORMAT = "onnx/1"
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .recipe import Recipe
+from fedcore.recipe import Recipe
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
 ADAM_EPS = 1e-8

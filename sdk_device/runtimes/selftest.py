@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .recipe import Recipe
+from fedcore.recipe import Recipe
+
 from .registry import FORMATS, available_runtimes, create_runtime
 
 REFERENCE_FORMAT = "torchspec/1"
@@ -91,7 +92,7 @@ def run_selftest(programs: dict[str, bytes], weights: dict[str, np.ndarray], x: 
     ``programs`` maps format -> program bytes and should include ``torchspec/1`` (the
     reference). ``x``, ``y``: local samples; parity uses the first ``recipe.batch_size``.
     """
-    from ..protocol import modelspec
+    from fedcore import modelspec
 
     names = [n for n in available_runtimes() if runtimes is None or n in runtimes]
     batch_x, batch_y = x[:recipe.batch_size], y[:recipe.batch_size]

@@ -38,12 +38,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedcore import modelspec
+from fedcore.recipe import Recipe
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.topics import FleetTopics, check_name
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import SERVER, Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress

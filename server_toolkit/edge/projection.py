@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from .clustering import symmetric_kld
 
@@ -83,7 +83,7 @@ def run_stage(heads: dict[int, Head], pairs: list[tuple[int, int]], recipe: Reci
     """Train the F's of the paired clusters and their projection layers (Eq. 8)."""
     import torch
 
-    from sdk_device.runtimes.torch_runtime import torch_optimizer
+    from fedcore.torch_train import torch_optimizer
 
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lambda must be in [0, 1], got {lam}")

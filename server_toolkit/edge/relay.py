@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedcore.recipe import Recipe
 from sdk_device.protocol.smashed import SmashedRequest
-from sdk_device.runtimes.recipe import Recipe
 
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TeacherSpec, TrainInstruction, Weights
 from ..reconstruct.average import weighted_average

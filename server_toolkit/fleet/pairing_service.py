@@ -32,12 +32,12 @@ from collections import OrderedDict
 from typing import Protocol
 
 from export.programs import ProgramCache
+from fedcore import modelspec
+from fedcore.recipe import Recipe
 from sdk_device.benchmark import initial_weights
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import encode_tensors
 from sdk_device.protocol.errors import ProtocolError
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
 from ..broker.security import RESERVED_PREFIX

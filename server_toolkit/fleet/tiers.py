@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from sdk_device.protocol.modelspec import infer_shapes
+from fedcore.modelspec import infer_shapes
 
 ASSUMED_SAMPLES = 1000
 

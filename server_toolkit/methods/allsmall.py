@@ -8,7 +8,7 @@ accepted for symmetry with the other resource-skew methods and ignored.
 
 from __future__ import annotations
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from .fedavg import FedAvg
 from .strong_weak import strong_weak

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedcore.recipe import Recipe
 from sdk_device.protocol.smashed import SmashedRequest
-from sdk_device.runtimes.recipe import Recipe
 
 Weights = dict[str, np.ndarray]
 
@@ -136,7 +136,7 @@ class Method(ABC):
 
     def initial_weights(self, seed: int) -> Weights:
         """Fresh global weights for round 1 (seeded)."""
-        from sdk_device.runtimes.torch_model import build_model, state_numpy
+        from fedcore.torch_model import build_model, state_numpy
 
         return state_numpy(build_model(self.global_spec, seed=seed))
 
@@ -157,13 +157,12 @@ class Method(ABC):
 
     def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
         """Central evaluation of the global model (final output) on server-held data."""
-        from sdk_device.protocol import modelspec
-        from sdk_device.runtimes.torch_runtime import TorchRuntime
+        from fedcore.torch_model import build_model, load_numpy
+        from fedcore.torch_train import evaluate_model
 
-        runtime = TorchRuntime()
-        runtime.load_program(modelspec.dumps(self.global_spec), modelspec.FORMAT)
-        runtime.set_weights(global_weights)
-        stats = runtime.evaluate(x, y)
+        model = build_model(self.global_spec)
+        load_numpy(model, global_weights)
+        stats = evaluate_model(model, x, y)
         return {"accuracy": stats.accuracy, "loss": stats.loss}
 
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:

@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..models.exit_eval import exit_accuracies
 from ..reconstruct.present_average import average_present

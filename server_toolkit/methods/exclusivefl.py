@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..reconstruct.average import weighted_average
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
@@ -47,7 +47,7 @@ class ExclusiveFL(Method):
         return LARGE if self.fleet.role(device) == STRONG else SMALL
 
     def initial_weights(self, seed: int) -> Weights:
-        from sdk_device.runtimes.torch_model import build_model, state_numpy
+        from fedcore.torch_model import build_model, state_numpy
 
         return {**with_prefix(state_numpy(build_model(self.specs[LARGE], seed=seed)), LARGE),
                 **with_prefix(state_numpy(build_model(self.specs[SMALL], seed=seed)), SMALL)}

@@ -12,7 +12,7 @@ Both: sample-weighted FedAvg; recipe options as ``depthfl`` (Adam, ``client_lr``
 
 from __future__ import annotations
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..submodels.exit_split import name_map, prefix_spec
 from .base import Weights
@@ -42,7 +42,7 @@ class FedAvgShallowExit(FedAvgLargeExit):
 
     def initial_weights(self, seed: int) -> Weights:
         """The tier-1 prefix of the full model's seeded initial weights."""
-        from sdk_device.runtimes.torch_model import build_model, state_numpy
+        from fedcore.torch_model import build_model, state_numpy
 
         full = state_numpy(build_model(self.full_spec, seed=seed))
         return {sub: full[g] for sub, g in name_map(self.full_spec, 1, list(full)).items()}

@@ -84,9 +84,9 @@ import zlib
 
 import numpy as np
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_runtime import TorchRuntime
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, load_numpy, state_numpy
+from fedcore.torch_train import train_model
 
 from ..models.train_generated import Schedule
 from ..reconstruct.average import weighted_average
@@ -217,14 +217,13 @@ class FedConv(Method):
     def train_on_server(self, weights: Weights, epochs: int, seed: int) -> Weights:
         """``weights`` of the global model trained ``epochs`` epochs on the server data with the
         devices' optimiser and learning rate."""
-        runtime = TorchRuntime()
-        runtime.load_program(modelspec.dumps(self.global_spec), modelspec.FORMAT)
-        runtime.set_weights(weights)
+        model = build_model(self.global_spec)
+        load_numpy(model, weights)
         recipe = Recipe.from_dict({**self.recipe.to_dict(), "epochs": epochs,
                                    "batch_size": self.server_batch_size, "seed": seed})
         with one_torch_thread():
-            runtime.train(*self._server(), recipe)
-        return runtime.get_weights()
+            train_model(model, *self._server(), recipe)
+        return state_numpy(model)
 
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:

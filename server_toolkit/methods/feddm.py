@@ -42,7 +42,7 @@ import logging
 
 import numpy as np
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..reconstruct.coverage import coverage_average
 from ..reconstruct.similarity_tree import (
@@ -173,7 +173,7 @@ class FedDM(WidthSharedMethod):
         """(n, B, K) softmax of each returned model's final output on the reference batch."""
         import torch
 
-        from sdk_device.runtimes.torch_model import build_model, load_numpy
+        from fedcore.torch_model import build_model, load_numpy
 
         x = torch.from_numpy(self.reference_batch())
         probs = []

@@ -25,7 +25,7 @@ generated weights really enter the average.
 
 from __future__ import annotations
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..reconstruct.hypernet_bank import HypernetBank
 from ..reconstruct.present_average import average_present

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..models.architectures import Architecture
 from ..reconstruct.hypernet_step import hypernet_step

@@ -31,7 +31,7 @@ import dataclasses
 
 import numpy as np
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..models.architectures import Architecture
 from ..models.personal_eval import label_weighted_accuracy

@@ -34,7 +34,7 @@ from abc import abstractmethod
 
 import numpy as np
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..models.architectures import Architecture, architecture, from_spec
 from ..models.personal_eval import label_weighted_accuracy
@@ -71,7 +71,7 @@ def fresh_parameters(arch: Architecture, seed: int, key: str) -> Weights:
     """Freshly initialised parameters (no buffers) of ``arch``, seeded by (seed, key)."""
     import zlib
 
-    from sdk_device.runtimes.torch_model import build_model
+    from fedcore.torch_model import build_model
 
     model = build_model(arch.spec, seed=seed * 1_000_003 + zlib.crc32(key.encode()))
     return {name: p.detach().numpy().copy() for name, p in model.named_parameters()}

@@ -50,7 +50,7 @@ import time
 import numpy as np
 import torch
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..reconstruct.graph_hypernet import GraphHypernet
 from ..reconstruct.hypernet_step import hypernet_step
@@ -113,7 +113,7 @@ class RecipFL(Method):
             return GraphHypernet(list(self.graphs.values()), self.num_classes, **self.hn_options)
 
     def _init_pooled(self, model: str, seed: int) -> list[np.ndarray]:
-        from sdk_device.runtimes.torch_model import build_model, state_numpy
+        from fedcore.torch_model import build_model, state_numpy
 
         return pooled_weights(self.graphs[model], state_numpy(build_model(self.specs[model], seed=seed)))
 
@@ -220,7 +220,7 @@ class RecipFL(Method):
         return {**super().aggregate_evaluate(round_number, updates), **self.last_round}
 
     def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
-        from sdk_device.runtimes.torch_model import build_model, state_numpy
+        from fedcore.torch_model import build_model, state_numpy
 
         self._load(global_weights)
         descriptor = np.bincount(y, minlength=self.num_classes)[:self.num_classes] / max(len(y), 1)

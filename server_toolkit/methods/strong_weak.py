@@ -22,7 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
 
 from ..models.zoo import model_spec
 from ..submodels.width import width_layout
@@ -64,7 +64,7 @@ class StrongWeak:
 
 def model_tensors(spec: dict) -> tuple[dict[str, tuple[int, ...]], set[str]]:
     """(name -> shape of every tensor ``state_numpy`` gives, names of the parameters)."""
-    from sdk_device.runtimes.torch_model import build_model
+    from fedcore.torch_model import build_model
 
     model = build_model(spec)
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()
@@ -105,15 +105,14 @@ def evaluate_spec(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray, y: 
     """Accuracy and mean CE of the model ``spec`` with ``weights`` on (x, y).
     ``calibrate_bn``: first re-estimate BatchNorm running statistics from ``x`` (one pass in
     training mode, cumulative averages), for models whose statistics stayed on the devices."""
-    from sdk_device.protocol import modelspec
-    from sdk_device.runtimes.torch_runtime import TorchRuntime
+    from fedcore.torch_model import build_model, load_numpy
+    from fedcore.torch_train import evaluate_model
 
     from ..torch_utils import input_batches, recalibrate_batchnorm
 
-    runtime = TorchRuntime()
-    runtime.load_program(modelspec.dumps(spec), modelspec.FORMAT)
-    runtime.set_weights(weights)
+    model = build_model(spec)
+    load_numpy(model, weights)
     if calibrate_bn:
-        recalibrate_batchnorm(runtime.model, input_batches(x))
-    stats = runtime.evaluate(x, y)
+        recalibrate_batchnorm(model, input_batches(x))
+    stats = evaluate_model(model, x, y)
     return {"accuracy": stats.accuracy, "loss": stats.loss}

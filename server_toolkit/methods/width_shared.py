@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 
 from ..reconstruct.coverage import coverage_average
 from ..submodels.width import IndexMap, WidthPlan, extract, plan_args, static_bn, width_layout

@@ -41,8 +41,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from sdk_device.protocol import modelspec
-from sdk_device.protocol.modelspec import Shape
+from fedcore import modelspec
+from fedcore.modelspec import Shape
 
 from .zoo import ZOO, _conv, _pool_if_possible, _shape_after
 
@@ -180,7 +180,7 @@ class Architecture:
 
 def from_spec(name: str, spec: dict) -> Architecture:
     """The ``Architecture`` of a torchspec/1 spec (builds the model once to list its tensors)."""
-    from sdk_device.runtimes.torch_model import build_model
+    from fedcore.torch_model import build_model
 
     model = build_model(spec, seed=0)
     params = tuple((n, tuple(p.shape)) for n, p in model.named_parameters())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sdk_device.runtimes.torch_model import build_model, load_numpy
+from fedcore.torch_model import build_model, load_numpy
 
 
 @torch.no_grad()

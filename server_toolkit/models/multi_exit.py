@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import copy
 
-from sdk_device.protocol import modelspec
-from sdk_device.protocol.modelspec import Shape
+from fedcore import modelspec
+from fedcore.modelspec import Shape
 
 from .zoo import resnet_small, vgg_multi_exit
 

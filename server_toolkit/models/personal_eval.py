@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sdk_device.runtimes.torch_model import build_model
+from fedcore.torch_model import build_model
 
 from ..torch_utils import recalibrate_batchnorm
 from .architectures import Architecture

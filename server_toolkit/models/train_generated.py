@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from sdk_device.runtimes.torch_model import build_model
-from sdk_device.runtimes.torch_runtime import batch_bounds
+from fedcore.torch_model import build_model
+from fedcore.torch_train import batch_bounds
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The model zoo: functions from (input_shape, num_classes) to a torchspec/1 spec.
 
-Specs are plain JSON (see ``sdk_device.protocol.modelspec``), so sub-model planners can
+Specs are plain JSON (see ``fedcore.modelspec``), so sub-model planners can
 cut them (fewer channels, a depth prefix) and devices can rebuild them without code.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sdk_device.protocol import modelspec
-from sdk_device.protocol.modelspec import Shape
+from fedcore import modelspec
+from fedcore.modelspec import Shape
 
 
 def _conv(cin: int, cout: int, k: int = 3, stride: int = 1, pad: int | None = None,

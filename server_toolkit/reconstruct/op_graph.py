@@ -115,7 +115,7 @@ def extract_graph(spec: dict) -> OpGraph:
     """
     import torch.fx
 
-    from sdk_device.runtimes.torch_model import build_model
+    from fedcore.torch_model import build_model
 
     traced = torch.fx.symbolic_trace(build_model(spec, seed=0))
     index: dict[torch.fx.Node, int] = {}

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedcore import modelspec
+from fedcore.recipe import Recipe, StepStats
 from sdk_device.local_training import TEACHER_PREFIX, LocalTensors, TeacherRun, train_with_teacher
-from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import sha256_hex
 from sdk_device.protocol.smashed import X, Y
-from sdk_device.runtimes.base import StepStats
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 
 from ..methods.base import ClientUpdate, DeviceInfo, TrainInstruction, Weights

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from export.programs import ProgramCache
+from fedcore import modelspec
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import check_update, decode_tensors, encode_tensors
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.smashed import check_smashed

@@ -8,9 +8,9 @@ programs) in the server's blob store, which keeps every blob it offered.
 
 from __future__ import annotations
 
+from fedcore.recipe import Recipe
 from sdk_device.protocol.blobs import decode_tensors
 from sdk_device.protocol.smashed import SmashedRequest
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.blob_store import BlobStore
 
 from ..methods.base import TeacherSpec, TrainInstruction

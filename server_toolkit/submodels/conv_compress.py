@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sdk_device.runtimes.torch_model import build_model
+from fedcore.torch_model import build_model
 
 from ..models.train_generated import Schedule, train_generated
 from ..torch_utils import to_numpy, to_torch

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
 
 from .base import SubModel, Weights
 

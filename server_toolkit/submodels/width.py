@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
 
 Weights = dict[str, np.ndarray]
 IndexMap = dict[str, tuple[np.ndarray, ...]]  # tensor name -> global indices of axis 0 (and 1)

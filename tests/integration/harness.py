@@ -8,10 +8,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedcore.recipe import Recipe
 from sdk_device.agent import AgentConfig, DeviceAgent
 from sdk_device.data.npz import save_npz
 from sdk_device.protocol.topics import FleetTopics
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress

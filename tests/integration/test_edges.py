@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedcore.recipe import Recipe
 from sdk_device.protocol.blobs import decode_tensors
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.blob_store import BlobStore
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.sim.simulate import Simulation, SimulationConfig

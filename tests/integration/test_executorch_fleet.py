@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import DeviceInfo

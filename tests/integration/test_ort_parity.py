@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from export import onnx as onnx_export
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
+from fedcore import modelspec
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, load_numpy, state_numpy
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.models.zoo import model_spec
 
@@ -103,7 +103,7 @@ def _kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Ten
 
 def _reference_loss(loss: dict, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     extras: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The loss recipes of export.losses, written out independently with torch ops."""
+    """The loss recipes of fedcore.losses, written out independently with torch ops."""
     hidden = {}
     hook = model.layers[-1].register_forward_pre_hook(lambda m, a: hidden.update(features=a[0]))
     outputs = model(x)

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from export.programs import ProgramCache
+from fedcore.recipe import Recipe
 from sdk_device.pair_cli import _benchmark
 from sdk_device.pairing import PairClient, PairingError
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.transport.mqtt_link import probe_login
 from server_toolkit.fleet.pair_codes import LockoutPolicy, PairCodes
 from server_toolkit.fleet.pairing_setup import start_pairing_on

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from fedcore import modelspec
 from sdk_device.data.npz import load_npz
 from sdk_device.local_training import train_with_teacher
-from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import decode_tensors
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from sdk_device.transport.blob_store import BlobStore

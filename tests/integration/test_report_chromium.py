@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from server_toolkit.cli_report import report
 from server_toolkit.report.compare_html import PALETTE, format_stat, format_value
 from server_toolkit.report.series import Stat

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedcore import modelspec
+from fedcore.torch_model import build_model, state_numpy
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol import modelspec
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
-from sdk_device.runtimes.torch_model import build_model, state_numpy
 from sdk_device.transport.endpoint import SERVER
 from server_toolkit.edge.relay import EdgeOptions, EdgeRelay, ForwardedTask
 from server_toolkit.models.zoo import model_spec

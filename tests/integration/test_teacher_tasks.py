@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
 from server_toolkit.methods.base import Method, TeacherSpec, TrainInstruction, split_teacher
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.reconstruct.average import weighted_average
@@ -39,7 +39,7 @@ class TeacherProbe(Method):
         self.teacher_weights: dict = {}
 
     def initial_weights(self, seed: int):
-        from sdk_device.runtimes.torch_model import build_model, state_numpy
+        from fedcore.torch_model import build_model, state_numpy
 
         self.teacher_weights = state_numpy(build_model(self.teacher_spec, seed=seed + 1))
         return super().initial_weights(seed)

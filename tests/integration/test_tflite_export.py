@@ -16,10 +16,10 @@ import torch
 
 from export.onnx import export_inference
 from export.tflite import export_tflite, litert_python_path
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
+from fedcore.torch_model import build_model, load_numpy, state_numpy
 from sdk_device.runtimes.litert_runtime import LiteRTRuntime
 from sdk_device.runtimes.onnxruntime_runtime import OnnxEvalRuntime
-from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.models.zoo import model_spec

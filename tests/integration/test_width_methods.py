@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, state_numpy
 from sdk_device.protocol.blobs import decode_tensors
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model, state_numpy
 from sdk_device.transport.blob_store import BlobStore
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.models.zoo import model_spec

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 import export
-import sdk_device.runtimes.losses
+import fedcore.losses
 from export.executorch import export_training_program
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
 
 EXPORTER_SOURCES = tuple(Path(export.__file__).parent / f"{name}.py"
                          for name in ("executorch", "program_model", "decompositions"))
-LOSS_SOURCE = Path(sdk_device.runtimes.losses.__file__)  # the loss maths every program embeds
+LOSS_SOURCE = Path(fedcore.losses.__file__)  # the loss maths every program embeds
 
 
 def exporter_version() -> str:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sdk_device.runtimes.torch_model import build_model
+from fedcore.torch_model import build_model
 from server_toolkit.models.architectures import ARCHITECTURES, architecture, architecture_names
 from server_toolkit.models.zoo import model_spec
 

@@ -118,9 +118,9 @@ def test_plain_tcp_to_another_machine_needs_insecure():
 
 
 def test_benchmark_times_each_runtime_on_the_model(one_torch_thread):
+    from fedcore import modelspec
+    from fedcore.recipe import Recipe
     from sdk_device.benchmark import REFERENCE_SPEC, bench_programs, fastest, initial_weights
-    from sdk_device.protocol import modelspec
-    from sdk_device.runtimes.recipe import Recipe
 
     programs = {"torchspec/1": modelspec.dumps(REFERENCE_SPEC)}
     seen = []

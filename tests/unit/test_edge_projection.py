@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from server_toolkit.edge.clustering import layer_distribution
 from server_toolkit.edge.projection import Head, run_stage, select_pairs
 

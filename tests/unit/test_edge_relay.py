@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from server_toolkit.edge.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask, final_linear
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.reconstruct.average import weighted_average

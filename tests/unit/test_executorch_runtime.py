@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from export.parity import reference_gradients
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, state_numpy
 from sdk_device.runtimes.executorch_runtime import ExecutorchRuntime
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.registry import create_runtime, pick_runtime
 from sdk_device.runtimes.selftest import fastest_passing, format_table, run_selftest
-from sdk_device.runtimes.torch_model import build_model, state_numpy
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
 
@@ -193,5 +193,6 @@ def test_selftest_reports_evaluation_only_runtimes(monkeypatch, digits):
 
 def test_the_device_package_stays_torch_free():
     code = ("import sys, sdk_device, sdk_device.runtimes.registry, sdk_device.runtimes.selftest, "
-            "sdk_device.runtimes.optimizers; assert 'torch' not in sys.modules, 'torch imported'")
+            "sdk_device.runtimes.optimizers, fedcore.recipe, fedcore.modelspec; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

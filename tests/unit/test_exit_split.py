@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model, state_numpy
+from fedcore import modelspec
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.methods import methods
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.depthfl import DepthFL
@@ -54,7 +54,7 @@ def test_tier_prefix_has_tier_outputs_and_maps_onto_global_tensors(tier):
     assert sub.index_map["tier"] == tier
     # the sub-model runs and its last output is the tier-th exit of the global model
     model, full = build_model(sub.spec), build_model(SPEC)
-    from sdk_device.runtimes.torch_model import load_numpy
+    from fedcore.torch_model import load_numpy
 
     load_numpy(model, sub.weights)
     load_numpy(full, global_weights)
@@ -194,7 +194,7 @@ def test_exit_accuracies_score_every_output():
     accs = exit_accuracies(SPEC, weights, x, y)
     assert len(accs) == 3 and all(0 <= a <= 1 for a in accs)
     model = build_model(SPEC)
-    from sdk_device.runtimes.torch_model import load_numpy
+    from fedcore.torch_model import load_numpy
 
     load_numpy(model, weights)
     with torch.no_grad():

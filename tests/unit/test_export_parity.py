@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from export.parity import eval_parity, gradient_parity, training_parity
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model, state_numpy
+from fedcore import modelspec
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.models.zoo import model_spec
 
 from .pte_cache import cached_programs  # noqa: F401 - provides the program_for fixture

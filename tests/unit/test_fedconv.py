@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, load_numpy, state_numpy
 from server_toolkit.data.server_slice import take_server_slice
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.fedconv import FedConv

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
+from fedcore import modelspec
+from fedcore.torch_model import build_model, load_numpy, state_numpy
 from server_toolkit.models.zoo import lenet5, resnet_small, small_cnn, vgg_multi_exit
 from server_toolkit.reconstruct.graph_hypernet import GraphHypernet, fit_to_shape
 from server_toolkit.reconstruct.op_graph import OP_TYPES, extract_graph, pooled_weights

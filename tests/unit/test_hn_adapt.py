@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 from safetensors.numpy import load_file, save_file
 
+from fedcore.recipe import Recipe
 from sdk_device.data.npz import save_npz
-from sdk_device.runtimes.recipe import Recipe
 from server_toolkit.cli import main
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from fedcore import modelspec
+from fedcore.losses import Loss
+from fedcore.recipe import Recipe
 from sdk_device.local_training import LocalTensors, train_with_teacher
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol import modelspec
 from sdk_device.protocol.errors import ProtocolError
-from sdk_device.runtimes.losses import Loss
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.methods.base import split_teacher
 from server_toolkit.reconstruct.hypernet_step import hypernet_step

@@ -15,9 +15,9 @@ from export.manifest import (
     verify_bundle,
     write_bundle,
 )
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model, state_numpy
+from fedcore import modelspec
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.models.zoo import ZOO, model_spec
 
 GROUPED = modelspec.make((3, 8, 8), 4, [

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.mh_pfedhngd import MHPFedHNGD
 from server_toolkit.models.zoo import model_spec

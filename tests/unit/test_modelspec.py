@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from sdk_device.protocol import modelspec
-from sdk_device.protocol.modelspec import SpecError
-from sdk_device.runtimes.torch_model import Exit, Residual, build_model, load_numpy, state_numpy
+from fedcore import modelspec
+from fedcore.modelspec import SpecError
+from fedcore.torch_model import Exit, Residual, build_model, load_numpy, state_numpy
 from server_toolkit.models import zoo
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]

@@ -24,11 +24,11 @@ from export.onnx import (
     state_names,
 )
 from export.tflite import export_tflite
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
+from fedcore.torch_model import build_model, load_numpy, state_numpy
 from sdk_device.runtimes import ort_program, program_archive
 from sdk_device.runtimes.onnxruntime_runtime import OnnxEvalRuntime, cross_entropy_sum
 from sdk_device.runtimes.registry import FORMATS, RUNTIMES, _installed, pick_runtime
-from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.models.zoo import model_spec

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedcore.recipe import Recipe
 from sdk_device.runtimes.optimizers import SGD, Adam, make_optimizer
-from sdk_device.runtimes.recipe import Recipe
 
 SHAPES = {"w": (5, 3), "b": (3,)}
 

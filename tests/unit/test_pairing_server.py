@@ -10,7 +10,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from sdk_device.transport.tls import certificate_fingerprint
 from server_toolkit.cli import main
 from server_toolkit.fleet import registry as registry_module

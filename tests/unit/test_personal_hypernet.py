@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.mh_pfedhn import MHPFedHN
 from server_toolkit.methods.pfedhn import PFedHN

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from export.losses import Loss
 from export.parity import _FixedMask, _with_masks
 from export.program_model import ProgramModel
-from sdk_device.runtimes.torch_model import build_model, state_numpy
+from fedcore.losses import Loss
+from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.models.zoo import ZOO, model_spec
 
 SHAPES = [(3, 16, 16), (1, 8, 8)]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, load_numpy, state_numpy
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo, split_teacher
 from server_toolkit.models.zoo import lenet5, small_cnn

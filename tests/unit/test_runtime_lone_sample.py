@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
+from fedcore import modelspec
+from fedcore.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.models.zoo import vgg_multi_exit
 
@@ -31,7 +31,7 @@ def test_vgg_on_8x8_trains_when_one_sample_would_be_left_over():
 
 
 def test_batch_bounds_cover_every_sample():
-    from sdk_device.runtimes.torch_runtime import batch_bounds
+    from fedcore.torch_train import batch_bounds
 
     assert batch_bounds(17, 8) == [(0, 8), (8, 17)]
     assert batch_bounds(16, 8) == [(0, 8), (8, 16)]

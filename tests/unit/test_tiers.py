@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdk_device.runtimes.recipe import Recipe
+from fedcore.recipe import Recipe
 from server_toolkit.fleet.tiers import ASSUMED_SAMPLES, SpecCost, choose_tier, spec_cost, train_memory_mb
 from server_toolkit.methods.depthfl import DepthFL
 from server_toolkit.methods.heterofl import HeteroFL
@@ -15,7 +15,7 @@ RECIPE = {"epochs": 2, "batch_size": 10, "optimizer": "sgd"}
 
 @pytest.mark.parametrize("model", ["small_cnn", "vgg_multi_exit", "resnet_small"])
 def test_parameter_count_matches_torch(model):
-    from sdk_device.runtimes.torch_model import build_model
+    from fedcore.torch_model import build_model
 
     spec = model_spec(model, (1, 8, 8), 10)
     assert spec_cost(spec).params == sum(p.numel() for p in build_model(spec).parameters())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdk_device.protocol import modelspec
+from fedcore import modelspec
+from fedcore.recipe import Recipe
 from sdk_device.runtimes.base import StepStats
-from sdk_device.runtimes.recipe import Recipe
 from sdk_device.runtimes.registry import available_runtimes, create_runtime, pick_runtime
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 

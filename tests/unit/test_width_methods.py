@@ -8,8 +8,8 @@ import pytest
 import torch
 from scipy.stats import entropy
 
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model, state_numpy
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo

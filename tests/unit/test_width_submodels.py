@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from sdk_device.runtimes.torch_model import build_model, load_numpy, state_numpy
+from fedcore.torch_model import build_model, load_numpy, state_numpy
 from server_toolkit.models.zoo import ZOO, model_spec
 from server_toolkit.submodels.width import extract, static_bn, width_layout, window
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from sdk_device.protocol import modelspec
-from sdk_device.runtimes.recipe import Recipe
-from sdk_device.runtimes.torch_model import build_model
+from fedcore import modelspec
+from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.models.architectures import ARCHITECTURES
 from server_toolkit.models.zoo import ZOO, model_spec

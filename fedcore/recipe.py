@@ -1,4 +1,5 @@
-"""The training recipe a task carries: what a runtime must do with the data."""
+"""The training recipe a task carries (what a runtime must do with the data), and the
+statistics a training or evaluation pass reports (torch-free)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ OPTIMIZERS = ("sgd", "adam")
 # ce: cross-entropy summed over every output (exits + final), unweighted.
 # kd: (1 - alpha) * CE + alpha * T^2 * KL(teacher || student) on the final output.
 # recipfl_kt: CE + CE(student, softmax(teacher)) + KL over the last hidden features.
-# The teacher tensors come from the task's teacher model (see sdk_device.runtimes.losses).
+# The teacher tensors come from the task's teacher model (see fedcore.losses).
 LOSSES = ("ce", "kd", "recipfl_kt")
 
 
@@ -60,7 +61,7 @@ class Recipe:
         return self.loss != "ce"
 
     def loss_dict(self) -> dict:
-        """The loss as ``sdk_device.runtimes.losses.Loss.from_dict`` (and the exporters) take it."""
+        """The loss as ``fedcore.losses.Loss.from_dict`` (and the exporters) take it."""
         if self.loss == "kd":
             return {"kind": "kd", "temperature": self.temperature, "alpha": self.alpha}
         if self.loss == "recipfl_kt":
@@ -81,3 +82,13 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What a training or evaluation pass measured. loss: mean per sample (summed over
+    outputs when training a multi-exit model); accuracy: of the final output, 0..1."""
+
+    samples: int
+    loss: float
+    accuracy: float

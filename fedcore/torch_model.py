@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..protocol import modelspec
+from . import modelspec
 
 
 class SpecModel(nn.Module):

@@ -1,5 +1,5 @@
 """Training losses, as a ``loss`` dict: one definition for the torch runtime and every
-exported program (``export.losses`` re-exports this module; it imports torch).
+exported program (``fedcore.losses`` re-exports this module; it imports torch).
 
 ==============================================  ==========================================
 ``{"kind": "ce"}``                              sum over the model's outputs (exits, then
