@@ -36,7 +36,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-KINDS = ("ce", "kd", "recipfl_kt")
+from .recipe import LOSS_KINDS
+
+KINDS = tuple(LOSS_KINDS)  # the one table is fedcore.recipe.LOSS_KINDS
 
 
 def cross_entropy_per_sample(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -7,11 +7,26 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 OPTIMIZERS = ("sgd", "adam")
-# ce: cross-entropy summed over every output (exits + final), unweighted.
-# kd: (1 - alpha) * CE + alpha * T^2 * KL(teacher || student) on the final output.
-# recipfl_kt: CE + CE(student, softmax(teacher)) + KL over the last hidden features.
-# The teacher tensors come from the task's teacher model (see fedcore.losses).
-LOSSES = ("ce", "kd", "recipfl_kt")
+
+
+@dataclass(frozen=True)
+class LossKind:
+    """A training loss a recipe may name: ``reads`` = the per-sample arrays it takes from a
+    teacher model besides the labels (``teacher_logits`` (N, K): the teacher's final output;
+    ``teacher_features`` (N, F): the inputs of its last linear layer)."""
+
+    name: str
+    reads: tuple[str, ...]
+    summary: str
+
+
+# The one table of loss kinds (``fedcore.losses`` computes them; devices and exporters look here).
+LOSS_KINDS: dict[str, LossKind] = {kind.name: kind for kind in (
+    LossKind("ce", (), "cross-entropy summed over every output (exits + final), unweighted"),
+    LossKind("kd", ("teacher_logits",), "(1 - a) * CE + a * T^2 * KL(teacher || student), final output"),
+    LossKind("recipfl_kt", ("teacher_logits", "teacher_features"),
+             "CE + CE(student, softmax(teacher)) + KL over the last-hidden features"),
+)}
 
 
 @dataclass(frozen=True)
@@ -47,8 +62,8 @@ class Recipe:
             raise ValueError(f"epochs must be >= 1 and batch_size > 0 (got {self.epochs}, {self.batch_size})")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer {self.optimizer!r} is not one of {OPTIMIZERS}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss {self.loss!r} is not one of {LOSSES}")
+        if self.loss not in LOSS_KINDS:
+            raise ValueError(f"loss {self.loss!r} is not one of {tuple(LOSS_KINDS)}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not (self.temperature > 0 and 0 <= self.alpha <= 1 and self.teacher_features >= 0):
@@ -57,8 +72,8 @@ class Recipe:
 
     @property
     def needs_teacher(self) -> bool:
-        """True when the loss reads a teacher's outputs (the task must bring a teacher)."""
-        return self.loss != "ce"
+        """True when the loss reads a teacher's outputs (the task must name a teacher model)."""
+        return bool(LOSS_KINDS[self.loss].reads)
 
     def loss_dict(self) -> dict:
         """The loss as ``fedcore.losses.Loss.from_dict`` (and the exporters) take it."""
