@@ -77,6 +77,15 @@ def validate(spec: Any) -> None:
             raise SpecError(f"{where} produces shape {exit_shape}, expected ({k},)")
 
 
+def last_linear(spec: dict) -> tuple[int, int]:
+    """(in, out) of the model's last top-level linear layer: its input is what the
+    ``features`` output of a device reports (F = in)."""
+    for layer in reversed(spec["layers"]):
+        if layer["op"] == "linear":
+            return int(layer["in"]), int(layer["out"])
+    raise SpecError("the model has no top-level linear layer")
+
+
 def num_outputs(spec: dict) -> int:
     """How many logit tensors the model returns (exits + final)."""
     return 1 + sum(1 for layer in spec["layers"] if layer.get("op") == "exit")

@@ -47,21 +47,30 @@ def load_data_option(data_path: Path | None):
 
 
 def _cached_task(work_dir: Path):
-    """(task, programs by format, weights) of the last task when all needed blobs are cached."""
+    """(task, recipe, programs by format, weights, formats not cached) of the model the last
+    task trained last, when the blobs it needs are cached; else None."""
+    from .outputs import OUTPUTS
     from .protocol import messages as msgs
     from .protocol.blobs import decode_tensors
+    from .protocol.errors import ProtocolError
+    from .protocol.task_plan import parse_plan
     from .transport.blob_store import BlobStore
 
     last = work_dir / "last_task.json"
     if not last.is_file():
         return None
-    task = msgs.decode(last.read_bytes())
-    store = BlobStore(work_dir / "blobs")
-    programs = {p.format: store.get(p.id) for p in task.programs if store.has(p.id)}
-    if "torchspec/1" not in programs or not store.has(task.weights.id):
+    try:
+        task = msgs.decode(last.read_bytes())
+        step = parse_plan(task.config, set(task.programs), set(OUTPUTS)).steps[-1]
+    except ProtocolError:  # a task of an older protocol: nothing to test
         return None
-    missing = [p.format for p in task.programs if p.format not in programs]
-    return task, programs, decode_tensors(store.get(task.weights.id)), missing
+    store = BlobStore(work_dir / "blobs")
+    refs, weights = task.programs[step.model], task.arrays[step.model]
+    programs = {p.format: store.get(p.id) for p in refs if store.has(p.id)}
+    if "torchspec/1" not in programs or not store.has(weights.id):
+        return None
+    missing = [p.format for p in refs if p.format not in programs]
+    return task, step.recipe, programs, decode_tensors(store.get(weights.id)), missing
 
 
 def run_bench(work_dir: Path | None, data_path: Path | None, steps: int, as_json: bool) -> None:
@@ -79,8 +88,7 @@ def run_bench(work_dir: Path | None, data_path: Path | None, steps: int, as_json
     if cached is not None:
         from .runtimes.selftest import fastest_passing, format_table, run_selftest
 
-        task, programs, weights, missing = cached
-        recipe = Recipe.from_dict(task.recipe)
+        task, recipe, programs, weights, missing = cached
         spec = modelspec.loads(programs["torchspec/1"])
         xs, ys = bench_inputs(spec, max(recipe.batch_size * steps, 64), x, y, recipe.seed)
         rows = run_selftest(programs, weights, xs, ys, recipe, steps=steps)

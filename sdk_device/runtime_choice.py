@@ -26,9 +26,10 @@ log = logging.getLogger(__name__)
 REFERENCE = "torchspec/1"
 
 
-def trainable_offers(task: msgs.Task, allowed: list[str] | None) -> dict[str, str]:
-    """runtime -> format, for each installed (allowed) runtime that can train an offered program."""
-    return trainable({p.format for p in task.programs}, allowed)
+def trainable_offers(programs: list[msgs.BlobRef], allowed: list[str] | None) -> dict[str, str]:
+    """runtime -> format, for each installed (allowed) runtime that can train one of ``programs``
+    (a model's programs in several formats)."""
+    return trainable({p.format for p in programs}, allowed)
 
 
 class RuntimeChooser:
@@ -44,14 +45,15 @@ class RuntimeChooser:
         self.last_task_path.parent.mkdir(parents=True, exist_ok=True)
         self.last_task_path.write_text(msgs.encode(task).decode())
 
-    def choose(self, task: msgs.Task, offers: dict[str, str], fetch, x: np.ndarray,
-               y: np.ndarray) -> str | None:
-        """The runtime to train ``task`` with, or None to use the preference order.
+    def choose(self, programs: list[msgs.BlobRef], weights: msgs.BlobRef, recipe: Recipe,
+               offers: dict[str, str], fetch, x: np.ndarray, y: np.ndarray) -> str | None:
+        """The runtime to train a model (its ``programs`` in several formats, its ``weights``,
+        by ``recipe``) with, or None to use the preference order.
 
         ``fetch(ref) -> bytes`` pulls a blob. Runs the self-test when several runtimes can
-        train the task and this architecture has not been tested yet.
+        train the model and this architecture has not been tested yet.
         """
-        reference = next((p for p in task.programs if p.format == REFERENCE), None)
+        reference = next((p for p in programs if p.format == REFERENCE), None)
         if len(offers) < 2 or reference is None or "torch" not in offers:
             return None
         known = self.choices.get(reference.id)
@@ -59,10 +61,9 @@ class RuntimeChooser:
             return known["runtime"]
         from .runtimes.selftest import fastest_passing, format_table, run_selftest
 
-        programs = {p.format: fetch(p) for p in task.programs if p.format in set(offers.values())}
-        weights = decode_tensors(fetch(task.weights))
-        recipe = Recipe.from_dict(task.recipe)
-        rows = run_selftest(programs, weights, x, y, recipe, steps=3, runtimes=list(offers))
+        built = {p.format: fetch(p) for p in programs if p.format in set(offers.values())}
+        rows = run_selftest(built, decode_tensors(fetch(weights)), x, y, recipe, steps=3,
+                            runtimes=list(offers))
         chosen = fastest_passing(rows)
         log.info("runtime self-test on this program:\n%s\nchosen: %s", format_table(rows), chosen)
         if chosen is not None:

@@ -1,8 +1,8 @@
-"""Control messages of wire protocol v1: JSON objects with a schema version.
+"""Control messages of wire protocol v2: JSON objects with a schema version.
 
 Every message is one flat JSON object::
 
-    {"schema": 1, "type": "<type>", "msg_id": "<hex>", "sent_at": <unix seconds>, ...fields}
+    {"schema": 2, "type": "<type>", "msg_id": "<hex>", "sent_at": <unix seconds>, ...fields}
 
 ``decode`` validates the envelope and every field before anything else sees the message,
 so the rest of the code only ever handles well-formed messages. Invalid input raises
@@ -23,10 +23,11 @@ from typing import Any, ClassVar
 
 from .errors import ProtocolError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_CONTROL_BYTES = 64 * 1024  # a control message larger than this is rejected unread
 MAX_STRING = 4096
 MAX_REQUEST_INDICES = 64
+MAX_RECORDS = 16  # named programs / array records per task or result
 
 
 def new_id() -> str:
@@ -75,64 +76,46 @@ class Hello(Message):
 
 
 @dataclass(frozen=True)
-class Teacher:
-    """A second model a task brings along (part of ``Task``, not a message of its own).
-
-    The device computes the teacher's outputs on its local data and feeds them to the
-    student's distillation loss (``recipe.loss``). ``train``: the device first trains the
-    teacher itself (the task's recipe with plain CE) and returns its weights too, prefixed
-    ``teacher.`` in the result blob (RecipFL's strong devices); otherwise it is frozen.
-    """
-
-    programs: list[BlobRef]
-    weights: BlobRef
-    train: bool = False
-
-
-@dataclass(frozen=True)
 class Task(Message):
-    """Server -> device: train ``weights`` with one of ``programs`` following ``recipe``.
+    """Server -> device: train the task's models as its ``config`` says (``protocol.task_plan``).
 
-    deadline: unix seconds after which the server no longer accepts the result.
-    recipe: {"epochs", "batch_size", "optimizer", "lr", ...}; see fedcore.recipe.
-    teacher: optional second model for distillation losses (see ``Teacher``).
-    ``weights`` may omit some of the program's tensors (e.g. BatchNorm running statistics
-    that stay on the device): the device keeps its own values for those and returns
-    exactly the tensors it received (plus ``teacher.*`` when it trained the teacher).
-    smashed: optional; > 0 asks for the inputs of the last linear layer of at most this many
-    local samples with the result (see protocol.smashed); 0 (default) asks for none.
+    ``programs``: per model name, its training program in one or more formats (the device
+    pulls the one its runtime runs); ``arrays``: per model name, its weights (a safetensors
+    blob); ``config``: the steps, the models to return and the extra outputs to report.
+    An array record may omit tensors of its program (e.g. BatchNorm running statistics that
+    stay on the device): the device keeps its own values for those and returns exactly the
+    tensors it received. ``deadline``: unix seconds after which no result is accepted.
     """
 
     TYPE: ClassVar[str] = "task"
     task_id: str
     round: int
-    programs: list[BlobRef]
-    weights: BlobRef
-    recipe: dict
+    programs: dict[str, list[BlobRef]]
+    arrays: dict[str, BlobRef]
+    config: dict
     deadline: float
-    teacher: Teacher | None = None
-    smashed: int = 0
 
     def __post_init__(self) -> None:
-        if self.smashed < 0:
-            raise ProtocolError("invalid_field", f"task.smashed must be >= 0, got {self.smashed}")
+        if set(self.programs) != set(self.arrays) or not self.programs:
+            raise ProtocolError("invalid_field", "task.programs and task.arrays must name the same models")
+        if any(not refs for refs in self.programs.values()):
+            raise ProtocolError("invalid_field", "task.programs lists a model without a program")
 
 
 @dataclass(frozen=True)
 class Result(Message):
-    """Device -> server: the trained weights (a blob the server pulls) and metrics.
+    """Device -> server: array records (blobs the server pulls) and metrics.
 
-    metrics: samples (int > 0), loss (or null), accuracy, wall_time_s, fetch_s,
-    peak_rss_mb, runtime, label_counts (samples per class).
-    smashed: optional second blob with the smashed data the task asked for (or null).
+    ``arrays``: the returned models' trained weights, plus array outputs the task asked for
+    (``features``); ``metrics``: samples (int > 0), loss (or null), accuracy, wall_time_s,
+    fetch_s, peak_rss_mb, runtime, and metric outputs the task asked for (``label_counts``).
     """
 
     TYPE: ClassVar[str] = "result"
     task_id: str
     round: int
-    weights: BlobRef
+    arrays: dict[str, BlobRef]
     metrics: dict
-    smashed: BlobRef | None = None
 
 
 @dataclass(frozen=True)
@@ -300,7 +283,7 @@ def decode(payload: bytes) -> Message:
     schema = obj.pop("schema", None)
     if type(schema) is not int or schema != SCHEMA_VERSION:
         raise ProtocolError(
-            "schema_version", f"schema {schema!r} is not supported (this side speaks {SCHEMA_VERSION})"
+            "unsupported_schema", f"schema {schema!r} is not supported (this side speaks {SCHEMA_VERSION})"
         )
     kind = obj.pop("type", None)
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
@@ -349,10 +332,20 @@ def _check(hint: Any, value: Any, where: str) -> Any:
             return None
         hint = next(h for h in options if h is not type(None))
         origin = typing.get_origin(hint)
-    if is_dataclass(hint):  # a nested object: BlobRef, Teacher
+    if is_dataclass(hint):  # a nested object: BlobRef
         if not isinstance(value, dict):
             raise ProtocolError("invalid_field", f"{where}: expected a {hint.__name__} object")
         return _build(hint, value, where)
+    if origin is dict and typing.get_args(hint):  # {name: value}: names are short strings
+        if not isinstance(value, dict) or len(value) > MAX_RECORDS:
+            raise ProtocolError("invalid_field", f"{where}: expected an object of <= {MAX_RECORDS} entries")
+        _, item = typing.get_args(hint)
+        out = {}
+        for key, entry in value.items():
+            if not isinstance(key, str) or not 0 < len(key) <= 64:
+                raise ProtocolError("invalid_field", f"{where}: keys must be strings of 1..64 characters")
+            out[key] = _check(item, entry, f"{where}.{key}")
+        return out
     if origin is list:
         if not isinstance(value, list):
             raise ProtocolError("invalid_field", f"{where}: expected a list")

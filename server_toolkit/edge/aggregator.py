@@ -39,17 +39,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcore import modelspec
-from fedcore.recipe import Recipe
+from sdk_device.outputs import OUTPUTS
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from sdk_device.protocol.errors import ProtocolError
+from sdk_device.protocol.task_plan import TaskPlan, parse_plan
 from sdk_device.protocol.topics import FleetTopics, check_name
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import SERVER, Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 
 from ..fleet.registry import FleetRegistry
-from ..methods.base import TeacherSpec
+from ..methods.base import MODEL, ModelRecord, TrainInstruction
+from ..methods.records import FEATURES
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.mqtt_grid import MqttGrid
 from .relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
@@ -187,20 +189,23 @@ class EdgeAggregator:
             self._refuse(task, "deadline_passed", "the task arrived after its deadline")
             return
         try:
-            recipe = Recipe.from_dict(task.recipe)
-        except ValueError as exc:
-            self._refuse(task, "unsupported_task", str(exc))
+            plan = parse_plan(task.config, set(task.programs), set(OUTPUTS))
+            if plan.steps[-1].model != MODEL:
+                raise ProtocolError("unsupported_task", f"an edge relays tasks whose last step trains "
+                                                        f"{MODEL!r}")
+        except ProtocolError as exc:
+            self._refuse(task, exc.code, exc.detail)
             return
         if not self.grid.devices:
             self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} is online")
             return
         try:
-            programs = tuple((ref.format, self.up.fetch(SERVER, ref)) for ref in task.programs)
-            weights = decode_tensors(self.up.fetch(SERVER, task.weights))
-            self.relay.forward(ForwardedTask(programs, weights, recipe, self._teacher(task.teacher)))
+            template = self._template(task, plan)
+            self.relay.forward(ForwardedTask(template))
         except (ProtocolError, TimeoutError, ValueError) as exc:
             self._refuse(task, "bad_task", f"could not load the task: {exc}")
             return
+        weights = template.weights
         log.info("round %d: relaying task %s to %d device(s)", task.round, task.task_id[:8],
                  len(self.grid.devices))
         started = time.time()
@@ -211,23 +216,31 @@ class EdgeAggregator:
         if not row["accepted"]:
             self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} returned an update")
             return
-        blob = self.up.offer(SERVER, encode_tensors(self.group.global_weights), "weights", "safetensors")
-        metrics = self._metrics(row, time.time() - started)
+        records = {MODEL: self.group.global_weights, **self.relay.returned}
+        arrays = {name: self.up.offer(SERVER, encode_tensors(records[name]), "weights", "safetensors")
+                  for name in plan.returns if name in records}
+        metrics = self._metrics(row, time.time() - started, "label_counts" in plan.reports)
         self._awaiting = task.task_id
-        result = msgs.Result(task_id=task.task_id, round=task.round, weights=blob, metrics=metrics)
+        result = msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays, metrics=metrics)
         self.up.send(SERVER, result)
         log.info("round %d: sent the aggregate of %d device(s), %d samples", task.round, row["accepted"],
                  metrics["samples"])
 
-    def _teacher(self, teacher: msgs.Teacher | None) -> TeacherSpec | None:
-        """The task's teacher, to pass on (its program is always ``torchspec/1``)."""
-        if teacher is None:
-            return None
-        program = next((p for p in teacher.programs if p.format == modelspec.FORMAT), None)
-        if program is None:
-            raise ValueError(f"the task's teacher has no {modelspec.FORMAT} program")
-        spec = modelspec.loads(self.up.fetch(SERVER, program))
-        return TeacherSpec(spec, decode_tensors(self.up.fetch(SERVER, teacher.weights)), teacher.train)
+    def _template(self, task: msgs.Task, plan: TaskPlan) -> TrainInstruction:
+        """The server's task as an instruction template: every model's programs (each format, as
+        received), spec (from its ``torchspec/1`` program, when offered) and weights."""
+        models = {}
+        for name, refs in task.programs.items():
+            programs = tuple((ref.format, self.up.fetch(SERVER, ref)) for ref in refs)
+            torchspec = next((data for fmt, data in programs if fmt == modelspec.FORMAT), None)
+            spec = modelspec.loads(torchspec) if torchspec is not None else {}
+            weights = decode_tensors(self.up.fetch(SERVER, task.arrays[name]))
+            models[name] = ModelRecord(spec, weights, programs)
+        main, last = models.pop(MODEL), plan.steps[-1]
+        reports = {k: v for k, v in plan.reports.items() if k != FEATURES}  # an edge never sends features up
+        return TrainInstruction("", main.spec, main.weights, last.recipe, models=models,
+                                steps_before=plan.steps[:-1], teacher=last.teacher, returns=plan.returns,
+                                reports=reports, programs=main.programs)
 
     def _group_round(self, task: msgs.Task, phase: str, weights, timeout_s: float) -> dict:
         """One round on the group (WARMUP or TRAIN), starting from ``weights``."""
@@ -243,7 +256,7 @@ class EdgeAggregator:
                  row["accepted"], row["selected"])
         return row
 
-    def _metrics(self, row: dict, seconds: float) -> dict:
+    def _metrics(self, row: dict, seconds: float, label_counts: bool) -> dict:
         updates = self.registry.updates(row["round"])
         metrics: dict = {"samples": sum(u["num_samples"] for u in updates), "runtime": "edge",
                          "wall_time_s": seconds, "edge_devices": len(updates)}
@@ -252,7 +265,7 @@ class EdgeAggregator:
         if "device_accuracy" in row:
             metrics["accuracy"] = row["device_accuracy"]
         counts = [u["metrics"].get("label_counts") for u in updates]
-        if counts and all(isinstance(c, list) for c in counts):
+        if label_counts and counts and all(isinstance(c, list) for c in counts):
             total = [0] * max(len(c) for c in counts)
             for c in counts:
                 for i, n in enumerate(c):

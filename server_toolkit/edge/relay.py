@@ -9,8 +9,9 @@ fleet. Per server task it runs one or two rounds on the group:
   clusters the returned last linear layers (``clustering.choose_clusters``) and keeps the
   assignment (device id -> cluster) and the centroids in its checkpoints. The warm-up
   models are then dropped.
-* **train**: every device trains the server's weights with the server's recipe and sends
-  the smashed data of up to ``smashed_samples`` samples. The edge averages each cluster
+* **train**: every device trains the server's task (its steps, recipe and any other
+  models, as received) and sends the ``features`` output (smashed data) of up to
+  ``smashed_samples`` samples. The edge averages each cluster
   (sample-weighted), links close clusters and tunes their last linear layers with
   projection layers (``projection.run_stage``), then answers the server with the
   sample-weighted average of its cluster models (samples = all its devices' samples).
@@ -31,9 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedcore.recipe import Recipe
-from sdk_device.protocol.smashed import SmashedRequest
 
-from ..methods.base import ClientUpdate, DeviceInfo, Method, TeacherSpec, TrainInstruction, Weights
+from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..methods.records import FEATURES
 from ..reconstruct.average import weighted_average
 from .clustering import choose_clusters, layer_distribution, nearest_centroid
 from .projection import Head, run_stage, select_pairs
@@ -61,13 +62,19 @@ class EdgeOptions:
 
 @dataclass(frozen=True)
 class ForwardedTask:
-    """A server task as the edge passes it on: the programs exactly as received
-    (``(format, bytes)``), the weights, the recipe and the task's teacher, if any."""
+    """A server task as the edge passes it on: an instruction template holding the task's
+    models exactly as received (programs in every format offered, weights), its steps, the
+    models it returns and the outputs it asks for (the relay fills in each device)."""
 
-    programs: tuple[tuple[str, bytes], ...]
-    weights: Weights
-    recipe: Recipe
-    teacher: TeacherSpec | None = None
+    template: TrainInstruction
+
+    @property
+    def weights(self) -> Weights:
+        return self.template.weights
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.template.recipe
 
 
 def final_linear(weights: Weights) -> tuple[str, str | None]:
@@ -96,6 +103,7 @@ class EdgeRelay(Method):
         self.clusters: dict[str, int] = {}
         self.centroids: np.ndarray | None = None  # (k, d) probability vectors
         self.summary: dict = {}
+        self.returned: dict[str, Weights] = {}  # the other returned models, averaged (e.g. a teacher)
 
     def initial_weights(self, seed: int) -> Weights:
         """Nothing: every group round starts from the weights the server sent."""
@@ -116,21 +124,24 @@ class EdgeRelay(Method):
     # -- the Method interface ------------------------------------------------------------
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:
-        task = self._require_task()
-        recipe, smashed = task.recipe, None
+        template = self._require_task().template
+        recipe = template.recipe
+        reports = {k: v for k, v in template.reports.items() if k != FEATURES}  # never passed up
         if self.phase == WARMUP:
             recipe = dataclasses.replace(recipe, epochs=self.options.warmup_epochs)
-        elif self.options.smashed_samples > 0:
-            classes, features = task.weights[final_linear(task.weights)[0]].shape
-            smashed = SmashedRequest(self.options.smashed_samples, features, classes)
-        return [TrainInstruction(d.device_id, {}, global_weights, recipe, teacher=task.teacher,
-                                 programs=task.programs, smashed=smashed) for d in devices]
+        elif self.options.smashed_samples > 0 and template.spec:
+            reports[FEATURES] = {"samples": self.options.smashed_samples}
+        return [dataclasses.replace(template, device_id=d.device_id, weights=global_weights, recipe=recipe,
+                                    reports=reports) for d in devices]
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
         if self.phase == WARMUP:
             self._cluster(updates)
             return global_weights
+        others = {name for u in updates for name in u.others if name != FEATURES}
+        self.returned = {name: weighted_average([(u.others[name], u.num_samples) for u in updates
+                                                 if name in u.others]) for name in sorted(others)}
         return self._aggregate(updates)
 
     def state_dict(self) -> dict:
@@ -186,7 +197,7 @@ class EdgeRelay(Method):
         weight_name, bias_name = final_linear(task.weights)
         heads = {}
         for c, group in members.items():
-            smashed = [u.smashed for u in group if u.smashed is not None]
+            smashed = [u.others[FEATURES] for u in group if FEATURES in u.others]
             if smashed:
                 heads[c] = Head(models[c][weight_name], models[c][bias_name] if bias_name else None,
                                 np.concatenate([s["x"] for s in smashed]),

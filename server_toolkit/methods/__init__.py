@@ -11,7 +11,7 @@ import importlib
 import logging
 import pkgutil
 
-from .base import ClientUpdate, DeviceInfo, Method, TeacherSpec, TrainInstruction, split_teacher
+from .base import ClientUpdate, DeviceInfo, Method, ModelRecord, TrainInstruction
 
 log = logging.getLogger(__name__)
 _METHODS: dict[str, type[Method]] = {}
@@ -45,6 +45,5 @@ def method_class(name: str) -> type[Method]:
 
 
 __all__ = [
-    "ClientUpdate", "DeviceInfo", "Method", "TeacherSpec", "TrainInstruction", "method_class", "methods",
-    "split_teacher",
+    "ClientUpdate", "DeviceInfo", "Method", "ModelRecord", "TrainInstruction", "method_class", "methods",
 ]

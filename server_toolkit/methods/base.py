@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedcore.recipe import Recipe
-from sdk_device.protocol.smashed import SmashedRequest
+from sdk_device.protocol.task_plan import TaskPlan, TrainStep
 
 Weights = dict[str, np.ndarray]
+MODEL = "model"  # the name of the model a task trains (its last step)
 
 
 @dataclass(frozen=True)
@@ -31,29 +32,36 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True)
-class TeacherSpec:
-    """A teacher model sent with a task (see ``sdk_device.protocol.messages.Teacher``):
-    ``train`` = the device trains it first (CE) and returns its weights as ``teacher.*``."""
+class ModelRecord:
+    """A model of a task besides the one it trains (e.g. a teacher): its spec and weights.
+    ``programs``: ready-made ``(format, bytes)`` programs to offer as they are (an edge
+    forwards its server's); empty: the MQTT grid offers the spec (``torchspec/1``)."""
 
     spec: dict
     weights: Weights
-    train: bool = False
+    programs: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True)
 class TrainInstruction:
-    """What one device is asked to do: train ``weights`` of model ``spec`` by ``recipe``.
+    """What one device is asked to do (a protocol v2 task, ``sdk_device.protocol.task_plan``):
+    train ``weights`` of model ``spec`` (the task's model ``"model"``) by ``recipe``.
 
     ``weights`` may leave out tensors the device keeps to itself (e.g. BatchNorm running
-    statistics); the update then holds exactly the names sent (plus ``teacher.*``).
+    statistics); what comes back holds exactly the names sent.
     ``context``: the method's own per-instruction decisions (JSON values only, e.g. a width
     ratio and window offsets, an exit tier, a stage), read back at aggregation from
     ``ClientUpdate.instruction``; persisted with the task, so a restarted server aggregates
     what it sent without planning the round again. Derived data (index arrays) is rebuilt
     from it, never stored in it.
-    ``programs``: ready-made ``(format, bytes)`` programs to offer as they are (an edge
-    aggregator forwards its server's); empty: the MQTT grid exports them from ``spec``.
-    ``smashed``: ask the device for the inputs of its last linear layer (FedConv's edge).
+
+    Generic records, for methods that need more than one model (``methods/records.py`` has
+    the helpers): ``models`` = the task's other models by name; ``steps_before`` = steps
+    that train some of them first; ``teacher`` = the model whose outputs ``recipe``'s loss
+    reads; ``returns`` = the models whose trained weights come back; ``reports`` = extra
+    outputs asked of the device (``sdk_device.outputs``: ``label_counts``, ``features``).
+    ``programs``: ready-made ``(format, bytes)`` programs of ``"model"`` (an edge forwards
+    its server's); empty: the MQTT grid exports them from ``spec``.
     """
 
     device_id: str
@@ -61,25 +69,40 @@ class TrainInstruction:
     weights: Weights
     recipe: Recipe
     context: dict = field(default_factory=dict)
-    teacher: TeacherSpec | None = None
+    models: dict[str, ModelRecord] = field(default_factory=dict)
+    steps_before: tuple[TrainStep, ...] = ()
+    teacher: str | None = None
+    returns: tuple[str, ...] = (MODEL,)
+    reports: dict[str, dict] = field(default_factory=dict)
     programs: tuple[tuple[str, bytes], ...] = ()
-    smashed: SmashedRequest | None = None
+
+    def plan(self) -> TaskPlan:
+        """The task's plan: ``steps_before``, then ``"model"`` by ``recipe``."""
+        return TaskPlan((*self.steps_before, TrainStep(MODEL, self.recipe, self.teacher)), self.returns,
+                        self.reports)
+
+    def all_models(self) -> dict[str, ModelRecord]:
+        """Every model of the task by name, ``"model"`` first."""
+        return {MODEL: ModelRecord(self.spec, self.weights, self.programs), **self.models}
 
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """An accepted result: the weights a device returned (same names/shapes as sent), and
-    the smashed data it sent when asked (``{"x": (n, F), "y": (n,)}``, else None)."""
+    """An accepted result: the weights of ``"model"`` a device returned (same names and
+    shapes as sent), its metrics, the instruction it answered, and its other array records
+    by name (a returned teacher's weights, the ``features`` it was asked for)."""
 
     device_id: str
     num_samples: int
     weights: Weights
     metrics: dict
     instruction: TrainInstruction
-    smashed: Weights | None = None
+    others: dict[str, Weights] = field(default_factory=dict)
 
-
-TEACHER_PREFIX = "teacher."
+    @property
+    def arrays(self) -> dict[str, Weights]:
+        """Every returned array record by name, ``"model"`` included."""
+        return {MODEL: self.weights, **self.others}
 
 
 def label_histogram(counts: object, num_classes: int) -> np.ndarray | None:
@@ -97,13 +120,6 @@ def label_histogram(counts: object, num_classes: int) -> np.ndarray | None:
     return np.pad(values, (0, num_classes - len(values)))
 
 
-def split_teacher(weights: Weights) -> tuple[Weights, Weights]:
-    """An update's tensors -> (student's, teacher's with the ``teacher.`` prefix removed)."""
-    student = {k: v for k, v in weights.items() if not k.startswith(TEACHER_PREFIX)}
-    teacher = {k[len(TEACHER_PREFIX):]: v for k, v in weights.items() if k.startswith(TEACHER_PREFIX)}
-    return student, teacher
-
-
 class Method(ABC):
     """A federated method. Subclasses set ``name`` and implement the two train methods.
 
@@ -119,6 +135,7 @@ class Method(ABC):
     name: str = ""
     family: str = ""  # what kind of method: averaging, width, exit, conv, personalised, resource-skew
     example: str = ""  # `fedsdk-server simulate --method NAME <example>`: arguments it is shown with
+    asks: dict[str, dict] = {}  # outputs every task asks devices for (``sdk_device.outputs``)
     server_fraction: float = 0.0  # share of the training data the server keeps (0: none)
     server_data: tuple[np.ndarray, np.ndarray] | None = None
 

@@ -64,6 +64,7 @@ RULES = {"balanced": balanced_offsets, "four_corner": four_corner_offsets}
 
 class FedDM(WidthSharedMethod):
     name = "feddm"
+    asks = {"label_counts": {}}  # the label distributions of the similarity tree
     family = "width"
     example = "--tiers 1.0,0.75,0.5,0.25"
 

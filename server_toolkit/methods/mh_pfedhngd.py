@@ -13,8 +13,9 @@ exchange per round):
   with loss (1 - a) CE + a T^2 KL(teacher/T || student/T), a = ``kd_alpha`` (0.01),
   T = ``kd_temperature`` (15). The teacher is w_g *as sent at the start of stage 1* (not
   regenerated, not a device's trained copy); it travels with the task as its own program
-  and weights (``Task.teacher``, frozen), so a device learns nothing of the other devices'
-  architectures. Then MH-pFedHN's per-device steps (``methods.hypernetwork``).
+  and weights (the task's model ``teacher``, ``records.with_teacher``, frozen), so a device
+  learns nothing of the other devices' architectures. Then MH-pFedHN's per-device steps
+  (``methods.hypernetwork``).
 
 The global model: ``global_arch`` = "smallest" (default: K_g = min K_i, the architecture
 with the fewest parameters among the devices known at the first stage-1 round; fixed
@@ -35,9 +36,10 @@ from fedcore.recipe import Recipe
 
 from ..models.architectures import Architecture
 from ..models.personal_eval import label_weighted_accuracy
-from .base import ClientUpdate, DeviceInfo, TeacherSpec, TrainInstruction, Weights
+from .base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
 from .hypernetwork import HnClient
 from .mh_pfedhn import MHPFedHN
+from .records import with_teacher
 
 GLOBAL_MODEL = "global_model/"
 
@@ -106,9 +108,8 @@ class MHPFedHNGD(MHPFedHN):
             return [dataclasses.replace(i, context={**i.context, "stage": 2}) for i in personal]
         if not self.teacher_weights:  # stage 2 without a stage 1 before it (a resumed run)
             self.teacher_weights = self.generated_weights(client)
-        teacher = TeacherSpec(arch.spec, self.teacher_weights, train=False)
-        return [dataclasses.replace(i, recipe=self.kd_recipe, teacher=teacher,
-                                    context={**i.context, "stage": 2}) for i in personal]
+        return [with_teacher(dataclasses.replace(i, recipe=self.kd_recipe, context={**i.context, "stage": 2}),
+                             arch.spec, self.teacher_weights) for i in personal]
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:

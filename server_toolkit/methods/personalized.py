@@ -83,6 +83,8 @@ class PersonalizedMethod(Method):
     Subclasses implement ``configure_train``, ``aggregate_train`` and ``personal_model``.
     """
 
+    asks = {"label_counts": {}}  # each device's label distribution weights its evaluation
+
     def __init__(self, global_spec: dict, recipe: Recipe, tier_map: dict | None = None,
                  client_lr: float = 1e-3, client_momentum: float = 0.9, client_weight_decay: float = 1e-4,
                  client_epochs: int = 2, client_batch_size: int = 64, user_recipe: bool = True,

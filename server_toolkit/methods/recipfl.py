@@ -8,7 +8,7 @@ pooled to at most 128 scalars per operator (what the GHN's weight encoder reads)
   (``reconstruct.op_graph``, traced from the spec), its pooled weights and its descriptor;
   the device trains it with CE;
 * strong device: the GHN generates a large and a small model; the large one travels as a
-  trainable teacher (``Task.teacher`` with ``train=True``): the device trains it first (CE),
+  teacher (``records.with_teacher``: trained first and returned): the device trains it first (CE),
   then trains the small one with the KT loss (``recipfl_kt``: CE + CE to the teacher's
   probabilities + KL over the last-hidden features) and returns both;
 * server: for every returned model, the GHN regenerates it (same graph, pooled weights and
@@ -59,12 +59,11 @@ from .base import (
     ClientUpdate,
     DeviceInfo,
     Method,
-    TeacherSpec,
     TrainInstruction,
     Weights,
     label_histogram,
-    split_teacher,
 )
+from .records import TEACHER, with_teacher
 from .strong_weak import STRONG, evaluate_spec, strong_weak
 
 LARGE, SMALL = "large", "small"
@@ -72,6 +71,7 @@ LARGE, SMALL = "large", "small"
 
 class RecipFL(Method):
     name = "recipfl"
+    asks = {"label_counts": {}}  # the client descriptor
     family = "resource-skew"
     example = ("--model lenet5 --devices 6 --partition quantity-skew --num-strong 1 "
                "--tiers strong,weak,weak,weak,weak,weak --method-option small_model=width:0.3")
@@ -168,9 +168,11 @@ class RecipFL(Method):
             small = self.generate_numpy(device.device_id, SMALL)
             if self.fleet.role(device) == STRONG:
                 large = self.generate_numpy(device.device_id, LARGE)
-                teacher = TeacherSpec(self.specs[LARGE], large, train=True)
-                instructions.append(TrainInstruction(device.device_id, self.specs[SMALL], small,
-                                                     self.student_recipe, {"role": STRONG}, teacher=teacher))
+                student = TrainInstruction(device.device_id, self.specs[SMALL], small, self.student_recipe,
+                                           {"role": STRONG})
+                teacher_recipe = dataclasses.replace(self.student_recipe, loss="ce")  # the large model: CE
+                instructions.append(with_teacher(student, self.specs[LARGE], large, teacher_recipe,
+                                                 returned=True))
             else:
                 instructions.append(TrainInstruction(device.device_id, self.specs[SMALL], small, self.recipe,
                                                      {"role": "weak"}))
@@ -178,7 +180,7 @@ class RecipFL(Method):
 
     def returned_models(self, update: ClientUpdate) -> dict[str, Weights]:
         """{"small": ..., "large": ...} of an update (the large one for strong devices only)."""
-        student, teacher = split_teacher(update.weights)
+        student, teacher = update.weights, update.others.get(TEACHER)
         models = {self.fleet.model_of(student): student}
         if teacher:
             models[self.fleet.model_of(teacher)] = teacher

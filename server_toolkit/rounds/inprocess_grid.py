@@ -14,8 +14,8 @@ from .local_device import LocalDevice, TorchRuntimePool, train_on_device
 
 class InProcessGrid(Grid):
     """``devices`` trained here, one after the other, every round. ``traffic()`` counts the
-    tensor bytes that would travel (weights and teachers down, results up; no programs, no
-    headers)."""
+    tensor bytes that would travel (every model's weights down, array records up; no
+    programs, no headers)."""
 
     def __init__(self, devices: list[LocalDevice]) -> None:
         self.devices = {d.info.device_id: d for d in devices}
@@ -29,11 +29,9 @@ class InProcessGrid(Grid):
                  quorum: int) -> Exchange:
         updates = []
         for instruction in instructions:
-            self.bytes_down += _nbytes(instruction.weights)
-            if instruction.teacher is not None:
-                self.bytes_down += _nbytes(instruction.teacher.weights)
+            self.bytes_down += sum(_nbytes(m.weights) for m in instruction.all_models().values())
             update = train_on_device(self.devices[instruction.device_id], instruction, self.runtimes)
-            self.bytes_up += _nbytes(update.weights) + _nbytes(update.smashed or {})
+            self.bytes_up += sum(_nbytes(record) for record in update.arrays.values())
             updates.append(update)
         return Exchange(updates)
 

@@ -1,7 +1,7 @@
 """A device simulated in this process: its data, its own tensors, and a task trained on it
-exactly as the device agent trains it (``sdk_device.local_training``: tensors a task leaves
-out stay on the device, teachers are trained or used as the task says, the result reports
-the label histogram and, when asked, smashed data), with the torch runtime.
+exactly as the device agent trains it (``sdk_device.task_runner``: tensors a task leaves
+out stay on the device, every step of the task's plan in order, the models it returns and
+the outputs it asks for), with the torch runtime.
 
 Used by the in-process grid (``rounds/inprocess_grid.py``) and by ``fedsdk-server hn adapt``,
 which trains a new device's data on the server the way the device would.
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedcore import modelspec
-from fedcore.recipe import Recipe, StepStats
-from sdk_device.local_training import TEACHER_PREFIX, LocalTensors, TeacherRun, train_with_teacher
+from fedcore.recipe import Recipe
+from sdk_device.local_tensors import LocalTensors
 from sdk_device.protocol.blobs import sha256_hex
-from sdk_device.protocol.smashed import X, Y
 from sdk_device.runtimes.torch_runtime import TorchRuntime
+from sdk_device.task_runner import LoadedModel, run_task
 
-from ..methods.base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction, Weights
 from .loop import task_seed
 
 
@@ -56,47 +56,18 @@ class TorchRuntimePool:
 
 def train_on_device(device: LocalDevice, instruction: TrainInstruction,
                     runtimes: TorchRuntimePool) -> ClientUpdate:
-    """What ``device``'s agent would return for ``instruction`` (trained with its recipe's seed)."""
-    trained, stats, teacher = train_instruction(instruction, device, runtimes)
-    metrics = {"samples": stats.samples, "loss": stats.loss, "accuracy": stats.accuracy,
-               "label_counts": np.bincount(device.y).tolist()}
-    if teacher.stats is not None:
-        metrics.update(teacher_loss=teacher.stats.loss, teacher_accuracy=teacher.stats.accuracy)
-    smashed = _smashed(device, instruction, runtimes)
-    return ClientUpdate(instruction.device_id, len(device.y), trained, metrics, instruction, smashed)
-
-
-def train_instruction(instruction: TrainInstruction, device: LocalDevice,
-                      runtimes: TorchRuntimePool) -> tuple[Weights, StepStats, TeacherRun]:
-    """Train one instruction on ``device`` like the agent does; returns (uploaded weights,
-    student stats, what the teacher contributed)."""
-    runtime, program_id = runtimes.get(instruction.spec)
-    runtime.set_weights(device.local.complete(program_id, instruction.weights, runtime.get_weights()))
-    teacher_runtime = teacher_id = None
-    if instruction.teacher is not None:
-        teacher_runtime, teacher_id = runtimes.get(instruction.teacher.spec, role="teacher")
-        teacher_runtime.set_weights(device.local.complete(teacher_id, instruction.teacher.weights,
-                                                          teacher_runtime.get_weights()))
-    train_teacher = bool(instruction.teacher and instruction.teacher.train)
-    stats, teacher = train_with_teacher(runtime, device.x, device.y, instruction.recipe,
-                                        teacher=teacher_runtime, train_teacher=train_teacher)
-    trained = device.local.remember(program_id, instruction.weights, runtime.get_weights())
-    if teacher.weights is not None:
-        kept = device.local.remember(teacher_id, instruction.teacher.weights, teacher.weights)
-        trained.update({TEACHER_PREFIX + k: v for k, v in kept.items()})
-    return trained, stats, teacher
-
-
-def _smashed(device: LocalDevice, instruction: TrainInstruction,
-             runtimes: TorchRuntimePool) -> Weights | None:
-    """The smashed data the agent would send (a seeded subset of at most the asked count)."""
-    if instruction.smashed is None or not len(device.y):
-        return None
-    runtime, _ = runtimes.get(instruction.spec)
-    pick = np.sort(np.random.default_rng(instruction.recipe.seed).permutation(len(device.y))
-                   [: instruction.smashed.samples])
-    _, features = runtime.predict(device.x[pick])
-    return {X: np.asarray(features, np.float32).reshape(len(pick), -1), Y: device.y[pick].astype(np.int64)}
+    """What ``device``'s agent would return for ``instruction``: the task's models loaded in
+    torch runtimes (completed by the device's own tensors), then ``sdk_device.task_runner``
+    (the agent's own task code) runs its plan."""
+    loaded = {}
+    for name, model in instruction.all_models().items():
+        runtime, program_id = runtimes.get(model.spec, role=name)
+        runtime.set_weights(device.local.complete(program_id, model.weights, runtime.get_weights()))
+        loaded[name] = LoadedModel(runtime, program_id, model.weights)
+    output = run_task(instruction.plan(), loaded, device.x, device.y, device.local)
+    arrays = dict(output.arrays)
+    return ClientUpdate(instruction.device_id, output.metrics["samples"], arrays.pop(MODEL), output.metrics,
+                        instruction, arrays)
 
 
 def local_training_target(device: LocalDevice, spec: dict, recipe: Recipe, runtimes: TorchRuntimePool,

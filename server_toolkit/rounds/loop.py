@@ -1,7 +1,8 @@
 """The round loop: the one place where a federated round happens.
 
 Per round: select devices from the grid (over-selecting to absorb dropouts) -> ask the
-method what each trains (``configure_train``) -> stamp each task's training seed -> let
+method what each trains (``configure_train``) -> stamp each task's training seed (and the
+outputs the method asks of every task) -> let
 the grid exchange tasks for results until quorum or deadline -> ``aggregate_train`` ->
 ``aggregate_evaluate`` -> central ``evaluate`` (and any extra evaluators) -> checkpoint ->
 one metrics row (with the seconds the method spent in each step: ``time_configure_s``,
@@ -109,7 +110,7 @@ class RoundLoop:
             self._select(exclude={u.device_id for u in already})
         quorum = len(selected) + len(already) if wanted is None else min(wanted, len(selected) + len(already))
         clock = time.perf_counter()
-        instructions = [self._seeded(rnd, i) for i in
+        instructions = [self._finish(rnd, i) for i in
                         self.method.configure_train(rnd, self.global_weights, selected)] if selected else []
         configure_s = time.perf_counter() - clock
         deadline = time.time() + self.config.round_timeout_s
@@ -146,9 +147,14 @@ class RoundLoop:
             self.on_round(row)
         return row
 
-    def _seeded(self, rnd: int, instruction: TrainInstruction) -> TrainInstruction:
+    def _finish(self, rnd: int, instruction: TrainInstruction) -> TrainInstruction:
+        """``instruction`` with this round's seed for this device in every step's recipe, and
+        the outputs the method asks of every task (``Method.asks``)."""
         seed = task_seed(self.config.seed, rnd, instruction.device_id)
-        return dataclasses.replace(instruction, recipe=dataclasses.replace(instruction.recipe, seed=seed))
+        before = tuple(dataclasses.replace(s, recipe=dataclasses.replace(s.recipe, seed=seed))
+                       for s in instruction.steps_before)
+        return dataclasses.replace(instruction, recipe=dataclasses.replace(instruction.recipe, seed=seed),
+                                   steps_before=before, reports={**self.method.asks, **instruction.reports})
 
     def _select(self, exclude: set[str]) -> list[DeviceInfo]:
         candidates = [d for d in self.grid.online() if d.device_id not in exclude]

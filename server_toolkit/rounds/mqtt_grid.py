@@ -24,15 +24,29 @@ from fedcore import modelspec
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.blobs import check_update, decode_tensors, encode_tensors
 from sdk_device.protocol.errors import ProtocolError
-from sdk_device.protocol.smashed import check_smashed
+from sdk_device.protocol.smashed import SmashedRequest, check_smashed
+from sdk_device.protocol.task_plan import plan_config
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
 from ..fleet.registry import FleetRegistry
-from ..methods.base import TEACHER_PREFIX, ClientUpdate, DeviceInfo, TrainInstruction
+from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction
+from ..methods.records import FEATURES
 from .grid import Exchange, Grid
 from .task_records import instruction_from_record, task_record
 
 log = logging.getLogger(__name__)
+
+ARRAYS_KEY = "arrays"  # in a stored update's metrics: {record name: blob id} of its other array records
+
+
+def features_request(instruction: TrainInstruction) -> SmashedRequest | None:
+    """What a ``features`` output asked by ``instruction`` must look like, or None."""
+    params = instruction.reports.get(FEATURES)
+    if params is None:
+        return None
+    spec = instruction.all_models()[params.get("model", MODEL)].spec
+    features, classes = modelspec.last_linear(spec)
+    return SmashedRequest(int(params["samples"]), features, classes)
 
 
 @dataclass
@@ -42,8 +56,9 @@ class _Pending:
     task_id: str
     round: int
     instruction: TrainInstruction
-    sent_bytes: int
-    reference: dict  # tensor name -> (shape, dtype) the update must have
+    sent_bytes: dict[str, int]  # returned model -> bytes of the weights sent
+    references: dict[str, dict]  # returned model -> {tensor name: (shape, dtype)} it must have
+    features: SmashedRequest | None  # the features output asked for, if any
     answered: bool = False
 
 
@@ -130,33 +145,27 @@ class MqttGrid(Grid):
 
     # -- sending -------------------------------------------------------------------------------
     def _send_task(self, rnd: int, instruction: TrainInstruction, deadline: float) -> None:
+        """Offer every model's programs and weights, persist the task, send it (protocol v2)."""
         dev = instruction.device_id
-        built = instruction.programs or tuple(self.programs.programs(instruction.spec, instruction.recipe))
-        programs = [self.endpoint.offer(dev, data, "program", fmt) for fmt, data in built]
-        weights_blob = encode_tensors(instruction.weights)
-        weights = self.endpoint.offer(dev, weights_blob, "weights", "safetensors")
-        reference = {k: (tuple(v.shape), str(v.dtype)) for k, v in instruction.weights.items()}
-        expected_bytes = len(weights_blob)
-        teacher = None
-        if instruction.teacher is not None:  # the teacher runs on the device's torch runtime
-            spec, teacher_weights = instruction.teacher.spec, instruction.teacher.weights
-            teacher_blob = encode_tensors(teacher_weights)
-            teacher = msgs.Teacher(
-                programs=[self.endpoint.offer(dev, modelspec.dumps(spec), "program", modelspec.FORMAT)],
-                weights=self.endpoint.offer(dev, teacher_blob, "weights", "safetensors"),
-                train=instruction.teacher.train,
-            )
-            if instruction.teacher.train:
-                expected_bytes += len(teacher_blob)
-                reference.update({TEACHER_PREFIX + k: (tuple(v.shape), str(v.dtype))
-                                  for k, v in teacher_weights.items()})
-        task = msgs.Task(task_id=msgs.new_id(), round=rnd, programs=programs, weights=weights,
-                         recipe=instruction.recipe.to_dict(), deadline=deadline, teacher=teacher,
-                         smashed=instruction.smashed.samples if instruction.smashed else 0)
+        programs, arrays, program_blobs, sent_bytes, references = {}, {}, {}, {}, {}
+        for name, model in instruction.all_models().items():
+            built = model.programs
+            if not built:  # "model" in every format offered; other models for the torch runtime
+                built = (tuple(self.programs.programs(model.spec, instruction.recipe)) if name == MODEL
+                         else ((modelspec.FORMAT, modelspec.dumps(model.spec)),))
+            programs[name] = [self.endpoint.offer(dev, data, "program", fmt) for fmt, data in built]
+            program_blobs[name] = [(ref.format, ref.id) for ref in programs[name]]
+            blob = encode_tensors(model.weights)
+            arrays[name] = self.endpoint.offer(dev, blob, "weights", "safetensors")
+            if name in instruction.returns:
+                sent_bytes[name] = len(blob)
+                references[name] = {k: (tuple(v.shape), str(v.dtype)) for k, v in model.weights.items()}
+        task = msgs.Task(task_id=msgs.new_id(), round=rnd, programs=programs, arrays=arrays,
+                         config=plan_config(instruction.plan()), deadline=deadline)
         self.registry.add_task(task.task_id, rnd, dev, task_record(
-            instruction, weights.id, teacher.weights.id if teacher else None,
-            [(p.format, p.id) for p in programs]))
-        self._pending[task.task_id] = _Pending(task.task_id, rnd, instruction, expected_bytes, reference)
+            instruction, {name: ref.id for name, ref in arrays.items()}, program_blobs))
+        self._pending[task.task_id] = _Pending(task.task_id, rnd, instruction, sent_bytes, references,
+                                               features_request(instruction))
         self.endpoint.send(dev, task)
 
     # -- incoming traffic ----------------------------------------------------------------------
@@ -238,10 +247,9 @@ class MqttGrid(Grid):
             err = ProtocolError("invalid_field", f"task is of round {pending.round}")
             self._reject(dev, result.task_id, err)
             return
-        limit = int(pending.sent_bytes * self.max_update_factor) + 65536
-        if result.weights.size > limit:
-            self._reject(dev, result.task_id, ProtocolError(
-                "too_large", f"update of {result.weights.size} bytes; at most {limit} expected"))
+        problem = self._check_records(result, pending)
+        if problem is not None:
+            self._reject(dev, result.task_id, problem)
             return
         samples = result.metrics.get("samples")
         if type(samples) is not int or samples <= 0:
@@ -250,12 +258,33 @@ class MqttGrid(Grid):
         pending.answered = True  # one result per task
         self._fetchers.submit(self._accept, dev, result, pending)
 
+    def _check_records(self, result: msgs.Result, pending: _Pending) -> ProtocolError | None:
+        """Which array records a result may carry, and how large they may be (before pulling)."""
+        names = set(result.arrays)
+        missing = sorted(set(pending.references) - names)
+        if missing:
+            return ProtocolError("missing_record", f"the result lacks the array records {missing}")
+        allowed = set(pending.references) | ({FEATURES} if pending.features else set())
+        if names - allowed:
+            extra = sorted(names - allowed)
+            return ProtocolError("unexpected_record", f"the task asked for no array records {extra}")
+        for name, ref in result.arrays.items():
+            limit = (pending.features.max_bytes() if name == FEATURES else
+                     int(pending.sent_bytes[name] * self.max_update_factor) + 65536)
+            if ref.size > limit:
+                return ProtocolError("too_large", f"{name} of {ref.size} bytes; at most {limit} expected")
+        return None
+
     def _accept(self, dev: str, result: msgs.Result, pending: _Pending) -> None:
-        """Pull, validate and persist one result, then acknowledge it (fetch thread)."""
+        """Pull, validate and persist one result's array records, then acknowledge it (fetch thread)."""
         try:
-            data = self.endpoint.fetch(dev, result.weights, durable=True, timeout_s=self.fetch_timeout_s)
-            check_update(decode_tensors(data), pending.reference)
-            smashed_id = self._accept_smashed(dev, result, pending)
+            for name, ref in sorted(result.arrays.items()):
+                data = self.endpoint.fetch(dev, ref, durable=True, timeout_s=self.fetch_timeout_s)
+                tensors = decode_tensors(data)
+                if name == FEATURES:
+                    check_smashed(tensors, pending.features)
+                else:
+                    check_update(tensors, pending.references[name])
         except (ProtocolError, TimeoutError) as exc:
             err = exc if isinstance(exc, ProtocolError) else ProtocolError("timeout", str(exc))
             self._reject(dev, result.task_id, err)
@@ -264,10 +293,9 @@ class MqttGrid(Grid):
             if self._open_round != pending.round:
                 self._reject(dev, result.task_id, ProtocolError("round_closed", "the round closed meanwhile"))
                 return
-            metrics = {k: v for k, v in result.metrics.items() if k != "smashed_blob"}  # the server's key
-            if smashed_id:
-                metrics["smashed_blob"] = smashed_id
-            self.registry.add_update(pending.round, dev, result.task_id, result.weights.id,
+            metrics = {k: v for k, v in result.metrics.items() if k != ARRAYS_KEY}  # the server's key
+            metrics[ARRAYS_KEY] = {name: ref.id for name, ref in result.arrays.items() if name != MODEL}
+            self.registry.add_update(pending.round, dev, result.task_id, result.arrays[MODEL].id,
                                      result.metrics["samples"], metrics)
             self._accepted.append(result.task_id)
             self._resolved.add(dev)
@@ -275,19 +303,6 @@ class MqttGrid(Grid):
         self.endpoint.withdraw(dev)
         log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
                  result.metrics["samples"])
-
-    def _accept_smashed(self, dev: str, result: msgs.Result, pending: _Pending) -> str | None:
-        """Pull and check the smashed data the task asked for (fetch thread); its blob id.
-        Smashed data nobody asked for is not pulled; a device may send none."""
-        request = pending.instruction.smashed
-        if result.smashed is None or request is None:
-            return None
-        if result.smashed.size > request.max_bytes():
-            raise ProtocolError("too_large",
-                                f"smashed data of {result.smashed.size} bytes; at most {request.max_bytes()}")
-        data = self.endpoint.fetch(dev, result.smashed, durable=True, timeout_s=self.fetch_timeout_s)
-        check_smashed(decode_tensors(data), request)
-        return result.smashed.id
 
     def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None = None) -> None:
         """Record, log and tell the device (an Error with the reason's code, ``ref`` = task id)."""
@@ -310,7 +325,7 @@ class MqttGrid(Grid):
             if record is None:
                 raise RuntimeError(f"task {row['task_id']} of an accepted update has no record")
             instruction = instruction_from_record(record, self.endpoint.store)
-        smashed_id = row["metrics"].get("smashed_blob")
-        smashed = decode_tensors(self.endpoint.store.get(smashed_id)) if smashed_id else None
-        return ClientUpdate(row["device_id"], row["num_samples"], weights, row["metrics"], instruction,
-                            smashed)
+        others = {name: decode_tensors(self.endpoint.store.get(blob))
+                  for name, blob in row["metrics"].get(ARRAYS_KEY, {}).items()}
+        metrics = {k: v for k, v in row["metrics"].items() if k != ARRAYS_KEY}
+        return ClientUpdate(row["device_id"], row["num_samples"], weights, metrics, instruction, others)

@@ -62,11 +62,11 @@ class Rogue(RecordingAgent):
         return weights
 
     def send_result(self, task: msgs.Task, ref: msgs.BlobRef) -> None:
-        self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, weights=ref,
+        self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, arrays={"model": ref},
                                                metrics={"samples": len(self.y), "loss": 1.0}))
 
     def _run_task(self, task: msgs.Task) -> None:
-        weights = self.tamper(decode_tensors(self.endpoint.fetch(SERVER, task.weights)))
+        weights = self.tamper(decode_tensors(self.endpoint.fetch(SERVER, task.arrays["model"])))
         ref = self.endpoint.offer(SERVER, encode_tensors(weights), "weights", "safetensors")
         self.send_result(task, ref)
 
@@ -105,6 +105,23 @@ class WrongShape(Rogue):
         return weights
 
 
+class ExtraRecord(Rogue):
+    """Returns its model and an array record the task never asked for."""
+
+    def send_result(self, task, ref):
+        self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round,
+                                               arrays={"model": ref, "gradients": ref},
+                                               metrics={"samples": len(self.y)}))
+
+
+class NoModel(Rogue):
+    """Returns the wrong record: its model under another name."""
+
+    def send_result(self, task, ref):
+        self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round,
+                                               arrays={"teacher": ref}, metrics={"samples": len(self.y)}))
+
+
 class BadMessages(Rogue):
     """Sends malformed JSON and a result with a schema version from the future."""
 
@@ -119,7 +136,7 @@ def test_bad_input_is_rejected_and_the_round_goes_on(mosquitto, tmp_path):
     fleet = Fleet(mosquitto.address, tmp_path)
     honest = ["good0", "good1"]
     rogue_classes = {"corrupt": RecordingAgent, "liar": LyingBlob, "huge": Oversized, "nan": NaNUpdate,
-                     "shape": WrongShape, "badmsg": BadMessages}
+                     "shape": WrongShape, "badmsg": BadMessages, "extra": ExtraRecord, "nomodel": NoModel}
     paths = fleet.write_data(honest + list(rogue_classes), "iid")
     intruder = None
     try:
@@ -159,12 +176,13 @@ def test_bad_input_is_rejected_and_the_round_goes_on(mosquitto, tmp_path):
 
     codes = {(r["device_id"], r["code"]) for r in registry.rejections()}
     expected = {("liar", "checksum_mismatch"), ("huge", "too_large"), ("nan", "non_finite"),
-                ("shape", "shape_mismatch"), ("badmsg", "malformed"), ("badmsg", "schema_version"),
-                ("intruder", "unknown_device")}
+                ("shape", "shape_mismatch"), ("badmsg", "malformed"), ("badmsg", "unsupported_schema"),
+                ("intruder", "unknown_device"), ("extra", "unexpected_record"), ("nomodel", "missing_record")}
     assert expected <= codes, codes
     # the misbehaving devices were told why, in words
     for dev, code in [("liar", "checksum_mismatch"), ("huge", "too_large"), ("nan", "non_finite"),
-                      ("shape", "shape_mismatch"), ("badmsg", "schema_version")]:
+                      ("shape", "shape_mismatch"), ("badmsg", "unsupported_schema"),
+                      ("extra", "unexpected_record"), ("nomodel", "missing_record")]:
         details = " ".join(f"{e.code} {e.detail}" for e in agents[dev].errors)
         assert code in details, (dev, details)
     deadline = time.monotonic() + 5

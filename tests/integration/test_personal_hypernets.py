@@ -20,9 +20,11 @@ from click.testing import CliRunner
 
 from fedcore import modelspec
 from sdk_device.data.npz import load_npz
-from sdk_device.local_training import train_with_teacher
+from sdk_device.local_tensors import LocalTensors
 from sdk_device.protocol.blobs import decode_tensors
+from sdk_device.protocol.task_plan import TaskPlan, TrainStep
 from sdk_device.runtimes.torch_runtime import TorchRuntime
+from sdk_device.task_runner import LoadedModel, run_task
 from sdk_device.transport.blob_store import BlobStore
 from server_toolkit.cli import main
 from server_toolkit.fleet.registry import FleetRegistry
@@ -109,27 +111,27 @@ def test_mh_pfedhngd_round_sends_the_global_model_as_teacher_and_devices_use_it(
     sent_global = stage_one["dev0"].instruction.weights
     assert all(u.instruction.spec == architecture("mlp", shape, classes).spec for u in stage_one.values())
     for dev, update in stage_two.items():
-        teacher = update.instruction.teacher
-        assert teacher is not None and not teacher.train and teacher.spec == stage_one[dev].instruction.spec
+        assert update.instruction.teacher == "teacher" and not update.instruction.steps_before  # frozen
+        teacher = update.instruction.models["teacher"]
+        assert teacher.spec == stage_one[dev].instruction.spec
         assert all(np.array_equal(teacher.weights[k], sent_global[k]) for k in sent_global)
-        assert not any(k.startswith("teacher.") for k in update.weights)  # a frozen teacher is not returned
+        assert not update.others  # a frozen teacher is not returned
 
         # replay the device's training: with the teacher it gives what the device uploaded
         x, y = load_npz(paths[dev])
         replayed = {}
-        for with_teacher in (True, False):
+        for distil in (True, False):
             student = TorchRuntime()
             student.load_program(modelspec.dumps(update.instruction.spec), modelspec.FORMAT)
             student.set_weights(update.instruction.weights)
-            recipe = update.instruction.recipe
-            if not with_teacher:
-                recipe = replace(recipe, loss="ce")
-            teacher_runtime = None
-            if with_teacher:
-                teacher_runtime = TorchRuntime()
-                teacher_runtime.load_program(modelspec.dumps(teacher.spec), modelspec.FORMAT)
-                teacher_runtime.set_weights(teacher.weights)
-            train_with_teacher(student, x, y, recipe, teacher=teacher_runtime)
-            replayed[with_teacher] = student.get_weights()
+            teacher_runtime = TorchRuntime()
+            teacher_runtime.load_program(modelspec.dumps(teacher.spec), modelspec.FORMAT)
+            teacher_runtime.set_weights(teacher.weights)
+            recipe = update.instruction.recipe if distil else replace(update.instruction.recipe, loss="ce")
+            plan = TaskPlan((TrainStep("model", recipe, "teacher" if distil else None),))
+            loaded = {"model": LoadedModel(student, "s", update.instruction.weights),
+                      "teacher": LoadedModel(teacher_runtime, "t", teacher.weights)}
+            run_task(plan, loaded, x, y, LocalTensors())
+            replayed[distil] = student.get_weights()
         assert all(np.allclose(replayed[True][k], update.weights[k], atol=1e-5) for k in update.weights), dev
         assert not all(np.allclose(replayed[False][k], update.weights[k], atol=1e-5) for k in update.weights)

@@ -12,7 +12,6 @@ import pytest
 from sdk_device.protocol.blobs import decode_tensors
 from sdk_device.transport.blob_store import BlobStore
 from server_toolkit.fleet.registry import FleetRegistry
-from server_toolkit.methods.base import split_teacher
 
 pytestmark = pytest.mark.integration
 
@@ -38,12 +37,14 @@ def test_recipfl_with_one_strong_and_five_weak_devices(mosquitto, tmp_path):
     store = BlobStore(run_dir / "blobs")
     for rnd in (1, 2):
         for update in registry.updates(rnd):
-            student, teacher = split_teacher(decode_tensors(store.get(update["blob_id"])))
+            student = decode_tensors(store.get(update["blob_id"]))
+            others = update["metrics"]["arrays"]  # the other array records' blob ids
             assert student["layers.0.weight"].shape == (2, 1, 5, 5)  # the small model (width 0.3)
             if update["device_id"] == "dev000":  # the strong device also returns its large model
+                teacher = decode_tensors(store.get(others["teacher"]))
                 assert teacher["layers.0.weight"].shape == (6, 1, 5, 5)
             else:
-                assert not teacher
+                assert not others
             assert update["metrics"]["label_counts"]
     registry.close()
     state = json.loads((run_dir / "state.json").read_text())

@@ -15,6 +15,7 @@ from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from sdk_device.transport.endpoint import SERVER
 from server_toolkit.edge.relay import EdgeOptions, EdgeRelay, ForwardedTask
+from server_toolkit.methods.base import TrainInstruction
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.loop import LoopConfig, RoundLoop
 from server_toolkit.rounds.mqtt_grid import MqttGrid
@@ -36,12 +37,13 @@ class SmashedRogue(RecordingAgent):
         return {"samples": len(self.y)}
 
     def _run_task(self, task: msgs.Task) -> None:
-        weights = decode_tensors(self.endpoint.fetch(SERVER, task.weights))
+        weights = decode_tensors(self.endpoint.fetch(SERVER, task.arrays["model"]))
         ref = self.endpoint.offer(SERVER, encode_tensors(weights), "weights", "safetensors")
         x, y = self.smashed(task)
-        smashed = self.endpoint.offer(SERVER, encode_tensors({"x": x, "y": y}), "smashed", "safetensors")
-        self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, weights=ref,
-                                               metrics=self.metrics(), smashed=smashed))
+        smashed = self.endpoint.offer(SERVER, encode_tensors({"x": x, "y": y}), "weights", "safetensors")
+        arrays = {"model": ref, "features": smashed}
+        self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays,
+                                               metrics=self.metrics()))
 
 
 class Narrow(SmashedRogue):
@@ -61,14 +63,15 @@ class BadLabels(SmashedRogue):
 
 class TooMany(SmashedRogue):
     def smashed(self, task):
-        return np.zeros((task.smashed + 1, 64), np.float32), np.zeros(task.smashed + 1, np.int64)
+        asked = task.config["report"]["features"]["samples"]
+        return np.zeros((asked + 1, 64), np.float32), np.zeros(asked + 1, np.int64)
 
 
 class Pointer(SmashedRogue):
-    """Valid smashed data, and a metrics key naming another blob the server holds."""
+    """Valid smashed data, and a metrics key that would name other blobs the server holds."""
 
     def metrics(self):
-        return {"samples": len(self.y), "smashed_blob": "0" * 64}
+        return {"samples": len(self.y), "arrays": {"features": "0" * 64}}
 
 
 def test_bad_smashed_data_is_rejected_and_the_round_goes_on(mosquitto, tmp_path, one_torch_thread):
@@ -78,7 +81,8 @@ def test_bad_smashed_data_is_rejected_and_the_round_goes_on(mosquitto, tmp_path,
     spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
     relay = EdgeRelay(EdgeOptions(smashed_samples=SAMPLES))
     weights = state_numpy(build_model(spec, seed=0))
-    relay.forward(ForwardedTask(((modelspec.FORMAT, modelspec.dumps(spec)),), weights, RECIPE))
+    relay.forward(ForwardedTask(TrainInstruction("", spec, weights, RECIPE,
+                                                 programs=((modelspec.FORMAT, modelspec.dumps(spec)),))))
     grid = MqttGrid(fleet.endpoint, fleet.registry)
     loop = RoundLoop(relay, grid, LoopConfig(rounds=1, round_timeout_s=90), run_dir=tmp_path / "edge")
     try:
@@ -96,9 +100,9 @@ def test_bad_smashed_data_is_rejected_and_the_round_goes_on(mosquitto, tmp_path,
     assert row["accepted"] == 2  # the honest device and the pointer (its key is dropped)
     updates = {u["device_id"]: u for u in fleet.registry.updates(1)}
     assert set(updates) == {"good", "pointer"}
-    pointer = updates["pointer"]["metrics"]["smashed_blob"]
+    pointer = updates["pointer"]["metrics"]["arrays"]["features"]
     assert pointer != "0" * 64 and decode_tensors(fleet.endpoint.store.get(pointer))["x"].shape == (4, 64)
-    good = decode_tensors(fleet.endpoint.store.get(updates["good"]["metrics"]["smashed_blob"]))
+    good = decode_tensors(fleet.endpoint.store.get(updates["good"]["metrics"]["arrays"]["features"]))
     assert good["x"].shape == (SAMPLES, 64) and good["x"].dtype == np.float32
     assert (good["x"] >= 0).all()  # small_cnn's last linear layer follows a ReLU
     assert set(good["y"].tolist()) <= set(range(10))

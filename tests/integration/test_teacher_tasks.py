@@ -1,6 +1,7 @@
 """Tasks with a teacher model and device-local tensors, over a real mosquitto with real
-device processes: the teacher travels as its own program and weights, a trained teacher
-comes back as ``teacher.*``, BatchNorm statistics the server leaves out stay on the device."""
+device processes: the teacher travels as the task's model ``teacher`` (its own program and
+weights), a trained teacher comes back as the array record ``teacher``, BatchNorm
+statistics the server leaves out stay on the device."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from fedcore import modelspec
-from server_toolkit.methods.base import Method, TeacherSpec, TrainInstruction, split_teacher
+from server_toolkit.methods.base import Method, TrainInstruction
+from server_toolkit.methods.records import with_teacher
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.reconstruct.average import weighted_average
 
@@ -51,14 +53,15 @@ class TeacherProbe(Method):
             strong = d.device_id == "dev0"
             recipe = (replace(RECIPE, loss="recipfl_kt", teacher_features=64) if strong
                       else replace(RECIPE, loss="kd", alpha=0.5, temperature=2.0))
-            out.append(TrainInstruction(d.device_id, self.global_spec, sent, recipe,
-                                        teacher=TeacherSpec(self.teacher_spec, self.teacher_weights,
-                                                            train=strong)))
+            student = TrainInstruction(d.device_id, self.global_spec, sent, recipe)
+            first = replace(RECIPE, loss="ce") if strong else None  # dev0 trains its teacher first
+            out.append(with_teacher(student, self.teacher_spec, self.teacher_weights, train_first=first,
+                                    returned=strong))
         return out
 
     def aggregate_train(self, round_number, global_weights, updates):
         self.updates = updates
-        students = [(split_teacher(u.weights)[0], u.num_samples) for u in updates]
+        students = [(u.weights, u.num_samples) for u in updates]
         return {**global_weights, **weighted_average(students)}
 
 
@@ -74,8 +77,8 @@ def test_teacher_travels_and_local_statistics_stay_on_the_device(mosquitto, tmp_
         fleet.close()
     assert all(r["accepted"] == 2 and r["rejected"] == 0 for r in rows), rows
     by_device = {u.device_id: u for u in method.updates}
-    strong_student, strong_teacher = split_teacher(by_device["dev0"].weights)
-    weak_student, weak_teacher = split_teacher(by_device["dev1"].weights)
+    strong_student, strong_teacher = by_device["dev0"].weights, by_device["dev0"].others.get("teacher", {})
+    weak_student, weak_teacher = by_device["dev1"].weights, by_device["dev1"].others.get("teacher", {})
     assert set(strong_teacher) == set(method.teacher_weights) and not weak_teacher
     assert not any("running" in k for k in strong_student) and not any("running" in k for k in weak_student)
     changed = [k for k in strong_teacher if not np.array_equal(strong_teacher[k], method.teacher_weights[k])]

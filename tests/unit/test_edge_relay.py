@@ -9,7 +9,7 @@ import pytest
 
 from fedcore.recipe import Recipe
 from server_toolkit.edge.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask, final_linear
-from server_toolkit.methods.base import ClientUpdate, DeviceInfo
+from server_toolkit.methods.base import ClientUpdate, DeviceInfo, TrainInstruction
 from server_toolkit.reconstruct.average import weighted_average
 
 K, F = 3, 6
@@ -33,13 +33,14 @@ def updates_of(relay, rng, groups, smashed=False):
     for instruction in relay.configure_train(1, relay.task.weights, devices):
         i = int(instruction.device_id[1:])
         head = groups[i // 3] + rng.normal(0, 0.05, groups[0].shape)
-        data = None
+        others = {}
         if smashed:
-            assert instruction.smashed is not None and instruction.smashed.features == F
+            assert instruction.reports["features"] == {"samples": 30}
             y = rng.integers(0, K, 30)
-            data = {"x": (np.eye(K, F)[y] * 3 + rng.normal(0, 0.3, (30, F))).astype(np.float32), "y": y}
+            others["features"] = {"x": (np.eye(K, F)[y] * 3 + rng.normal(0, 0.3, (30, F))).astype(np.float32),
+                                  "y": y}
         out.append(ClientUpdate(instruction.device_id, 40 + 10 * i, model(rng, head), {"samples": 40},
-                                instruction, data))
+                                instruction, others))
     return out
 
 
@@ -47,7 +48,9 @@ def updates_of(relay, rng, groups, smashed=False):
 def relay(one_torch_thread):
     rng = np.random.default_rng(0)
     relay = EdgeRelay(EdgeOptions(smashed_samples=30, pair_threshold=10.0, projection_epochs=3))
-    relay.forward(ForwardedTask((("torchspec/1", b"{}"),), model(rng, np.zeros((K, F + 1))), RECIPE))
+    template = TrainInstruction("", {"format": "torchspec/1"}, model(rng, np.zeros((K, F + 1))), RECIPE,
+                                programs=(("torchspec/1", b"{}"),))
+    relay.forward(ForwardedTask(template))
     return relay
 
 
@@ -64,7 +67,7 @@ def test_warmup_clusters_then_train_aggregates(relay):
     assert relay.needs_warmup()
     relay.phase = WARMUP
     warm = updates_of(relay, rng, groups)
-    assert all(u.instruction.recipe.epochs == 1 and u.instruction.smashed is None for u in warm)
+    assert all(u.instruction.recipe.epochs == 1 and "features" not in u.instruction.reports for u in warm)
     assert all(u.instruction.programs == (("torchspec/1", b"{}"),) for u in warm)  # forwarded as is
     assert relay.aggregate_train(1, relay.task.weights, warm) is relay.task.weights  # warm-up models dropped
     assert relay.summary["edge_clusters"] == 2 and not relay.needs_warmup()

@@ -1,4 +1,4 @@
-"""Unit tests of the control messages of wire protocol v1 (sdk_device.protocol.messages)."""
+"""Unit tests of the control messages of wire protocol v2 (sdk_device.protocol.messages)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ def _ref(blob_id: str = BLOB_A, size: int = 10, kind: str = "weights", fmt: str 
 EXAMPLES: list[m.Message] = [
     m.Hello(device_id="dev-1", runtimes=["torch"], num_samples=120,
             profile={"ram_mb": 512, "cpu": "arm", "nested": {"x": [1, 2.5]}}),
-    m.Task(task_id="t" * 32, round=3, programs=[_ref(BLOB_B, 99, "program", "torchspec/1")],
-           weights=_ref(), recipe={"epochs": 1, "lr": 0.1}, deadline=1_700_000_000.25),
-    m.Result(task_id="t1", round=7, weights=_ref(size=0), metrics={"loss": 0.5, "accuracy": 0.75}),
+    m.Task(task_id="t" * 32, round=3, programs={"model": [_ref(BLOB_B, 99, "program", "torchspec/1")]},
+           arrays={"model": _ref()}, deadline=1_700_000_000.25,
+           config={"steps": [{"train": "model", "recipe": {"epochs": 1, "lr": 0.1}}]}),
+    m.Result(task_id="t1", round=7, arrays={"model": _ref(size=0)}, metrics={"loss": 0.5, "accuracy": 0.75}),
     m.Ack(ref="t1", detail="stored"),
     m.Error(code="bad_task", detail="nope", ref="t1"),
     m.Heartbeat(state="training", task_id="t1", progress=0.5),
@@ -75,9 +76,29 @@ def test_every_message_type_is_covered():
 
 def test_blob_refs_are_rebuilt_as_blob_refs():
     task = m.decode(m.encode(EXAMPLES[1]))
-    assert isinstance(task.weights, m.BlobRef)
-    assert all(isinstance(p, m.BlobRef) for p in task.programs)
-    assert task.programs[0].format == "torchspec/1"
+    assert isinstance(task.arrays["model"], m.BlobRef)
+    assert all(isinstance(p, m.BlobRef) for p in task.programs["model"])
+    assert task.programs["model"][0].format == "torchspec/1"
+
+
+def test_a_task_names_the_same_models_in_programs_and_arrays():
+    body = _valid_body(EXAMPLES[1])
+    body["arrays"] = {"model": body["arrays"]["model"], "teacher": body["arrays"]["model"]}
+    assert _code(json.dumps(body).encode()) == "invalid_field"
+
+
+def test_record_names_must_be_short_strings():
+    body = _valid_body(EXAMPLES[2])
+    body["arrays"] = {"x" * 65: body["arrays"]["model"]}
+    assert _code(json.dumps(body).encode()) == "invalid_field"
+
+
+def test_a_version_1_message_gets_unsupported_schema():
+    old_task = {"schema": 1, "type": "task", "task_id": "t", "round": 1, "programs": [], "weights": {},
+                "recipe": {}, "deadline": 1.0}
+    with pytest.raises(ProtocolError) as info:
+        m.decode(json.dumps(old_task).encode())
+    assert info.value.code == "unsupported_schema" and "speaks 2" in info.value.detail
 
 
 def test_msg_ids_are_fresh_hex():
@@ -87,28 +108,28 @@ def test_msg_ids_are_fresh_hex():
 
 
 def test_optional_fields_default():
-    ack = m.decode(_raw(schema=1, type="ack", ref="r"))
+    ack = m.decode(_raw(schema=2, type="ack", ref="r"))
     assert ack.detail == ""
     assert len(ack.msg_id) == 32 and isinstance(ack.sent_at, float)
-    err = m.decode(_raw(schema=1, type="error", code="c", detail="d"))
+    err = m.decode(_raw(schema=2, type="error", code="c", detail="d"))
     assert err.ref is None
-    hb = m.decode(_raw(schema=1, type="heartbeat", state="idle"))
+    hb = m.decode(_raw(schema=2, type="heartbeat", state="idle"))
     assert hb.task_id is None and hb.progress == 0.0
 
 
 def test_optional_none_accepted_explicitly():
-    err = m.decode(_raw(schema=1, type="error", code="c", detail="d", ref=None))
+    err = m.decode(_raw(schema=2, type="error", code="c", detail="d", ref=None))
     assert err.ref is None
 
 
 def test_int_for_float_field_becomes_float():
-    hb = m.decode(_raw(schema=1, type="heartbeat", state="s", progress=1, sent_at=5))
+    hb = m.decode(_raw(schema=2, type="heartbeat", state="s", progress=1, sent_at=5))
     assert hb.progress == 1.0 and isinstance(hb.progress, float)
     assert isinstance(hb.sent_at, float)
 
 
 def test_unknown_extra_fields_are_ignored():
-    ack = m.decode(_raw(schema=1, type="ack", ref="r", surprise=[1, 2]))
+    ack = m.decode(_raw(schema=2, type="ack", ref="r", surprise=[1, 2]))
     assert ack.ref == "r"
 
 
@@ -121,21 +142,21 @@ def test_malformed_or_not_an_object(payload):
     assert _code(payload) == "malformed"
 
 
-@pytest.mark.parametrize("schema", [None, 0, 2, "1", [1]])
+@pytest.mark.parametrize("schema", [None, 0, 1, 3, "2", [2]])
 def test_wrong_schema_version(schema):
     body = {"type": "ack", "ref": "r"}
     if schema is not None:
         body["schema"] = schema
-    assert _code(json.dumps(body).encode()) == "schema_version"
+    assert _code(json.dumps(body).encode()) == "unsupported_schema"
 
 
-def test_schema_true_is_not_version_one():
-    assert _code(_raw(schema=True, type="ack", ref="r")) == "schema_version"
+def test_schema_true_is_not_a_version():
+    assert _code(_raw(schema=True, type="ack", ref="r")) == "unsupported_schema"
 
 
 @pytest.mark.parametrize("kind", ["nope", "", None, 5, ["ack"], "Ack"])
 def test_unknown_type(kind):
-    body = {"schema": 1, "ref": "r"}
+    body = {"schema": 2, "ref": "r"}
     if kind is not None:
         body["type"] = kind
     assert _code(json.dumps(body).encode()) == "unknown_type"
@@ -144,7 +165,7 @@ def test_unknown_type(kind):
 @pytest.mark.parametrize("message", EXAMPLES + PAIR_EXAMPLES[1:], ids=lambda msg: msg.TYPE)
 def test_missing_required_field(message):
     body = _valid_body(message)
-    required = {"hello": "device_id", "task": "weights", "result": "metrics", "ack": "ref",
+    required = {"hello": "device_id", "task": "arrays", "result": "metrics", "ack": "ref",
                 "error": "code", "heartbeat": "state", "blob_request": "indices", "pair_ca": "ca_pem",
                 "pair_request": "code", "pair_offer": "session", "pair_confirm": "profile",
                 "pair_accept": "password", "unpair_request": "device_id"}[message.TYPE]
@@ -163,10 +184,11 @@ def test_missing_required_field(message):
     ("deadline", "soon"),
     ("task_id", 12),
     ("task_id", None),         # not optional
-    ("programs", {}),          # dict where a list is expected
-    ("programs", ["x"]),       # list item is not a blob ref
-    ("weights", "a" * 64),     # string where a blob ref is expected
-    ("recipe", []),            # list where dict expected
+    ("programs", []),          # list where an object of named program lists is expected
+    ("programs", {"model": ["x"]}),  # list item is not a blob ref
+    ("programs", {"model": []}),     # a model without a program
+    ("arrays", {"model": "a" * 64}),  # string where a blob ref is expected
+    ("config", []),            # list where dict expected
     ("task_id", "x" * (m.MAX_STRING + 1)),  # string too long
 ])
 def test_wrong_field_type(field, value):
@@ -188,17 +210,17 @@ def test_bool_in_int_list_rejected():
 @pytest.mark.parametrize("where", ["field", "nested"])
 def test_nan_and_infinity_literals_rejected(literal, where):
     if where == "field":
-        text = '{"schema":1,"type":"heartbeat","state":"s","progress":LIT}'
+        text = '{"schema":2,"type":"heartbeat","state":"s","progress":LIT}'
     else:
-        text = ('{"schema":1,"type":"result","task_id":"t","round":1,"weights":{"id":"ID","size":1,'
-                '"kind":"weights","format":"safetensors"},"metrics":{"loss":LIT}}').replace("ID", BLOB_A)
+        text = ('{"schema":2,"type":"result","task_id":"t","round":1,"arrays":{"model":{"id":"ID","size":1,'
+                '"kind":"weights","format":"safetensors"}},"metrics":{"loss":LIT}}').replace("ID", BLOB_A)
     text = text.replace("LIT", literal)
     assert _code(text.encode()) == "malformed"
 
 
 def test_overflowing_float_rejected_in_float_field():
     # 1e400 is refused while parsing, before any field is looked at
-    assert _code(b'{"schema":1,"type":"heartbeat","state":"s","progress":1e400}') == "malformed"
+    assert _code(b'{"schema":2,"type":"heartbeat","state":"s","progress":1e400}') == "malformed"
 
 
 @pytest.mark.parametrize("bad_id", [
@@ -206,19 +228,19 @@ def test_overflowing_float_rejected_in_float_field():
 ])
 def test_bad_blob_ref_id(bad_id):
     body = _valid_body(EXAMPLES[2])
-    body["weights"]["id"] = bad_id
+    body["arrays"]["model"]["id"] = bad_id
     assert _code(json.dumps(body).encode()) == "invalid_field"
 
 
 def test_bad_blob_ref_fields():
     body = _valid_body(EXAMPLES[2])
-    body["weights"]["size"] = -1
+    body["arrays"]["model"]["size"] = -1
     assert _code(json.dumps(body).encode()) == "invalid_field"
     body = _valid_body(EXAMPLES[2])
-    del body["weights"]["format"]
+    del body["arrays"]["model"]["format"]
     assert _code(json.dumps(body).encode()) == "invalid_field"
     body = _valid_body(EXAMPLES[2])
-    body["weights"]["size"] = "10"
+    body["arrays"]["model"]["size"] = "10"
     assert _code(json.dumps(body).encode()) == "invalid_field"
 
 
@@ -251,7 +273,7 @@ def test_encode_just_under_limit_passes():
 def test_decode_too_large_is_rejected_unread():
     payload = b"x" * (m.MAX_CONTROL_BYTES + 1)  # not even JSON: the size check comes first
     assert _code(payload) == "too_large"
-    padded = _raw(schema=1, type="ack", ref="r", pad="y" * m.MAX_CONTROL_BYTES)
+    padded = _raw(schema=2, type="ack", ref="r", pad="y" * m.MAX_CONTROL_BYTES)
     assert _code(padded) == "too_large"
 
 
@@ -262,6 +284,6 @@ def test_deeply_nested_json_is_malformed():
 
 
 def test_encode_nan_metric_raises_protocol_error():
-    result = m.Result(task_id="t", round=1, weights=_ref(), metrics={"loss": float("nan")})
+    result = m.Result(task_id="t", round=1, arrays={"model": _ref()}, metrics={"loss": float("nan")})
     with pytest.raises(ProtocolError):
         m.encode(result)

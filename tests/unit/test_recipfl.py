@@ -11,7 +11,7 @@ import torch
 from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model, load_numpy, state_numpy
 from server_toolkit.methods import method_class
-from server_toolkit.methods.base import ClientUpdate, DeviceInfo, split_teacher
+from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.models.zoo import lenet5, small_cnn
 from server_toolkit.reconstruct.graph_hypernet import GraphHypernet
 from server_toolkit.reconstruct.hypernet_step import hypernet_step
@@ -33,16 +33,19 @@ def test_weak_devices_get_their_small_model_and_strong_ones_a_trainable_teacher(
     method, weights = make()
     weak, strong = method.configure_train(1, weights, [WEAK, STRONG])
     for instruction, spec in ((weak, method.fleet.small), (strong, method.fleet.small),
-                              (strong.teacher, method.fleet.large)):
+                              (strong.models["teacher"], method.fleet.large)):
         assert instruction.spec == spec
         model = build_model(spec)
         assert {k: v.shape for k, v in instruction.weights.items()} == \
             {k: tuple(p.shape) for k, p in model.named_parameters()}
         load_numpy(model, instruction.weights)  # loads: exactly the model's tensors
-    assert weak.teacher is None and weak.recipe.loss == "ce"
-    assert strong.teacher.train and strong.recipe.loss == "recipfl_kt"
+    assert weak.teacher is None and weak.recipe.loss == "ce" and weak.returns == ("model",)
+    # the strong device trains the large model first (CE), then the small one from it; both come back
+    assert [s.model for s in strong.plan().steps] == ["teacher", "model"]
+    assert strong.returns == ("model", "teacher")
+    assert strong.steps_before[0].recipe.loss == "ce" and strong.recipe.loss == "recipfl_kt"
     _, strong_without_kt = make(kt=False)[0].configure_train(1, weights, [WEAK, STRONG])
-    assert strong_without_kt.recipe.loss == "ce" and strong_without_kt.teacher.train
+    assert strong_without_kt.recipe.loss == "ce" and strong_without_kt.returns == ("model", "teacher")
 
 
 def test_descriptors_personalise_the_generated_weights():
@@ -67,13 +70,14 @@ def test_aggregate_moves_the_generated_weights_toward_the_trained_ones(server_st
     weak, strong = method.configure_train(1, weights, [WEAK, STRONG])
     # one target per architecture (both small models were generated from the same inputs)
     shift = {model: {k: 0.05 * rng.standard_normal(v.shape).astype(np.float32) for k, v in sent.items()}
-             for model, sent in (("small", weak.weights), ("large", strong.teacher.weights))}
-    teacher = {f"teacher.{k}": v for k, v in _shifted(strong.teacher.weights, shift["large"]).items()}
+             for model, sent in (("small", weak.weights), ("large", strong.models["teacher"].weights))}
+    teacher = _shifted(strong.models["teacher"].weights, shift["large"])
     counts = {"label_counts": [4] * K}
     updates = [ClientUpdate("w0", 40, _shifted(weak.weights, shift["small"]), counts, weak),
-               ClientUpdate("s0", 200, {**_shifted(strong.weights, shift["small"]), **teacher}, {}, strong)]
+               ClientUpdate("s0", 200, _shifted(strong.weights, shift["small"]), {}, strong,
+                            {"teacher": teacher})]
     assert not method.pooled  # nothing returned yet: generation read the initial weights, uniform labels
-    strong_student, strong_teacher = split_teacher(updates[1].weights)
+    strong_student, strong_teacher = updates[1].weights, updates[1].others["teacher"]
     targets = [("small", updates[0].weights), ("small", strong_student), ("large", strong_teacher)]
 
     def gaps(ghn_weights):

@@ -1,19 +1,15 @@
-"""Smashed-data blobs and the optional task/result fields that carry them."""
+"""Smashed-data blobs (the ``features`` output a task may ask for) and their checks."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 
-from sdk_device.protocol import messages as m
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.smashed import SmashedRequest, check_smashed, encode_smashed
 
 REQUEST = SmashedRequest(samples=8, features=4, classes=3)
-REF = m.BlobRef(id="a" * 64, size=10, kind="weights", format="safetensors")
 
 
 def test_round_trip():
@@ -49,20 +45,17 @@ def test_request_needs_positive_sizes():
         SmashedRequest(samples=0, features=4, classes=3)
 
 
-def test_task_and_result_fields_are_optional_and_checked():
-    task = m.Task(task_id="t", round=1, programs=[REF], weights=REF, recipe={}, deadline=1.0, smashed=64)
-    assert m.decode(m.encode(task)).smashed == 64
-    result = m.Result(task_id="t", round=1, weights=REF, metrics={"samples": 1}, smashed=REF)
-    assert m.decode(m.encode(result)).smashed == REF
-    old_task = json.loads(m.encode(task))  # a v1 sender that knows nothing of smashed data
-    del old_task["smashed"]
-    assert m.decode(json.dumps(old_task).encode()).smashed == 0
-    old_result = json.loads(m.encode(result))
-    del old_result["smashed"]
-    assert m.decode(json.dumps(old_result).encode()).smashed is None
-    for bad in (-1, 1.5, "64", True):
+def test_features_are_asked_through_the_task_report_and_checked_by_the_output_registry():
+    from sdk_device.outputs import OUTPUTS, check_reports
+
+    wanted = {"features": {"model": "model", "samples": 64}}
+    assert check_reports({"features": {"samples": 64}}, {"model"}) == wanted
+    for bad in ({"samples": 0}, {"samples": 1.5}, {"samples": 64, "model": "teacher"},
+                {"samples": 64, "x": 1}):
         with pytest.raises(ProtocolError) as err:
-            m.decode(json.dumps({**old_task, "smashed": bad}).encode())
+            check_reports({"features": bad}, {"model"})
         assert err.value.code == "invalid_field"
-    with pytest.raises(ProtocolError):
-        m.decode(json.dumps({**old_result, "smashed": {"id": "nothex"}}).encode())
+    with pytest.raises(ProtocolError) as err:
+        check_reports({"gradients": {}}, {"model"})
+    assert err.value.code == "unsupported_task"
+    assert OUTPUTS["features"].kind == "arrays" and OUTPUTS["label_counts"].kind == "metric"

@@ -1,5 +1,6 @@
-"""Distillation recipes on the torch runtime, teacher models in tasks, device-local tensors
-and the hypernetwork VJP step (synthetic data: unit tests of maths)."""
+"""A task's plan run on a device (``sdk_device.task_runner``): steps, teachers, returned
+models, reported outputs, device-local tensors; the task plan's config record; the
+hypernetwork VJP step (synthetic data: unit tests of maths)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import torch
 from fedcore import modelspec
 from fedcore.losses import Loss
 from fedcore.recipe import Recipe
-from sdk_device.local_training import LocalTensors, train_with_teacher
-from sdk_device.protocol import messages as msgs
+from sdk_device.local_tensors import LocalTensors
+from sdk_device.outputs import OUTPUTS
 from sdk_device.protocol.errors import ProtocolError
+from sdk_device.protocol.task_plan import TaskPlan, TrainStep, parse_plan, plan_config
 from sdk_device.runtimes.torch_runtime import TorchRuntime
-from server_toolkit.methods.base import split_teacher
+from sdk_device.task_runner import LoadedModel, run_task
 from server_toolkit.reconstruct.hypernet_step import hypernet_step
 
 SHAPE = (1, 4, 4)
@@ -39,6 +41,16 @@ def _runtime(spec: dict, seed: int = 0) -> TorchRuntime:
     rt = TorchRuntime()
     rt.load_program(modelspec.dumps(spec), modelspec.FORMAT)
     return rt
+
+
+def _loaded(**runtimes: TorchRuntime) -> dict[str, LoadedModel]:
+    return {name: LoadedModel(rt, name, rt.get_weights()) for name, rt in runtimes.items()}
+
+
+def _teacher_plan(recipe: Recipe, train_teacher: Recipe | None = None, returned: bool = False) -> TaskPlan:
+    before = (TrainStep("teacher", train_teacher),) if train_teacher else ()
+    return TaskPlan((*before, TrainStep("model", recipe, "teacher")),
+                    ("model", "teacher") if returned else ("model",))
 
 
 def test_recipe_losses_validate_and_map_to_loss_dicts():
@@ -75,9 +87,12 @@ def test_kd_with_alpha_one_pulls_the_student_to_the_teacher():
     student = _runtime(_bn_spec(4), seed=2)
     before = (student.predict(x)[0].argmax(1) == target).mean()
     recipe = Recipe(epochs=15, batch_size=16, lr=0.05, loss="kd", temperature=2.0, alpha=1.0)
-    stats, run = train_with_teacher(student, x, np.zeros_like(y), recipe, teacher=teacher)
+    frozen = teacher.get_weights()
+    out = run_task(_teacher_plan(recipe), _loaded(model=student, teacher=teacher), x, np.zeros_like(y),
+                   LocalTensors())
     after = (student.predict(x)[0].argmax(1) == target).mean()
-    assert run.weights is None and run.stats is None  # a frozen teacher: nothing to return
+    assert set(out.arrays) == {"model"} and "teacher_loss" not in out.metrics  # a frozen teacher
+    assert all(np.array_equal(frozen[k], v) for k, v in teacher.get_weights().items())
     assert after >= before + 0.3 and after > 0.75, (before, after)  # labels all 0: the teacher taught it
 
 
@@ -85,8 +100,8 @@ def test_distillation_without_teacher_outputs_is_refused():
     x, y = _data(20)
     with pytest.raises(ValueError, match="teacher"):
         _runtime(_bn_spec()).train(x, y, Recipe(loss="kd", alpha=0.5))
-    with pytest.raises(ValueError, match="teacher"):
-        train_with_teacher(_runtime(_bn_spec()), x, y, Recipe(loss="kd", alpha=0.5))
+    with pytest.raises(ProtocolError, match="teacher"):  # a plan whose KD step names no teacher
+        parse_plan({"steps": [{"train": "model", "recipe": {"loss": "kd", "alpha": 0.5}}]}, {"model"}, set())
     with pytest.raises(ValueError, match="one row per sample"):
         _runtime(_bn_spec()).train(x, y, Recipe(loss="kd", alpha=0.5),
                                    extras={"teacher_logits": np.zeros((5, 3), np.float32)})
@@ -98,15 +113,54 @@ def test_trained_teacher_comes_back_and_kt_uses_its_features():
     start = teacher.get_weights()
     recipe = Recipe(epochs=2, batch_size=16, lr=0.05, loss="recipfl_kt", teacher_features=8)
     fractions = []
-    stats, run = train_with_teacher(student, x, y, recipe, teacher=teacher, train_teacher=True,
-                                    progress=fractions.append)
-    assert run.stats is not None and run.stats.samples == len(y)
-    assert any(not np.array_equal(start[k], run.weights[k]) for k in start)  # the teacher trained
+    plan = _teacher_plan(recipe, train_teacher=Recipe(epochs=2, batch_size=16, lr=0.05), returned=True)
+    out = run_task(plan, _loaded(model=student, teacher=teacher), x, y, LocalTensors(),
+                   progress=fractions.append)
+    assert set(out.arrays) == {"model", "teacher"} and np.isfinite(out.metrics["teacher_loss"])
+    assert any(not np.array_equal(start[k], out.arrays["teacher"][k]) for k in start)  # the teacher trained
     assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
-    assert stats.samples == len(y) and np.isfinite(stats.loss)
+    assert out.metrics["samples"] == len(y) and np.isfinite(out.metrics["loss"])
     with pytest.raises(ValueError, match="features"):  # the recipe's feature size must be the teacher's
-        train_with_teacher(_runtime(_bn_spec(8)), x, y, Recipe(loss="recipfl_kt", teacher_features=5),
-                           teacher=teacher)
+        run_task(_teacher_plan(Recipe(loss="recipfl_kt", teacher_features=5)),
+                 _loaded(model=_runtime(_bn_spec(8)), teacher=teacher), x, y, LocalTensors())
+
+
+def test_reports_give_label_counts_and_seeded_features_only_when_asked_and_shared():
+    x, y = _data(40)
+    plan = TaskPlan((TrainStep("model", Recipe(epochs=1, seed=3)),), ("model",),
+                    {"label_counts": {}, "features": {"model": "model", "samples": 16}})
+    out = run_task(plan, _loaded(model=_runtime(_bn_spec())), x, y, LocalTensors())
+    assert out.metrics["label_counts"] == np.bincount(y).tolist()
+    assert out.arrays["features"]["x"].shape == (16, 8) and out.arrays["features"]["y"].dtype == np.int64
+    again = run_task(plan, _loaded(model=_runtime(_bn_spec())), x, y, LocalTensors())
+    np.testing.assert_array_equal(again.arrays["features"]["y"], out.arrays["features"]["y"])  # same seed
+    declined = run_task(plan, _loaded(model=_runtime(_bn_spec())), x, y, LocalTensors(), share_features=False)
+    assert "features" not in declined.arrays and "label_counts" in declined.metrics
+    plain = run_task(TaskPlan((TrainStep("model", Recipe()),)), _loaded(model=_runtime(_bn_spec())), x, y,
+                     LocalTensors())
+    assert "label_counts" not in plain.metrics and set(plain.arrays) == {"model"}
+
+
+def test_a_task_config_round_trips_and_bad_configs_are_refused_with_a_code():
+    plan = TaskPlan((TrainStep("teacher", Recipe(epochs=2)), TrainStep("model", Recipe(loss="kd", alpha=0.5),
+                                                                        "teacher")),
+                    ("model", "teacher"), {"label_counts": {}})
+    assert parse_plan(plan_config(plan), {"model", "teacher"}, set(OUTPUTS)) == plan
+    good = plan_config(plan)
+    bad_configs = [
+        ({**good, "steps": []}, "invalid_field"),
+        ({**good, "steps": [{"train": "ghost", "recipe": {}}]}, "invalid_field"),
+        ({**good, "steps": [{"train": "model", "recipe": {"lr": -1}}]}, "invalid_field"),
+        ({**good, "return": ["ghost"]}, "invalid_field"),
+        ({**good, "return": ["model", "model"]}, "invalid_field"),
+        ({**good, "report": {"gradients": {}}}, "unsupported_task"),
+        ({**good, "extra": 1}, "invalid_field"),
+        ({**good, "steps": [{"train": "Model!", "recipe": {}}]}, "invalid_field"),
+    ]
+    for config, code in bad_configs:
+        with pytest.raises(ProtocolError) as err:
+            parse_plan(config, {"model", "teacher"}, set(OUTPUTS))
+        assert err.value.code == code, config
 
 
 def test_local_tensors_fill_gaps_and_persist(tmp_path):
@@ -125,26 +179,6 @@ def test_local_tensors_fill_gaps_and_persist(tmp_path):
     np.testing.assert_array_equal(again[bn], full[bn] + 1)  # its own statistics, not the server's
     with pytest.raises(KeyError, match="unexpected"):
         local.complete("p1", {**sent, "nope": np.zeros(1)}, full)
-
-
-def test_task_teacher_round_trips_and_is_validated():
-    ref = msgs.BlobRef("a" * 64, 10, "weights", "safetensors")
-    prog = msgs.BlobRef("b" * 64, 20, "program", modelspec.FORMAT)
-    task = msgs.Task(task_id="t1", round=1, programs=[prog], weights=ref, recipe={}, deadline=1.0,
-                     teacher=msgs.Teacher(programs=[prog], weights=ref, train=True))
-    assert msgs.decode(msgs.encode(task)) == task
-    plain = msgs.Task(task_id="t2", round=1, programs=[prog], weights=ref, recipe={}, deadline=1.0)
-    assert msgs.decode(msgs.encode(plain)).teacher is None
-    body = msgs.encode(task).replace(b'"train":true', b'"train":1')
-    with pytest.raises(ProtocolError, match="train"):
-        msgs.decode(body)
-    with pytest.raises(ProtocolError, match="Teacher"):
-        msgs.decode(msgs.encode(plain).replace(b'"teacher":null', b'"teacher":"x"'))
-
-
-def test_split_teacher():
-    student, teacher = split_teacher({"a": 1, "teacher.a": 2, "teacher.b.c": 3})
-    assert student == {"a": 1} and teacher == {"a": 2, "b.c": 3}
 
 
 def test_hypernet_step_moves_generated_weights_towards_trained():
