@@ -65,9 +65,9 @@ def test_stage_two_distils_from_the_global_model_sent_at_stage_one():
     assert any(not np.array_equal(regenerated[k], sent[k]) for k in sent)  # the update moved w_g...
     stage_two = m.configure_train(2, weights, DEVICES)
     for i in stage_two:
-        assert i.teacher is not None and i.teacher.train is False
+        assert i.teacher == "teacher" and not i.steps_before and i.returns == ("model",)  # frozen
         # ...but the teacher is w_g as it was sent
-        assert all(np.array_equal(i.teacher.weights[k], sent[k]) for k in sent)
+        assert all(np.array_equal(i.models["teacher"].weights[k], sent[k]) for k in sent)
         assert i.recipe.loss == "kd" and i.recipe.alpha == 0.2 and i.recipe.temperature == 5
         assert i.context["stage"] == 2 and i.spec == m.architecture_named(m.clients[i.device_id].tier).spec
     before = {d: m.generate(m.clients[d]).detach().numpy().copy() for d in "abc"}
@@ -96,4 +96,5 @@ def test_resume_restores_the_global_model_and_the_teacher():
     for a, b in zip(m.configure_train(2, saved, DEVICES), restored.configure_train(2, copied, DEVICES),
                     strict=True):
         assert all(np.array_equal(a.weights[k], b.weights[k]) for k in a.weights)
-        assert all(np.array_equal(a.teacher.weights[k], b.teacher.weights[k]) for k in a.teacher.weights)
+        assert all(np.array_equal(a.models["teacher"].weights[k], b.models["teacher"].weights[k])
+                   for k in a.models["teacher"].weights)
