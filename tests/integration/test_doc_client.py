@@ -2,13 +2,14 @@
 
 ``DocClient`` (the first half of this file) uses nothing of this repository: paho-mqtt, json,
 hashlib, struct, numpy and safetensors, and the document (section numbers in the comments). It
-says hello, takes tasks, pulls programs and array records in windowed chunk requests, checks the
-tensor names against its torchspec/1 program (§13.2), "trains" (shrinks every float tensor a
-little), offers its result records, serves the server's chunk requests and sends ``result``.
+says hello, takes tasks, parses their config records, pulls programs and array records in
+windowed chunk requests, checks the tensor names against each model's torchspec/1 program
+(§13.2), "trains" (every step shrinks its model's float tensors by 2 %), offers its result
+records, serves the server's chunk requests, sends ``result`` and waits for the answer.
 
-The second half runs it against ``RoundLoop`` + ``MqttGrid`` (FedAvg of small_cnn) over a real
-mosquitto: two rounds accepted, and every error the document promises for what the client
-does wrong.
+The second half runs it against ``RoundLoop`` + ``MqttGrid`` over a real mosquitto: two FedAvg
+rounds accepted; a two-model task (a teacher trained first and returned, label counts asked
+for); and every error the document promises for what the client does wrong.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import struct
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import paho.mqtt.client as mqtt
@@ -121,6 +123,7 @@ class DocClient:
                  chunk_bytes: int = 1024) -> None:
         self.fleet, self.device_id, self.num_samples = fleet, device_id, num_samples
         self.chunk_bytes = chunk_bytes
+        self.labels = np.arange(num_samples) % 10  # stands in for the local data's labels
         base = f"fedsdk/v1/{fleet}"  # §3: the topic layout is still v1 in protocol v2 (§16)
         dev = f"{base}/dev/{device_id}"
         self.t_up, self.t_down, self.t_status = f"{dev}/up", f"{dev}/down", f"{dev}/status"
@@ -248,7 +251,7 @@ class DocClient:
         arrivals: queue.Queue = queue.Queue()
         with self.lock:
             self.frames[ref["id"]] = arrivals
-        buf, have = bytearray(size), set()
+        buf = bytearray(size)
         missing, outstanding = list(range(count)), set()
         deadline, idle = time.monotonic() + total_s, 0
         try:
@@ -276,7 +279,6 @@ class DocClient:
                     continue
                 outstanding.discard(item["index"])
                 buf[item["index"] * cb:item["index"] * cb + len(item["data"])] = item["data"]
-                have.add(item["index"])
         finally:
             with self.lock:
                 self.frames.pop(ref["id"], None)
@@ -301,7 +303,7 @@ class DocClient:
             try:
                 spec = json.loads(self.pull(program))
                 arrays = st_load(self.pull(task["arrays"][name]))
-            except (TimeoutError, ValueError) as exc:
+            except (TimeoutError, ValueError, Refusal) as exc:  # §9.2 step 4: any pull or load failure
                 raise Refusal("bad_task", f"could not load the task: {exc}") from None
             expected = spec_tensors(spec)  # §13.3: a subset of the program's tensors, right shapes
             if any(k not in expected or tuple(v.shape) != expected[k] for k, v in arrays.items()):
@@ -323,8 +325,11 @@ class DocClient:
             self.offered[blob_id] = data  # offered before the result (§7.1)
             refs[name] = {"id": blob_id, "size": len(data), "kind": "weights", "format": "safetensors"}
         self.awaited = task["task_id"]
+        metrics = {"samples": self.num_samples, "runtime": "doc-client"}
+        if "label_counts" in self.reports:  # features: declined, so no record (§20.1)
+            metrics["label_counts"] = np.bincount(self.labels).tolist()
         self.last_result = {"task_id": task["task_id"], "round": task["round"], "arrays": refs,
-                            "metrics": {"samples": self.num_samples, "runtime": "doc-client"}}
+                            "metrics": metrics}
         self.send("result", **self.last_result)
 
     def parse_config(self, config: dict, models: set[str]) -> tuple[list[str], list[str]]:
@@ -347,9 +352,12 @@ class DocClient:
             recipe = step.get("recipe", {})
             if not isinstance(recipe, dict):
                 raise bad("recipe")
-            if recipe.get("loss", "ce") != "ce":  # §14.3: this client knows no teacher losses
-                if teacher is None:
-                    raise bad("a teacher loss without a teacher")
+            loss = recipe.get("loss", "ce")
+            if loss not in ("ce", "kd", "recipfl_kt"):  # §14.1, §14.3
+                raise bad(f"loss {loss!r}")
+            if loss != "ce" and teacher is None:
+                raise bad("a teacher loss without a teacher")
+            if loss != "ce":  # a limit of this client, not of the protocol
                 raise Refusal("unsupported_task", "this client trains only with ce")
             trained.append(name)
         returns = config.get("return", ["model"])
@@ -359,8 +367,20 @@ class DocClient:
         reports = config.get("report", {})
         if not isinstance(reports, dict) or len(reports) > 8:
             raise bad("report")
-        for name in reports:
-            raise Refusal("unsupported_task", f"this client cannot report {name!r}")  # §20
+        for name, params in reports.items():  # §20
+            if not isinstance(name, str) or not NAME.match(name) or not isinstance(params, dict):
+                raise bad("report")
+            if name == "label_counts":
+                if params:
+                    raise bad("label_counts takes no parameters")
+            elif name == "features":
+                samples = params.get("samples")
+                if set(params) - {"samples", "model"} or params.get("model", "model") not in models or \
+                        type(samples) is not int or not 1 <= samples <= 4096:
+                    raise bad("features parameters")
+            else:
+                raise Refusal("unsupported_task", f"this client cannot report {name!r}")
+        self.reports = reports
         return trained, returns
 
     # -- main loop (§9.1) --------------------------------------------------------------------------
@@ -401,7 +421,13 @@ class DocClient:
 # The tests: the real server (harness side may use the repository)
 # =============================================================================================
 
-from .harness import Fleet  # noqa: E402
+from fedcore.recipe import Recipe  # noqa: E402
+from fedcore.torch_model import build_model, state_numpy  # noqa: E402
+from server_toolkit.methods.fedavg import FedAvg  # noqa: E402
+from server_toolkit.methods.records import asking, with_teacher  # noqa: E402
+from server_toolkit.models.zoo import model_spec  # noqa: E402
+
+from .harness import RECIPE, Fleet  # noqa: E402
 
 pytestmark = pytest.mark.integration
 DEVICE = "doc-dev"
@@ -512,3 +538,63 @@ def test_doc_client_gets_the_documented_errors(mosquitto, tmp_path, one_torch_th
     answers = {e["code"]: e["ref"] for e in _errors(client)[5:]}
     assert answers == {"missing_record": tasks[1], "unexpected_record": tasks[2], "round_closed": tasks[1]}
     assert all(np.array_equal(loop.global_weights[k], v) for k, v in initial.items())
+
+
+def test_doc_client_trains_a_teacher_first_and_returns_both_models(mosquitto, tmp_path, one_torch_thread):
+    """The two-model task of §5.6: a teacher (the §12.5 network: BatchNorm, residual, exit) trained
+    first and returned, the label counts and (declined) features asked for."""
+    teacher_spec = {"format": "torchspec/1", "input_shape": [1, 8, 8], "num_classes": 10, "layers": [
+        {"op": "conv2d", "in": 1, "out": 4, "k": 3, "pad": 1, "bias": False}, {"op": "batchnorm2d", "c": 4},
+        {"op": "relu"}, {"op": "residual", "body": [{"op": "conv2d", "in": 4, "out": 4, "k": 3, "pad": 1},
+                                                     {"op": "relu"}], "shortcut": []},
+        {"op": "maxpool2d", "k": 2},
+        {"op": "exit", "head": [{"op": "flatten"}, {"op": "linear", "in": 64, "out": 10}]},
+        {"op": "gap"}, {"op": "flatten"}, {"op": "dropout", "p": 0.25}, {"op": "linear", "in": 4, "out": 10}]}
+    teacher = state_numpy(build_model(teacher_spec, seed=1))
+
+    class TeacherFirst(FedAvg):
+        name = ""  # a test method
+
+        def configure_train(self, round_number, global_weights, devices):
+            return [asking(with_teacher(i, teacher_spec, teacher, train_first=Recipe(), returned=True),
+                           label_counts={}, features={"samples": 8})
+                    for i in super().configure_train(round_number, global_weights, devices)]
+
+    fleet = Fleet(mosquitto.address, tmp_path)
+    fleet.registry.add_device(DEVICE)
+    method = TeacherFirst(model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes), RECIPE)
+    loop = fleet.server(rounds=1, method=method, round_timeout_s=60)
+    loop.start()
+    initial = {k: v.copy() for k, v in loop.global_weights.items()}
+    client = DocClient(mosquitto.address.host, mosquitto.address.port, fleet.fleet, DEVICE)
+    _start(client)
+    try:
+        assert loop.grid.wait_for_devices(1, timeout_s=30) == 1
+        row = loop.run_round(1)
+        _wait_for(lambda: len(client.answers) == 1)
+    finally:
+        client.stop()
+        loop.grid.close()
+        fleet.close()
+    assert row["accepted"] == 1 and not row["rejected"], row
+    assert [a["type"] for a in client.answers.values()] == ["ack"]
+    task = next(m for m in client.received if m["type"] == "task")
+    assert set(task["programs"]) == set(task["arrays"]) == {"model", "teacher"}
+    assert [s["train"] for s in task["config"]["steps"]] == ["teacher", "model"]
+    (update,) = loop.last_updates
+    assert set(update.others) == {"teacher"}  # features declined: no record, still accepted
+    for name, value in teacher.items():
+        np.testing.assert_allclose(update.others["teacher"][name], value * 0.98, rtol=1e-6)
+    for name, value in initial.items():
+        np.testing.assert_allclose(update.weights[name], value * 0.98, rtol=1e-6)
+    assert update.metrics["label_counts"] == np.bincount(client.labels).tolist()
+
+
+def test_the_client_half_uses_only_the_document():
+    source = Path(__file__).read_text(encoding="utf-8")
+    client_half = source.split("# The tests: the real server")[0]
+    imported = re.findall(r"^(?:from|import) ([\w.]+)", client_half, re.M)
+    allowed = {"__future__", "hashlib", "json", "queue", "re", "struct", "threading", "time", "uuid",
+               "pathlib",
+               "numpy", "paho.mqtt.client", "pytest", "safetensors.numpy"}
+    assert set(imported) <= allowed, imported
