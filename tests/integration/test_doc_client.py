@@ -138,6 +138,7 @@ class DocClient:
         self.answers: dict[str, dict] = {}  # task id -> the ack or error that ended it
         self.misbehave: dict[int, str] = {}  # round -> what to do wrong (for the tests)
         self.stopping = threading.Event()
+        self.subscribed = threading.Event()
         self.lock = threading.Lock()
         # §4: MQTT 3.1.1, persistent session, stable client id, will = "offline" retained
         self.mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"fedsdk-dev-{fleet}-{device_id}",
@@ -145,6 +146,7 @@ class DocClient:
         self.mqtt.will_set(self.t_status, b"offline", qos=1, retain=True)
         self.mqtt.on_connect = self._on_connect
         self.mqtt.on_message = self._on_message
+        self.mqtt.on_subscribe = lambda *args: self.subscribed.set()
         self.mqtt.reconnect_delay_set(1, 30)
         self.host, self.port = host, port
 
@@ -387,6 +389,8 @@ class DocClient:
     def start(self) -> DocClient:
         self.mqtt.connect(self.host, self.port, keepalive=30)
         self.mqtt.loop_start()
+        if not self.subscribed.wait(15):  # §4: give up without a CONNACK within 15 s
+            raise TimeoutError("no connection to the broker")
         threading.Thread(target=self._serve_loop, daemon=True).start()
         return self
 
@@ -498,7 +502,6 @@ def test_doc_client_gets_the_documented_errors(mosquitto, tmp_path, one_torch_th
     initial = {k: v.copy() for k, v in loop.global_weights.items()}
     try:
         # before any hello: envelope errors (§5.2, §11), answered with ref null
-        time.sleep(0.5)  # subscribed
         v1_hello = {"schema": 1, "type": "hello", "msg_id": uuid.uuid4().hex, "sent_at": time.time(),
                     "device_id": DEVICE, "runtimes": ["torch"], "num_samples": 10, "profile": {}}
         client.send_raw(json.dumps(v1_hello).encode())
