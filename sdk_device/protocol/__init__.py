@@ -1,4 +1,5 @@
-"""Wire protocol v1: topics, control messages and blob encoding (docs/protocol.md)."""
+"""Wire protocol v2: topics (namespace v1), control messages, task plans and blob encoding
+(docs/protocol.md)."""
 
 from .blobs import (
     DEFAULT_CHUNK_BYTES,

@@ -1,4 +1,4 @@
-"""Blob encoding of wire protocol v1: content ids, chunk frames and tensor payloads.
+"""Blob encoding of the wire protocol: content ids, chunk frames and tensor payloads.
 
 A blob is an immutable byte string named by its sha256 (lowercase hex). It travels in
 chunks of ``chunk_bytes`` (default 256 KiB); chunk ``i`` holds bytes

@@ -1,4 +1,4 @@
-"""Topic layout of pairing (wire protocol v1): fleet-less, one subtree per pairing client.
+"""Topic layout of pairing: fleet-less, one subtree per pairing client (topic namespace v1).
 
 ::
 

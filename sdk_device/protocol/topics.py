@@ -1,4 +1,4 @@
-"""Topic layout of wire protocol v1.
+"""Topic layout of the wire protocol (the topic namespace `fedsdk/v1/`, unchanged in v2).
 
 Everything lives under ``fedsdk/v1/<fleet>/``::
 

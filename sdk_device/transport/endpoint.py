@@ -17,6 +17,7 @@ With ``PairTopics`` the same machinery runs pairing (peers are pairing client id
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -312,7 +313,8 @@ class Endpoint:
             message = msgs.decode(payload)
         except ProtocolError as err:
             log.warning("rejected message from %s: %s", peer, err)
-            self._reply_error(peer, err)
+            if not _says_error(payload):  # never answer an error with an error: two peers could loop
+                self._reply_error(peer, err)
             self.inbox.put(Incoming(peer, rejected=err))
             return
         if isinstance(message, msgs.BlobRequest):
@@ -369,3 +371,15 @@ class Endpoint:
             self.send(peer, msgs.Error(code=err.code, detail=err.detail[:500], ref=ref))
         except Exception:
             log.exception("could not send error to %s", peer)
+
+
+def _says_error(payload: bytes) -> bool:
+    """True when an (otherwise invalid) control message claims to be an ``error``, e.g. one
+    of another schema version."""
+    if len(payload) > msgs.MAX_CONTROL_BYTES:
+        return False
+    try:
+        body = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(body, dict) and body.get("type") == "error"

@@ -1,7 +1,7 @@
 """An edge aggregator: one process between the server and a group of devices.
 
 FedConv puts edge servers between its server and the clients of one shrinkage ratio; in
-fedsdk they are also the scale-out path. An edge speaks wire protocol v1 on both sides
+fedsdk they are also the scale-out path. An edge speaks wire protocol v2 on both sides
 and needs no edge-specific code on the server or on the devices:
 
 * **Upward** it is an ordinary *device* of the server's fleet (``--fleet``), with its own

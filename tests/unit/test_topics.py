@@ -1,4 +1,4 @@
-"""Unit tests of the topic layout of wire protocol v1 (sdk_device.protocol.topics)."""
+"""Unit tests of the topic layout of the wire protocol (sdk_device.protocol.topics)."""
 
 from __future__ import annotations
 
