@@ -93,10 +93,11 @@ def test_simulate_with_two_edges_completes_rounds(mosquitto, tmp_path):
             # what the edge sent is a model of its tier's shape, finite
             weights = decode_tensors(store.get(update["blob_id"]))
             assert all(np.isfinite(v).all() for v in weights.values())
-            # the devices sent smashed data with their training results, not with the warm-up
+            # the devices sent smashed data (the features output) with their training results, not with
+            # the warm-up
             device_updates = read_rows(edge_db, "SELECT round, metrics FROM updates")
             for row in device_updates:
-                has_smashed = "smashed_blob" in json.loads(row["metrics"])
+                has_smashed = "features" in json.loads(row["metrics"]).get("arrays", {})
                 assert has_smashed == (row["round"] != 1), (edge, row["round"])
         shapes = {registry.device(u["device_id"])["tier"]: first_conv(store, u) for u in registry.updates(1)}
         assert shapes["0.5"][0] < shapes["1.0"][0]  # each edge trains its own tier's sub-model
