@@ -19,7 +19,6 @@ see :func:`server_toolkit.broker.embedded.refuse_secured_mode` for what was meas
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from sdk_device.protocol.pair_topics import PAIR_PASSWORD, PAIR_ROOT, PAIR_USERNAME  # noqa: F401 (re-exported)
@@ -83,14 +82,3 @@ def acl_rules(fleet: str, device_ids: list[str]) -> str:
         ]
     lines += ["pattern readwrite " + PAIR_ROOT + "/%c/#", ""]
     return "\n".join(lines)
-
-
-def load_security(directory: str | Path, **probe) -> BrokerSecurity:
-    """The security backend kept in ``directory`` (made by ``fedsdk-server security init``).
-
-    ``probe`` (``broker=BrokerAddress``, ``ca_file=...``) lets the backend confirm that a
-    change is live on the broker before returning.
-    """
-    from .mosquitto_auth import MosquittoAuthFiles
-
-    return MosquittoAuthFiles(directory, **probe)

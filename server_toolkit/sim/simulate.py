@@ -28,13 +28,12 @@ from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 
+from ..assembly import assemble
 from ..broker.embedded import EmbeddedBroker
-from ..data.datasets import Dataset, load_dataset
+from ..data.datasets import Dataset
 from ..data.server_slice import take_server_slice
 from ..fleet.registry import FleetRegistry
-from ..methods import method_class
 from ..methods.base import DeviceInfo
-from ..models.zoo import model_spec
 from ..report.run_report import RunReport
 from ..rounds.grid import Grid
 from ..rounds.inprocess_grid import InProcessGrid
@@ -230,11 +229,9 @@ class Simulation:
             raise ValueError("edge aggregators are processes on a broker: --edges needs --grid mqtt")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(c.to_json())
-        data = load_dataset(c.dataset, c.data_dir, seed=c.seed)
-        if c.train_samples or c.test_samples:
-            data = data.subset(c.train_samples, c.test_samples, seed=c.seed)
-        spec = model_spec(c.model, data.input_shape, data.num_classes)
-        method = method_class(c.method)(spec, Recipe.from_dict(c.recipe), **c.method_options)
+        setup = assemble(c.method, c.model, c.dataset, c.data_dir, Recipe.from_dict(c.recipe),
+                         c.method_options, c.seed, c.train_samples, c.test_samples)
+        data, method = setup.data, setup.method
         devices, server_data = self.prepare_data(data, method.server_fraction)
         if server_data is not None:
             method.attach_server_data(*server_data)

@@ -27,8 +27,8 @@ from sdk_device.runtimes.torch_runtime import TorchRuntime
 from sdk_device.task_runner import LoadedModel, run_task
 from sdk_device.transport.blob_store import BlobStore
 from server_toolkit.cli import main
+from server_toolkit.cli.hn import load_hypernet_run
 from server_toolkit.fleet.registry import FleetRegistry
-from server_toolkit.hn_cli import load_hypernet_run
 from server_toolkit.methods.mh_pfedhngd import MHPFedHNGD
 from server_toolkit.models.architectures import architecture
 from server_toolkit.models.zoo import model_spec

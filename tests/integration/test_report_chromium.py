@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from fedcore.recipe import Recipe
-from server_toolkit.cli_report import report
+from server_toolkit.cli.report import report
 from server_toolkit.report.compare_html import PALETTE, format_stat, format_value
 from server_toolkit.report.series import Stat
 from server_toolkit.sim.simulate import Simulation, SimulationConfig

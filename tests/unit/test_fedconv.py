@@ -289,20 +289,20 @@ def test_fedconv_state_survives_a_json_checkpoint():
 
 def test_fedsdk_server_run_gives_the_method_its_server_data(tmp_path):
     from sdk_device.data.npz import save_npz
-    from server_toolkit.cli import _attach_server_data
+    from server_toolkit.assembly import attach_server_data
     from server_toolkit.data.datasets import load_dataset
     from server_toolkit.methods.fedavg import FedAvg
 
     data = load_dataset("digits")
     method = small_fedconv()
-    _attach_server_data(method, data, None, seed=0)
+    attach_server_data(method, data, None, seed=0)
     assert abs(len(method.server_data[1]) - 0.05 * len(data.y_train)) <= 10
     x, y = toy_data(12)
     save_npz(tmp_path / "server.npz", x, y)
-    _attach_server_data(method, data, tmp_path / "server.npz", seed=0)
+    attach_server_data(method, data, tmp_path / "server.npz", seed=0)
     assert np.array_equal(method.server_data[1], y)
     fedavg = FedAvg(model_spec("small_cnn", (1, 8, 8), 10), Recipe())
-    _attach_server_data(fedavg, data, tmp_path / "server.npz", seed=0)
+    attach_server_data(fedavg, data, tmp_path / "server.npz", seed=0)
     assert fedavg.server_data is None
 
 

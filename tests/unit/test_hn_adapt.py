@@ -12,9 +12,9 @@ from safetensors.numpy import load_file, save_file
 from fedcore.recipe import Recipe
 from sdk_device.data.npz import save_npz
 from server_toolkit.cli import main
+from server_toolkit.cli.hn import adapt_run
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
-from server_toolkit.hn_cli import adapt_run
 from server_toolkit.methods.base import DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.methods.mh_pfedhn import MHPFedHN

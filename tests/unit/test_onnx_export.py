@@ -15,14 +15,13 @@ import torch
 from torch import nn
 
 from export.onnx import (
-    ExportAvgPool2d,
-    ExportBatchNorm2d,
     export_inference,
     export_training_forward,
     generate_ort_artifacts,
     model_from,
     state_names,
 )
+from export.onnx_modules import ExportAvgPool2d, ExportBatchNorm2d
 from export.tflite import export_tflite
 from fedcore import modelspec
 from fedcore.torch_model import build_model, load_numpy, state_numpy

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from server_toolkit.cli_report import report
+from server_toolkit.cli.report import report
 from server_toolkit.report.compare_html import build_page, format_stat, format_value
 from server_toolkit.report.runs import ReportInputError, find_run_dirs, load_runs, series_label
 from server_toolkit.report.series import Stat, group_runs, points

@@ -42,9 +42,9 @@ def load_hypernet_run(run_dir: Path):
     click.ClickException explains what is wrong otherwise."""
     from fedcore.recipe import Recipe
 
-    from .methods import method_class
-    from .methods.hypernetwork import HypernetMethod
-    from .rounds.checkpoint import load_checkpoint
+    from ..methods import method_class
+    from ..methods.hypernetwork import HypernetMethod
+    from ..rounds.checkpoint import load_checkpoint
 
     found = load_checkpoint(run_dir)
     if found is None:
@@ -97,8 +97,13 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
     from sdk_device.data.npz import load_npz
     from sdk_device.protocol.topics import check_name
 
-    from .methods.base import DeviceInfo
-    from .rounds.local_device import LocalDevice, TorchRuntimePool, local_test_accuracy, local_training_target
+    from ..methods.base import DeviceInfo
+    from ..rounds.local_device import (
+        LocalDevice,
+        TorchRuntimePool,
+        local_test_accuracy,
+        local_training_target,
+    )
 
     if (weights_path is None) == (data_path is None):
         raise click.UsageError("give exactly one of --weights and --data")
@@ -176,7 +181,7 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
         summary["exported"] = str(export)
     registry_path = run_dir / "registry.sqlite"
     if register and registry_path.exists():
-        from .fleet.registry import FleetRegistry
+        from ..fleet.registry import FleetRegistry
 
         registry = FleetRegistry(registry_path)
         try:

@@ -25,7 +25,7 @@ def certs() -> None:
 @click.option("--new-ca", is_flag=True, help="Replace an existing CA (every paired device must re-pair).")
 def certs_init(directory, hosts, new_ca) -> None:
     """Make the fleet CA (kept if it exists) and a broker certificate signed by it."""
-    from .broker.certs import default_hosts, fingerprints, init_certs, server_hosts
+    from ..broker.certs import default_hosts, fingerprints, init_certs, server_hosts
 
     hosts = list(hosts) or default_hosts()
     kept = (directory / "ca.pem").exists() and not new_ca
@@ -45,7 +45,7 @@ def certs_init(directory, hosts, new_ca) -> None:
               required=True)
 def certs_show(directory) -> None:
     """Print the fingerprints and the hosts of the broker certificate."""
-    from .broker.certs import CertFiles, fingerprints, server_hosts
+    from ..broker.certs import CertFiles, fingerprints, server_hosts
 
     try:
         files = CertFiles(directory).check()
@@ -80,9 +80,9 @@ def security_init(directory, fleet, tls_dir, no_tls, host, port, reload_command,
 
     from sdk_device.transport.tls import is_loopback
 
-    from .broker.certs import CertFiles
-    from .broker.mosquitto import mosquitto_config
-    from .broker.mosquitto_auth import MosquittoAuthFiles, SecurityDirError
+    from ..broker.certs import CertFiles
+    from ..broker.mosquitto import mosquitto_config
+    from ..broker.mosquitto_auth import MosquittoAuthFiles, SecurityDirError
 
     if tls_dir is None and not no_tls and (directory / "ca.pem").exists():
         tls_dir = directory
@@ -122,7 +122,7 @@ def security_init(directory, fleet, tls_dir, no_tls, host, port, reload_command,
               required=True)
 def security_show(directory) -> None:
     """Fleet, listener and accounts of a broker security directory."""
-    from .broker.mosquitto_auth import MosquittoAuthFiles, SecurityDirError
+    from ..broker.mosquitto_auth import MosquittoAuthFiles, SecurityDirError
 
     try:
         sec = MosquittoAuthFiles(directory)
@@ -137,8 +137,8 @@ def security_show(directory) -> None:
 def _security_for(directory: Path):
     """DIR's security backend, confirming changes against DIR's own broker (ClickException if
     DIR is not a security directory). ``devices revoke`` uses it too."""
-    from .broker.mosquitto_auth import SecurityDirError
-    from .broker.secured import server_connection
+    from ..broker.mosquitto_auth import SecurityDirError
+    from ..broker.secured import server_connection
 
     try:
         return server_connection(directory)[2]
@@ -148,7 +148,7 @@ def _security_for(directory: Path):
 
 def _change_account(directory: Path, change) -> None:
     """Run ``change(security)`` on DIR's security backend; errors become ClickExceptions."""
-    from .broker.mosquitto_auth import SecurityDirError
+    from ..broker.mosquitto_auth import SecurityDirError
 
     security = _security_for(directory)
     try:
@@ -163,7 +163,7 @@ def _change_account(directory: Path, change) -> None:
 @click.argument("device_id")
 def security_grant(directory, device_id) -> None:
     """Give DEVICE_ID a broker account by hand (pairing does this for you); prints its password."""
-    from .broker.mosquitto_auth import new_password
+    from ..broker.mosquitto_auth import new_password
 
     password = new_password()
     _change_account(directory, lambda sec: sec.grant_device(device_id, password))

@@ -19,7 +19,7 @@ def methods() -> None:
 @methods.command("list")
 def methods_list() -> None:
     """Every method with its family and example arguments."""
-    from .methods import methods as registry
+    from ..methods import methods as registry
 
     table = Table("method", "family", "example: fedsdk-server simulate --method NAME …")
     for name, cls in sorted(registry().items(), key=lambda item: (item[1].family, item[0])):
@@ -31,7 +31,7 @@ def methods_list() -> None:
 @click.argument("name")
 def methods_show(name: str) -> None:
     """One method: what it does (its module's documentation), its options and their defaults."""
-    from .methods import method_class
+    from ..methods import method_class
 
     try:
         cls = method_class(name)

@@ -79,7 +79,7 @@ def pairing_options(f):
 
 
 def _registry(run_dir: Path):
-    from .fleet.registry import FleetRegistry
+    from ..fleet.registry import FleetRegistry
 
     if not (run_dir / "registry.sqlite").is_file():
         raise click.ClickException(
@@ -128,9 +128,9 @@ def pair_code(run_dir, ttl, tier, server_url, count) -> None:
     from sdk_device.transport.mqtt_link import BrokerAddress
     from sdk_device.transport.tls import certificate_fingerprint, is_loopback
 
-    from .fleet.fleet_info import FleetInfo
-    from .fleet.pair_codes import LockoutPolicy, PairCodes
-    from .fleet.registry import FleetRegistry
+    from ..fleet.fleet_info import FleetInfo
+    from ..fleet.pair_codes import LockoutPolicy, PairCodes
+    from ..fleet.registry import FleetRegistry
 
     info = FleetInfo.load(run_dir)
     if info is None and not server_url:
@@ -304,7 +304,7 @@ def _print_reason(reason: dict | None) -> None:
 @click.argument("device_id")
 def devices_revoke(run_dir, security_dir, device_id) -> None:
     """Revoke a device: its broker account is deleted (its session is cut) and the server refuses it."""
-    from .fleet.fleet_info import FleetInfo
+    from ..fleet.fleet_info import FleetInfo
 
     registry = _registry(run_dir)
     if registry.device(device_id) is None:
@@ -312,7 +312,7 @@ def devices_revoke(run_dir, security_dir, device_id) -> None:
     info = FleetInfo.load(run_dir)
     security_dir = security_dir or (Path(info.security_dir) if info and info.security_dir else None)
     if security_dir is not None:
-        from .cli_security import _security_for
+        from .security import _security_for
 
         _security_for(security_dir).revoke_device(device_id)
         console.print(f"broker account of {device_id} deleted (live session cut)")
@@ -332,7 +332,7 @@ def devices_revoke(run_dir, security_dir, device_id) -> None:
 def devices_retier(run_dir, device_id, tier) -> None:
     """Set a device's tier (a tier name, or "auto" to decide again from its pairing profile).
     It applies from the next round."""
-    from .fleet.fleet_info import FleetInfo
+    from ..fleet.fleet_info import FleetInfo
 
     registry = _registry(run_dir)
     d = registry.device(device_id)

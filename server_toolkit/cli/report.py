@@ -22,8 +22,8 @@ def report(run_dirs: tuple[Path, ...], out: Path, last_k: int) -> None:
     and method options) and compared within settings (config.json's "setting", else dataset,
     partition and model); seeds are a series' replicates.
     """
-    from .report.compare_html import build_page, write_page
-    from .report.runs import ReportInputError, load_runs
+    from ..report.compare_html import build_page, write_page
+    from ..report.runs import ReportInputError, load_runs
 
     command = shlex.join(["fedsdk-server", "report", *map(str, run_dirs), "--out", str(out),
                           "--last-k", str(last_k)])

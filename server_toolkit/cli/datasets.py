@@ -25,8 +25,8 @@ _data_dir_option = click.option(
 
 
 def _known(name: str):
-    from .data.catalogue import known_dataset
-    from .data.errors import DatasetError
+    from ..data.catalogue import known_dataset
+    from ..data.errors import DatasetError
 
     try:
         return known_dataset(name)
@@ -43,8 +43,8 @@ def datasets() -> None:
 @_data_dir_option
 def datasets_list(data_dir: Path | None) -> None:
     """Show each known dataset: where it was found, its format and sample counts (or how to get it)."""
-    from .data.catalogue import CATALOGUE
-    from .data.locate import find_dataset, search_dirs
+    from ..data.catalogue import CATALOGUE
+    from ..data.locate import find_dataset, search_dirs
 
     rows = [("dataset", "format", "samples", "location")]
     for entry in CATALOGUE.values():
@@ -70,9 +70,9 @@ def datasets_list(data_dir: Path | None) -> None:
 
 def _sample_counts(location) -> str:
     """"60000 train, 10000 test", read from the files' headers only."""
-    from .data.errors import DatasetError
-    from .data.idx import read_idx_dims
-    from .data.npz import npz_shapes
+    from ..data.errors import DatasetError
+    from ..data.idx import read_idx_dims
+    from ..data.npz import npz_shapes
 
     try:
         if location.format == "npz":
@@ -94,9 +94,9 @@ def datasets_verify(name: str, data_dir: Path | None) -> None:
 
     A .gz file passes on the canonical MD5 or, re-compressed, on the SHA-256 of its content;
     an npz passes array by array (docs/datasets.md)."""
-    from .data.errors import DatasetError
-    from .data.locate import locate
-    from .data.verify import verify_location
+    from ..data.errors import DatasetError
+    from ..data.locate import locate
+    from ..data.verify import verify_location
 
     entry = _known(name)
     if entry.bundled:
@@ -149,8 +149,8 @@ class _RichProgress:
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for a connection or data.")
 def datasets_fetch(name: str, to: Path, mirror: str | None, timeout: float) -> None:
     """Download dataset NAME's files into --to, verifying each (a file that fails is not kept)."""
-    from .data.errors import DatasetError
-    from .data.fetch import fetch_dataset
+    from ..data.errors import DatasetError
+    from ..data.fetch import fetch_dataset
 
     entry = _known(name)
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),

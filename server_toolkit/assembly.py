@@ -1,0 +1,65 @@
+"""One server assembly: dataset -> model spec -> method (and its server data), for both
+``fedsdk-server run`` and ``simulate``.
+
+Both commands then hand the method to the round loop (``rounds/loop.py``) over a grid: the
+MQTT grid for a real fleet, the MQTT grid with device processes or the in-process grid for
+a simulation. What differs is only where the server's own data comes from: a simulation
+cuts it off the training split before partitioning it among its devices; a real fleet's
+server uses ``--server-data`` or, failing that, its share of ``--dataset``'s training
+split (the devices bring their own data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedcore.recipe import Recipe
+
+from .data.datasets import Dataset, load_dataset
+from .methods import method_class
+from .methods.base import Method
+from .models.zoo import model_spec
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """The server's dataset (test split for central evaluation), global model spec and method."""
+
+    data: Dataset
+    spec: dict
+    method: Method
+
+
+def assemble(method: str, model: str, dataset: str, data_dir: str | Path | None, recipe: Recipe,
+             method_options: dict | None = None, seed: int = 0, train_samples: int | None = None,
+             test_samples: int | None = None) -> Assembly:
+    """Load ``dataset`` (a stratified subset when sample counts are given), build ``model``'s
+    spec for it and the method with its options. DatasetError / ValueError / TypeError with
+    one-line messages on bad input (unknown method, model or option)."""
+    cls = method_class(method)  # fail on a wrong name before any data is read
+    data = load_dataset(dataset, data_dir, seed=seed)
+    if train_samples or test_samples:
+        data = data.subset(train_samples, test_samples, seed=seed)
+    spec = model_spec(model, data.input_shape, data.num_classes)
+    return Assembly(data, spec, cls(spec, recipe, **(method_options or {})))
+
+
+def attach_server_data(method: Method, data: Dataset, server_data: Path | None, seed: int) -> str | None:
+    """Give a method that wants server data (``server_fraction`` > 0) the ``server_data`` npz,
+    or else its share of ``data``'s training split. Returns a one-line description of what it
+    got (None: the method uses none)."""
+    from sdk_device.data.npz import load_npz
+
+    from .data.server_slice import take_server_slice
+
+    if method.server_fraction <= 0:
+        return None
+    if server_data:
+        x, y = load_npz(server_data)
+        source = str(server_data)
+    else:
+        x, y = take_server_slice(data.x_train, data.y_train, method.server_fraction, seed).server
+        source = f"{method.server_fraction:.0%} of the training split of {data.name}"
+    method.attach_server_data(x, y)
+    return f"server data: {len(y)} samples ({source})"

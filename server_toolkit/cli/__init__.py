@@ -1,0 +1,49 @@
+"""``fedsdk-server``: the server-side command line, one module per command group.
+
+==============  ===============================================================
+module          commands
+==============  ===============================================================
+``simulate``    simulate (a whole federation on this machine)
+``run``         run (serve a real fleet; pairing is live meanwhile)
+``edge``        edge (an edge aggregator)
+``devices``     devices add | list | show | revoke | retier
+``pairing``     pair-code (and the devices show/revoke/retier commands)
+``broker``      broker
+``security``    certs init, security init | grant | revoke | …
+``datasets``    datasets list | verify | fetch
+``methods``     methods list | show
+``report``      report (an HTML page comparing runs)
+``hn``          hn adapt (a new device into a hypernetwork run)
+==============  ===============================================================
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from .broker import broker
+from .datasets import datasets
+from .devices import devices
+from .edge import edge
+from .hn import hn
+from .methods import methods
+from .pairing import pair_code
+from .report import report
+from .run import run
+from .security import certs, security
+from .simulate import simulate
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """fedsdk server: cut models for a fleet of unlike devices and run federated rounds."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+for command in (simulate, run, edge, devices, pair_code, broker, certs, security, datasets, methods, report,
+                hn):
+    main.add_command(command)

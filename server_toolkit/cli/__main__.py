@@ -1,0 +1,5 @@
+"""``python -m server_toolkit.cli`` = ``fedsdk-server``."""
+
+from . import main
+
+main()

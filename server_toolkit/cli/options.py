@@ -1,0 +1,49 @@
+"""Options and helpers shared by several ``fedsdk-server`` commands."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+
+console = Console()
+
+
+def recipe_options(f):
+    """The device recipe options every training command takes."""
+    for opt in reversed(
+        [
+            click.option("--local-epochs", default=5, show_default=True, help="Local epochs per round."),
+            click.option("--batch-size", default=16, show_default=True),
+            click.option("--lr", default=0.05, show_default=True, help="Client learning rate."),
+            click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True),
+        ]
+    ):
+        f = opt(f)
+    return f
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict:
+    """``("k=v", ...)`` -> dict; values are JSON when they parse (numbers, lists, true), else strings."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--method-option")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+method_option = click.option(
+    "--method-option",
+    "method_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A method-specific option (repeatable); VALUE is parsed as JSON when it can be.",
+)
+
+

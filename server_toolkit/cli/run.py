@@ -1,0 +1,203 @@
+"""``fedsdk-server run``: serve a real fleet (and pair new devices meanwhile)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from fedcore.recipe import Recipe
+
+from .options import console, method_option, parse_options, recipe_options
+from .pairing import pairing_options, parse_tiers
+
+
+@click.command()
+@click.option(
+    "--broker",
+    "broker_url",
+    default=None,
+    help="mqtt[s]://host:port of the fleet's broker (default: embedded, loopback only).",
+)
+@click.option(
+    "--insecure-embedded-broker",
+    is_flag=True,
+    help="Let the embedded broker bind a non-loopback --host (no auth, no limits).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Embedded broker address.")
+@click.option("--port", default=1883, show_default=True, help="Embedded broker port.")
+@click.option(
+    "--broker-security",
+    "security_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Broker security directory (security init): log in as fedsdk-server, manage device accounts.",
+)
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
+@click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a non-loopback broker.")
+@click.option("--fleet", required=True, help="Fleet name (devices use the same).")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Where the registry, blobs, checkpoints and metrics live.",
+)
+@click.option("--method", default="fedavg", show_default=True)
+@click.option("--model", default="small_cnn", show_default=True)
+@click.option(
+    "--dataset",
+    default="digits",
+    show_default=True,
+    help="digits, mnist, fashion_mnist or npz:<path>: defines the model's input/classes; "
+    "its test split evaluates the global model.",
+)
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Where mnist / fashion_mnist live.")
+@click.option(
+    "--server-data",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="npz (x, y) the server keeps for methods that tune on data of their own (fedconv); "
+    "default: the method's share of --dataset's training split.",
+)
+@method_option
+@click.option("--rounds", default=20, show_default=True)
+@click.option("--min-devices", default=1, show_default=True, help="Wait for this many devices first.")
+@click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
+@click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
+@click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
+@click.option("--round-timeout", default=300.0, show_default=True)
+@recipe_options
+@click.option("--seed", default=0, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
+@pairing_options
+def run(
+    broker_url,
+    insecure_embedded_broker,
+    host,
+    port,
+    security_dir,
+    ca_file,
+    insecure,
+    fleet,
+    run_dir,
+    method,
+    model,
+    dataset,
+    data_dir,
+    server_data,
+    method_options,
+    rounds,
+    min_devices,
+    clients_per_round,
+    fraction,
+    over_select,
+    round_timeout,
+    local_epochs,
+    batch_size,
+    lr,
+    optimizer,
+    seed,
+    resume,
+    tiers,
+    program_formats,
+    device_url,
+    pair_max_failures,
+    pair_lockout,
+) -> None:
+    """Serve a real fleet, and pair new devices meanwhile (`fedsdk-server pair-code`).
+
+    Devices join with `fedsdk pair` (or, registered by hand, `fedsdk run --broker ... --fleet ...
+    --device-id ...`)."""
+    from sdk_device.protocol.topics import FleetTopics
+    from sdk_device.transport.blob_store import BlobStore
+    from sdk_device.transport.endpoint import Endpoint
+    from sdk_device.transport.mqtt_link import BrokerAddress
+
+    from ..assembly import assemble, attach_server_data
+    from ..broker.embedded import EmbeddedBroker
+    from ..broker.mosquitto_auth import SecurityDirError
+    from ..broker.secured import server_connection
+    from ..fleet.pair_codes import LockoutPolicy
+    from ..fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
+    from ..fleet.registry import FleetRegistry
+    from ..report.run_report import RunReport
+    from ..rounds.loop import LoopConfig, RoundLoop
+    from ..rounds.mqtt_grid import MqttGrid
+
+    recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    try:
+        setup = assemble(method, model, dataset, data_dir, recipe, parse_options(method_options), seed)
+        described = attach_server_data(setup.method, setup.data, server_data, seed)
+    except (ValueError, TypeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if described:
+        console.print(described)
+    elif server_data:
+        console.print(f"[yellow]--server-data ignored: {method} uses no server data[/]")
+    data, the_method = setup.data, setup.method
+    registry = FleetRegistry(run_dir / "registry.sqlite")
+    broker = None
+    username = password = None
+    try:
+        if security_dir:
+            address, ca_file, broker_security = server_connection(security_dir, broker_url, ca_file)
+            if broker_security.fleet != fleet:
+                raise ValueError(f"{security_dir} holds the accounts of fleet {broker_security.fleet!r}, "
+                                 f"not {fleet!r}")
+            username, password = broker_security.server_credentials()
+        elif broker_url:
+            address = BrokerAddress.parse(broker_url)
+        else:
+            broker = EmbeddedBroker(host, port, allow_remote=insecure_embedded_broker).start()
+            address = broker.address
+        endpoint = Endpoint(
+            address, FleetTopics(fleet), BlobStore(run_dir / "blobs"), is_known_peer=registry.is_known,
+            username=username, password=password, ca_file=ca_file,
+            insecure=insecure or insecure_embedded_broker,  # that flag already accepts plain TCP
+        )
+        fleet_info = describe_fleet(
+            the_method, fleet, device_url_for(address, ca_file, device_url), parse_tiers(tiers),
+            round_timeout, method_name=method, model=model, ca_file=ca_file,
+            security_dir=str(security_dir) if security_dir else None, insecure=insecure,
+            lockout=LockoutPolicy(pair_max_failures, pair_lockout, pair_lockout))
+    except (ValueError, SecurityDirError, FileNotFoundError) as exc:
+        if broker:
+            broker.stop()
+        raise click.ClickException(str(exc)) from None
+    report = (
+        RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
+    )
+    grid = MqttGrid(endpoint, registry, program_formats=[f.strip() for f in program_formats.split(",")],
+                    fetch_timeout_s=round_timeout)
+    loop = RoundLoop(
+        the_method, grid,
+        LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
+                   over_select=over_select, round_timeout_s=round_timeout, seed=seed),
+        run_dir=run_dir,
+        test_data=(data.x_test, data.y_test),
+        on_round=lambda row: (report.add_round(row), console.print(row)),
+    )
+    pairing = None
+    try:
+        endpoint.start()
+        loop.start(resume=resume)
+        pairing = start_pairing(run_dir, fleet_info, address, the_method, registry, grid.programs,
+                                username=username, password=password, ca_file=ca_file, insecure=insecure,
+                                security=broker_security if security_dir else None)
+        console.print(f"pairing open: make a code with `fedsdk-server pair-code --run-dir {run_dir}`"
+                      + ("" if security_dir else " (no --broker-security: the broker enforces no accounts)"))
+        console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
+        while grid.wait_for_devices(min_devices, timeout_s=30) < min_devices:
+            console.print(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
+        loop.run()
+    finally:
+        if pairing:
+            pairing.close()
+        grid.close()
+        endpoint.close()
+        if broker:
+            broker.stop()
+    report.write_plot()
+    console.print(report.summary_table(f"{method} on fleet {fleet}"))
+
+
