@@ -69,8 +69,8 @@ def test_vgg8_trains_on_digits_with_the_default_recipe():
     # Regression: without BatchNorm (the paper's Table 18) vgg8 stayed the constant predictor
     # (0.336 after 4 x 5 epochs at lr 0.05 and at 0.01, chance 0.333). With BatchNorm one
     # 5-epoch task gave 0.972 (lr 0.05) and 0.991 (lr 0.01); 0.9 leaves room for torch versions.
-    from sdk_device.protocol import modelspec
-    from sdk_device.runtimes.recipe import Recipe
+    from fedcore import modelspec
+    from fedcore.recipe import Recipe
     from sdk_device.runtimes.torch_runtime import TorchRuntime
     from server_toolkit.data.datasets import load_dataset
     from server_toolkit.models.personal_eval import label_weighted_accuracy
