@@ -22,7 +22,8 @@ subsample the training / test set, stratified by class and seeded (0 = all).
 Printed per alpha and seed: global accuracy at the final exit (server test split) after the
 last round and averaged over the last 5 rounds, the mean per-client accuracy at each client's
 deepest exit on its local test split, the number of hypernetwork-generated tensors over the
-run (HypeMeFed), and the wall time; then the last-5 means over seeds and HypeMeFed's gain over
+run and the mean relative errors of the hypernetworks' skill checks against the global
+weights' (HypeMeFed), and the wall time; then the last-5 means over seeds and HypeMeFed's gain over
 FedAvg-S. Paper anchor: +5.12 points over FedAvg-S on its testbed task (UniMiB, alpha 0.5).
 
     .venv/bin/python bench/accuracy_hypemefed.py                 # digits, alpha 0.5 and 0.1, 40 rounds
@@ -164,8 +165,12 @@ def run(alpha: float, seed: int, args) -> list[tuple[str, dict]]:
         generated = sum(row.get("generated", 0) for row in run_result.rows)
         results.append((label, {"final": accs[-1], "last5": float(np.mean(accs[-5:])), "client": per_client,
                                 "generated": generated, "seconds": seconds}))
+        checks = [(row["hn_check_rel_err"], row["hn_stand_in_rel_err"]) for row in run_result.rows
+                  if "hn_check_rel_err" in row]
+        gate = (f", skill checks: hypernetworks' rel. error {np.mean([c[0] for c in checks]):.3f} vs global "
+                f"weights' {np.mean([c[1] for c in checks]):.4f}") if checks else ""
         print(f"  {label}: final {accs[-1]:.4f}, last-5 mean {np.mean(accs[-5:]):.4f}, per-client deepest "
-              f"exit {per_client:.4f}, generated {generated} ({seconds:.0f} s)", flush=True)
+              f"exit {per_client:.4f}, generated {generated}{gate} ({seconds:.0f} s)", flush=True)
     return results
 
 
