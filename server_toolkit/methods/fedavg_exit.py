@@ -6,8 +6,9 @@
 * ``fedavg-l-exit``: every device trains the full multi-exit model (the upper bound that
   ignores device limits); evaluated at the final exit.
 
-Both: sample-weighted FedAvg; recipe options as ``depthfl`` (Adam, ``client_lr``,
-``client_batch_size``, ``user_recipe``).
+Both: sample-weighted FedAvg (the paper's baselines: no per-class classifier rows); recipe
+options and defaults as ``depthfl`` (Adam, ``client_lr`` 5e-4, ``client_batch_size`` 16,
+``user_recipe``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fedcore.recipe import Recipe
 
 from ..submodels.exit_split import name_map, prefix_spec
 from .base import Weights
-from .depthfl import exit_split_recipe
+from .depthfl import CLIENT_BATCH_SIZE, CLIENT_LR, exit_split_recipe
 from .fedavg import FedAvg
 
 
@@ -25,8 +26,8 @@ class FedAvgLargeExit(FedAvg):
     family = "exit"
     example = "--model vgg_multi_exit"
 
-    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = 0.005,
-                 client_batch_size: int = 16, user_recipe: bool = False) -> None:
+    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = CLIENT_LR,
+                 client_batch_size: int = CLIENT_BATCH_SIZE, user_recipe: bool = False) -> None:
         super().__init__(global_spec, exit_split_recipe(recipe, client_lr, client_batch_size, user_recipe))
 
 
@@ -35,8 +36,8 @@ class FedAvgShallowExit(FedAvgLargeExit):
     family = "exit"
     example = "--model vgg_multi_exit"
 
-    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = 0.005,
-                 client_batch_size: int = 16, user_recipe: bool = False) -> None:
+    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = CLIENT_LR,
+                 client_batch_size: int = CLIENT_BATCH_SIZE, user_recipe: bool = False) -> None:
         super().__init__(prefix_spec(global_spec, 1), recipe, client_lr, client_batch_size, user_recipe)
         self.full_spec = global_spec
 

@@ -8,7 +8,8 @@ The device's loss (sum of CE over every output) is then HypeMeFed's local loss.
 
 Segment ``n`` (0-based) = the trunk between exit ``n`` and exit ``n + 1``: tier ``t`` trains
 segments ``0..t-1`` and exits ``1..t``. ``conv_segments`` lists each segment's conv weights,
-which the hypernetworks map from one segment to the next.
+which the hypernetworks map from one segment to the next; ``classifier_tensors`` names each
+output's classifier (the last linear layer of every exit head, and the final layer).
 
 Tensor names: a prefix layer keeps its global name; head layer ``j`` of exit ``t`` (global
 ``layers.<e>.head.<j>.*``) becomes ``layers.<e + j>.*`` in the sub-model. ``index_map`` of
@@ -103,6 +104,26 @@ def conv_segments(global_spec: dict) -> list[list[tuple[str, tuple[int, ...]]]]:
         segment = segment_of_layer(global_spec, i)
         segments[segment] += [(name, (c["out"], c["in"], c["k"], c["k"])) for name, c in found]
     return segments
+
+
+def _linear_tensors(prefix: str, layer: dict) -> list[str]:
+    return [f"{prefix}.weight", *([f"{prefix}.bias"] if layer.get("bias", True) else [])]
+
+
+def classifier_tensors(global_spec: dict) -> list[str]:
+    """Global names of every output's classifier tensors (weight, bias; rows = classes): the
+    last linear layer of each exit head, then the spec's final layer when it is linear."""
+    layers = global_spec["layers"]
+    names: list[str] = []
+    for i, layer in enumerate(layers):
+        if layer["op"] != "exit":
+            continue
+        linears = [j for j, inner in enumerate(layer["head"]) if inner["op"] == "linear"]
+        if linears:
+            names += _linear_tensors(f"layers.{i}.head.{linears[-1]}", layer["head"][linears[-1]])
+    if layers and layers[-1]["op"] == "linear":
+        names += _linear_tensors(f"layers.{len(layers) - 1}", layers[-1])
+    return names
 
 
 class ExitSplit:

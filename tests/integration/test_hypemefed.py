@@ -15,7 +15,8 @@ def test_hypemefed_simulation_with_three_tiers_completes_rounds(mosquitto, tmp_p
     cmd = [sys.executable, "-m", "server_toolkit.cli", "simulate", "--method", "hypemefed",
            "--model", "vgg_multi_exit", "--tiers", "1,2,3", "--devices", "3", "--rounds", "2",
            "--local-epochs", "1", "--partition", "iid", "--broker", mosquitto.url,
-           "--method-option", "rank=100", "--runs-dir", str(tmp_path / "runs")]
+           "--method-option", "rank=100", "--method-option", "hn_gate=false",  # generate from round 1
+           "--runs-dir", str(tmp_path / "runs")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = list((tmp_path / "runs").iterdir())

@@ -16,9 +16,11 @@ from server_toolkit.methods.fedavg_exit import FedAvgShallowExit
 from server_toolkit.models.exit_eval import deepest_exit_accuracy, exit_accuracies
 from server_toolkit.models.multi_exit import add_exits, cnn_multi_exit, resnet18_multi_exit
 from server_toolkit.models.zoo import small_cnn, vgg_multi_exit
+from server_toolkit.reconstruct.classwise_average import classwise_average
 from server_toolkit.reconstruct.present_average import average_present
 from server_toolkit.submodels.exit_split import (
     ExitSplit,
+    classifier_tensors,
     conv_segments,
     exit_positions,
     name_map,
@@ -153,6 +155,50 @@ def test_depthfl_averages_each_tensor_over_the_clients_that_trained_it():
     assert not np.array_equal(shallow_only[first], global_weights[first])
 
 
+def test_classifier_tensors_are_every_outputs_last_linear_layer():
+    last = len(SPEC["layers"]) - 1
+    exits = exit_positions(SPEC)
+    assert classifier_tensors(SPEC) == [
+        f"layers.{exits[0]}.head.2.weight", f"layers.{exits[0]}.head.2.bias",
+        f"layers.{exits[1]}.head.2.weight", f"layers.{exits[1]}.head.2.bias",
+        f"layers.{last}.weight", f"layers.{last}.bias"]
+    for name in classifier_tensors(SPEC):
+        assert _weights(SPEC)[name].shape[0] == 10
+
+
+def test_classwise_average_weights_each_row_by_the_clients_samples_of_its_class():
+    g = {"w": np.zeros((3, 2), np.float32), "b": np.full(3, 9.0, np.float32)}
+    a = ({"w": np.ones((3, 2), np.float32), "b": np.ones(3, np.float32)}, np.array([3.0, 0.0, 0.0]))
+    b = ({"w": np.full((3, 2), 5.0, np.float32)}, np.array([1.0, 2.0, 0.0]))
+    out = classwise_average(g, [a, b], ["w", "b"])
+    np.testing.assert_allclose(out["w"], [[2.0, 2.0], [5.0, 5.0], [0.0, 0.0]])  # class 2: nobody, kept
+    np.testing.assert_allclose(out["b"], [1.0, 9.0, 9.0])  # only a holds b, and has class 0 only
+    assert out["w"].dtype == np.float32
+    assert classwise_average(g, [b], ["b"]) == {}  # nobody holds b
+    with pytest.raises(ValueError, match="class counts"):
+        classwise_average(g, [({"b": np.ones(3, np.float32)}, np.ones(2))], ["b"])
+
+
+def test_depthfl_averages_classifier_rows_per_class_from_reported_label_counts():
+    global_weights = _weights(SPEC)
+    final_w = classifier_tensors(SPEC)[-2]
+    per_class = DepthFL(SPEC, Recipe())
+    plain = DepthFL(SPEC, Recipe(), classwise_heads=False)
+    updates = []
+    for dev, counts, shift in [("a", [4] + [0] * 9, 1.0), ("b", [0, 6] + [0] * 8, 3.0)]:
+        update = _update(per_class, global_weights, dev, 3, sum(counts), shift)
+        updates.append(ClientUpdate(dev, update.num_samples, update.weights, {"label_counts": counts},
+                                    update.instruction))
+    new = per_class.aggregate_train(1, global_weights, updates)
+    old = plain.aggregate_train(1, global_weights, updates)
+    np.testing.assert_allclose(new[final_w][0], global_weights[final_w][0] + 1.0, rtol=1e-6)  # a's class
+    np.testing.assert_allclose(new[final_w][1], global_weights[final_w][1] + 3.0, rtol=1e-6)  # b's class
+    np.testing.assert_array_equal(new[final_w][2:], global_weights[final_w][2:])  # nobody's classes
+    np.testing.assert_allclose(old[final_w], global_weights[final_w] + (4 + 18) / 10, rtol=1e-6)
+    conv = conv_segments(SPEC)[2][0][0]
+    np.testing.assert_array_equal(new[conv], old[conv])  # everything else: the plain average
+
+
 def test_average_present_checks_its_input():
     g = {"w": np.zeros(3, np.float32), "n": np.zeros(2, np.int64)}
     out = average_present(g, [({"w": np.ones(3, np.float32)}, 1.0),
@@ -171,7 +217,7 @@ def test_exit_split_methods_are_discovered_and_hand_out_adam():
         assert name in available
     method = available["hypemefed"](SPEC, Recipe(epochs=3, lr=0.05, optimizer="sgd"))
     instruction = method.configure_train(1, _weights(SPEC), [DeviceInfo("d", 5, "2")])[0]
-    assert instruction.recipe.optimizer == "adam" and instruction.recipe.lr == 0.005
+    assert instruction.recipe.optimizer == "adam" and instruction.recipe.lr == 5e-4
     assert instruction.recipe.batch_size == 16 and instruction.recipe.epochs == 3
     own = available["depthfl"](SPEC, Recipe(lr=0.05), user_recipe=True)
     assert own.configure_train(1, _weights(SPEC), [DeviceInfo("d", 5, "1")])[0].recipe.optimizer == "sgd"

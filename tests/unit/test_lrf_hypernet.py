@@ -12,7 +12,7 @@ from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.hypemefed import HypeMeFed, parse_rank
 from server_toolkit.models.zoo import vgg_multi_exit
-from server_toolkit.reconstruct.hypernet_bank import HypernetBank, conv_pairs
+from server_toolkit.reconstruct.hypernet_bank import HypernetBank, conv_pairs, relative_error
 from server_toolkit.reconstruct.lrf_hypernet import (
     LowRankHypernet,
     NaiveHypernet,
@@ -129,7 +129,7 @@ def test_bank_pairs_last_two_convs_of_a_segment_with_the_next_segments_convs():
 
 
 def test_bank_trains_on_deep_clients_and_chains_generation_for_shallow_ones():
-    bank = HypernetBank(conv_segments(SPEC), rank=100, hidden=32, epochs=3, seed=0)
+    bank = HypernetBank(conv_segments(SPEC), rank=100, hidden=32, epochs=3, seed=0, gate=False)
     segments = conv_segments(SPEC)
     shallow = _client_weights(1)
     assert bank.generate_missing(1, shallow) == {}  # nothing trained yet: nothing generated
@@ -153,11 +153,41 @@ def test_bank_trains_on_deep_clients_and_chains_generation_for_shallow_ones():
     np.testing.assert_allclose(from_middle[pair.target], own, rtol=1e-5, atol=1e-7)
     assert bank.generate_missing(3, _client_weights(6)) == {}
 
-    restored = HypernetBank(conv_segments(SPEC), rank=100, hidden=32, epochs=3, seed=99)
+    restored = HypernetBank(conv_segments(SPEC), rank=100, hidden=32, epochs=3, seed=99, gate=False)
     restored.load_state_dict(bank.state_dict())
     again = restored.generate_missing(1, shallow)
     for name, value in generated.items():
         np.testing.assert_array_equal(again[name], value)
+
+
+def _zeros_like(weights: dict) -> dict:
+    return {k: np.zeros_like(v) for k, v in weights.items()}
+
+
+def test_gated_bank_generates_only_after_beating_the_global_weights_on_fresh_pairs():
+    segments = conv_segments(SPEC)
+    deep, shallow = _client_weights(3), _client_weights(1)
+    bank = HypernetBank(segments, rank=100, hidden=32, epochs=20, lr=5e-3, seed=0)
+    bank.train_round([(3, deep)], round_number=1, global_weights=_zeros_like(deep))
+    assert bank.checks == {} and bank.generate_missing(1, shallow) == {}  # trained, never checked
+    # the global weights already are the clients' deep convs: no hypernetwork can beat them
+    bank.train_round([(3, deep)], round_number=2, global_weights=deep)
+    assert len(bank.checks) == 4 and all(c.stand_in == 0 and not c.passed for c in bank.checks.values())
+    assert bank.generate_missing(1, shallow) == {}
+    # zeros as the global weights: the hypernetworks, trained on this very pair, are better
+    bank.train_round([(3, deep)], round_number=3, global_weights=_zeros_like(deep))
+    assert all(c.stand_in == pytest.approx(1.0) and c.passed for c in bank.checks.values())
+    assert set(bank.generate_missing(1, shallow)) == {name for seg in segments[1:] for name, _ in seg}
+    # a round without deep clients checks nothing and keeps the verdicts
+    bank.train_round([(1, shallow)], round_number=4, global_weights=deep)
+    assert bank.checks == {} and len(bank.skilled) == 4
+
+
+def test_relative_error_is_one_for_zeros_and_zero_for_the_target():
+    target = np.arange(1.0, 7.0).reshape(2, 3)
+    assert relative_error(np.zeros_like(target), target) == pytest.approx(1.0)
+    assert relative_error(target, target) == 0.0
+    assert relative_error(2 * target, target) == pytest.approx(1.0)
 
 
 # ---- generated weights reach the global model ------------------------------------------------
@@ -165,7 +195,7 @@ def test_bank_trains_on_deep_clients_and_chains_generation_for_shallow_ones():
 def test_generated_conv_weights_enter_the_aggregated_global_model():
     """Guard against the released code's bug (generated weights never reached aggregation)."""
     global_weights = _client_weights(0)
-    options = {"hidden": 32, "hn_epochs": 3, "seed": 0}
+    options = {"hidden": 32, "hn_epochs": 3, "seed": 0, "hn_gate": False}
     with_hn, without_hn = HypeMeFed(SPEC, Recipe(), **options), HypeMeFed(SPEC, Recipe(), hypernet="none")
     samples = {"a": (1, 10), "b": (2, 30), "c": (3, 60)}
     updates = []
@@ -199,13 +229,16 @@ def test_generated_conv_weights_enter_the_aggregated_global_model():
 
 
 def test_hypemefed_state_survives_a_restart():
-    method = HypeMeFed(SPEC, Recipe(), hidden=16, hn_epochs=2)
-    method.bank.train_round([(3, _client_weights(1))], round_number=1)
+    method = HypeMeFed(SPEC, Recipe(), hidden=16, hn_epochs=20, hn_lr=5e-3)
+    pair = _client_weights(1)
+    for round_number in (1, 2, 3):  # checked in rounds 2 and 3, passes in 3 (as in the test above)
+        method.bank.train_round([(3, pair)], round_number, global_weights=_zeros_like(pair))
     state = method.state_dict()
     import json
 
-    fresh = HypeMeFed(SPEC, Recipe(), hidden=16, hn_epochs=2, seed=5)
+    fresh = HypeMeFed(SPEC, Recipe(), hidden=16, hn_epochs=20, hn_lr=5e-3, seed=5)
     fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert fresh.bank.skilled == method.bank.skilled and len(fresh.bank.skilled) == 4
     shallow = _client_weights(2)
     a, b = method.bank.generate_missing(1, shallow), fresh.bank.generate_missing(1, shallow)
     assert set(a) == set(b) and len(a) == 4
