@@ -86,7 +86,8 @@ _method_option = click.option(
     "--model",
     default="small_cnn",
     show_default=True,
-    help="small_cnn, lenet5, vgg_multi_exit, resnet_small, lenet, vgg8, resnet10/12/18 or mlp.",
+    help="small_cnn, lenet5, vgg_multi_exit, lenet5_multi_exit, resnet_small, lenet, vgg8, resnet10/12/18 "
+    "or mlp.",
 )
 @click.option("--devices", default=8, show_default=True, help="Device processes to start (<= 10 here).")
 @click.option("--rounds", default=20, show_default=True)
