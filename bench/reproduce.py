@@ -95,6 +95,12 @@ WIDTH_TIERS = "--tiers 1.0,0.75,0.5,0.25"
 FEDCONV_EPOCHS = ("--method-option compress_epochs=5 --method-option dilate_epochs=5 "
                   "--method-option aggregate_epochs=5")
 STANDALONE_TIERS = "small_cnn@1.0,small_cnn@0.75,small_cnn@0.5,small_cnn@0.25"  # each device alone, own width
+# RecipFL (Table 3, MNIST/LeNet-5): 2 strong devices hold half the data IID, the weak ones share the
+# rest with Dir(α) label mixes. Small model = LeNet-5 at width 0.3 (6.1k of 61.7k parameters on 28x28,
+# HeteroFL's weak sub-model); DepthFL's weak model is LeNet-5's conv trunk + an exit (6.6k).
+RECIPFL_WEAK = 10
+RECIPFL_TIERS = ",".join(["strong"] * 2 + ["weak"] * RECIPFL_WEAK)
+RECIPFL_SMALL = "--model lenet5 --method-option small_model=width:0.3"
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family(
         "fedconv", "FedConv: +13.8 pts global accuracy over parameter sharing (HeteroFL, FedRolex), α = 0.1",
@@ -120,6 +126,29 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
          Arm("FedRolex", "--method fedrolex")),
         (Claim("FedDM + tree", ("HeteroFL", "FedRolex"), "no number (2-page work in progress)"),
          Claim("FedDM, no tree", ("HeteroFL", "FedRolex"), "coverage balance alone")),
+    ),
+    Family(
+        "recipfl", "RecipFL: +3.6 pts on strong devices, +8.7 pts on weak ones over the best baseline",
+        f"--devices {2 + RECIPFL_WEAK} --partition quantity-skew --num-strong 2 --strong-share 0.5 "
+        f"--tiers {RECIPFL_TIERS} --train-samples 6000 --test-samples 2000 --rounds 25 --local-epochs 2 "
+        "--lr 0.01",
+        (Setting("Dir(0.1)", "--alpha 0.1"), Setting("Dir(0.5)", "--alpha 0.5")),
+        (Arm("RecipFL", f"--method recipfl {RECIPFL_SMALL}"),
+         Arm("RecipFL w/o KT", f"--method recipfl {RECIPFL_SMALL} --method-option kt=false"),
+         Arm("AllSmall", f"--method allsmall {RECIPFL_SMALL}"),
+         Arm("ExclusiveFL", f"--method exclusivefl {RECIPFL_SMALL}"),
+         Arm("HeteroFL", "--method heterofl --model lenet5 "
+             """--method-option 'tier_ratios={"strong":1.0,"weak":0.3}'"""),
+         Arm("DepthFL", "--method depthfl --model lenet5_multi_exit --method-option user_recipe=true "
+             """--method-option 'tier_exits={"strong":2,"weak":1}'""")),
+        (Claim("RecipFL", ("AllSmall", "ExclusiveFL", "HeteroFL", "DepthFL"),
+               "+3.6 pts over the best baseline (mean over 4 tasks; MNIST +1.1)", "accuracy_strong"),
+         Claim("RecipFL", ("AllSmall", "ExclusiveFL", "HeteroFL", "DepthFL"),
+               "+8.7 pts over the best baseline (mean over 4 tasks; MNIST +2.5)", "accuracy_weak"),
+         Claim("RecipFL", ("RecipFL w/o KT",), "KT helps (Fig. 6, no number)", "accuracy_weak"),
+         Claim("RecipFL w/o KT", ("AllSmall",), "w/o KT beats AllSmall on weak devices (Fig. 6)",
+               "accuracy_weak")),
+        ("accuracy_strong", "accuracy_weak"),
     ),
 )}
 
