@@ -58,6 +58,7 @@ from server_toolkit.methods.depthfl import DepthFL
 from server_toolkit.methods.exclusivefl import ExclusiveFL
 from server_toolkit.methods.heterofl import HeteroFL
 from server_toolkit.methods.recipfl import RecipFL
+from server_toolkit.models.multi_exit import lenet5_multi_exit
 from server_toolkit.models.zoo import lenet5
 from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.inprocess import run_rounds
@@ -69,16 +70,6 @@ METHODS = ("allsmall", "exclusivefl", "heterofl", "depthfl", "recipfl", "recipfl
 APPLIES = {"heterofl": "width", "depthfl": "depth"}  # the baselines that need one kind of small model
 LABELS = {"allsmall": "AllSmall", "exclusivefl": "ExclusiveFL", "heterofl": "HeteroFL", "depthfl": "DepthFL",
           "recipfl": "RecipFL", "recipfl-nokt": "RecipFL w/o KT", "recipfl-lr1e-2": "RecipFL lr 1e-2"}
-
-
-def lenet5_with_exit(input_shape, num_classes: int) -> dict:
-    """LeNet-5 with an early exit (flatten -> linear) after its second conv block."""
-    layers = lenet5(input_shape, num_classes)["layers"]
-    cut = next(i for i, layer in enumerate(layers) if layer["op"] == "flatten")
-    features = modelspec.infer_shapes(layers[:cut + 1], tuple(input_shape), "layers")[0][0]
-    head = [{"op": "flatten"}, {"op": "linear", "in": features, "out": num_classes}]
-    layers = [*layers[:cut], {"op": "exit", "head": head}, *layers[cut:]]
-    return modelspec.make(input_shape, num_classes, layers)
 
 
 @dataclasses.dataclass
@@ -113,7 +104,7 @@ def build(key: str, setting: str, input_shape, num_classes: int, recipe: Recipe,
           fleet: Fleet) -> tuple[Method, list[LocalDevice]]:
     """The method and the devices as it sees them (DepthFL's tiers are exit counts)."""
     spec = lenet5(input_shape, num_classes)
-    with_exit = lenet5_with_exit(input_shape, num_classes)
+    with_exit = lenet5_multi_exit(input_shape, num_classes)
     small = f"width:{SMALL_RATIO}" if setting == "width" else prefix_spec(with_exit, 1)
     devices = fleet.devices
     if key == "allsmall":

@@ -107,6 +107,12 @@ STANDALONE_TIERS = "small_cnn@1.0,small_cnn@0.75,small_cnn@0.5,small_cnn@0.25"  
 # Size: 15 rounds with 2 local epochs, chosen for <= 45 min on an idle 2-core machine (BENCHMARKS.md).
 PERSONAL_TIERS = "lenet,vgg8,resnet10,resnet12,resnet18"
 PERSONAL_ROUNDS = 15
+# RecipFL (Table 3, MNIST/LeNet-5): 2 strong devices hold half the data IID, the weak ones share the
+# rest with Dir(α) label mixes. Small model = LeNet-5 at width 0.3 (6.1k of 61.7k parameters on 28x28,
+# HeteroFL's weak sub-model); DepthFL's weak model is LeNet-5's conv trunk + an exit (6.6k).
+RECIPFL_WEAK = 10
+RECIPFL_TIERS = ",".join(["strong"] * 2 + ["weak"] * RECIPFL_WEAK)
+RECIPFL_SMALL = "--model lenet5 --method-option small_model=width:0.3"
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family(
         "fedconv", "FedConv: +13.8 pts global accuracy over parameter sharing (HeteroFL, FedRolex), α = 0.1",
@@ -148,6 +154,29 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
          Claim("MH-pFedHN", ("pFedHN",), "hom +1.0, het +6.2 pts (same cells)"),
          Claim("MH-pFedHNGD", ("Local", "FedAvg"), "informative: hom +18.0 / +45.4, het +9.4 / +37.3 pts"),
          Claim("MH-pFedHN", ("Local", "FedAvg"), "informative: hom +14.4 / +41.8, het +6.4 / +34.3 pts")),
+    ),
+    Family(
+        "recipfl", "RecipFL: +3.6 pts on strong devices, +8.7 pts on weak ones over the best baseline",
+        f"--devices {2 + RECIPFL_WEAK} --partition quantity-skew --num-strong 2 --strong-share 0.5 "
+        f"--tiers {RECIPFL_TIERS} --train-samples 6000 --test-samples 2000 --rounds 25 --local-epochs 2 "
+        "--lr 0.01",
+        (Setting("Dir(0.1)", "--alpha 0.1"), Setting("Dir(0.5)", "--alpha 0.5")),
+        (Arm("RecipFL", f"--method recipfl {RECIPFL_SMALL}"),
+         Arm("RecipFL w/o KT", f"--method recipfl {RECIPFL_SMALL} --method-option kt=false"),
+         Arm("AllSmall", f"--method allsmall {RECIPFL_SMALL}"),
+         Arm("ExclusiveFL", f"--method exclusivefl {RECIPFL_SMALL}"),
+         Arm("HeteroFL", "--method heterofl --model lenet5 "
+             """--method-option 'tier_ratios={"strong":1.0,"weak":0.3}'"""),
+         Arm("DepthFL", "--method depthfl --model lenet5_multi_exit --method-option user_recipe=true "
+             """--method-option 'tier_exits={"strong":2,"weak":1}'""")),
+        (Claim("RecipFL", ("AllSmall", "ExclusiveFL", "HeteroFL", "DepthFL"),
+               "+3.6 pts over the best baseline (mean over 4 tasks; MNIST +1.1)", "accuracy_strong"),
+         Claim("RecipFL", ("AllSmall", "ExclusiveFL", "HeteroFL", "DepthFL"),
+               "+8.7 pts over the best baseline (mean over 4 tasks; MNIST +2.5)", "accuracy_weak"),
+         Claim("RecipFL", ("RecipFL w/o KT",), "KT helps (Fig. 6, no number)", "accuracy_weak"),
+         Claim("RecipFL w/o KT", ("AllSmall",), "w/o KT beats AllSmall on weak devices (Fig. 6)",
+               "accuracy_weak")),
+        ("accuracy_strong", "accuracy_weak"),
     ),
 )}
 

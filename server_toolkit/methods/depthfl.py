@@ -31,8 +31,18 @@ model collapsed (30 rounds, last-5 final-exit accuracy, seed 0: FedAvg-L 0.51 ->
 multi-exit 0.18 -> 0.49 with 5e-4; FedAvg-S 0.89 -> 0.94; at alpha 0.5 FedAvg-S 0.97 both).
 The batch stays 16 (the paper's SVHN batch of 128 exceeds a client's ~40 samples).
 
+Tiers: a device's tier is the number of exits it trains ("1", "2", ...; none: all), or a
+name listed in the ``tier_exits`` option ({tier name: exit count}).
+
+As RecipFL's depth-scaled baseline: ``--model lenet5_multi_exit --tiers strong,weak,...
+--method-option tier_exits={"strong":2,"weak":1} --method-option user_recipe=true`` (the weak
+devices train LeNet-5's conv trunk and the exit after it; every arm of the comparison trains
+with the same recipe).
+
 Evaluation: the global model's final exit gives ``accuracy``/``loss`` (as the paper
-reports); ``accuracy_exit<i>`` adds every exit's accuracy on the same data.
+reports); ``accuracy_exit<i>`` adds every exit's accuracy on the same data. With tiers named
+``strong`` and ``weak``, also ``accuracy_strong`` / ``accuracy_weak``: each device's prefix,
+scored at its last exit on the test set re-weighted to its labels (``target_accuracy``).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from ..submodels.exit_split import (
     prefix_spec,
 )
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
+from .target_accuracy import TargetAccuracy, role_by_tier_name
 
 CLIENT_LR = 5e-4  # the paper's Adam lr for its VGG 32-64-128-256 (see the module docstring)
 CLIENT_BATCH_SIZE = 16
@@ -76,23 +87,34 @@ class DepthFL(Method):
 
     def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = CLIENT_LR,
                  client_batch_size: int = CLIENT_BATCH_SIZE, user_recipe: bool = False,
-                 classwise_heads: bool = True) -> None:
+                 classwise_heads: bool = True, tier_exits: dict | None = None) -> None:
         super().__init__(global_spec, recipe)
         self.client_recipe = exit_split_recipe(recipe, client_lr, client_batch_size, user_recipe)
         self.planner = ExitSplit()
         self.classifiers = classifier_tensors(global_spec) if classwise_heads else []
+        self.tier_exits = {str(k): str(v) for k, v in (tier_exits or {}).items()}
+        for exits in self.tier_exits.values():
+            parse_tier(exits, global_spec)  # a bad count fails now, not in round 1
+        self.targets = TargetAccuracy(int(global_spec["num_classes"]))
+
+    def exits_of(self, tier: str | None) -> str | None:
+        """The exit count a tier trains (``tier_exits`` maps names to counts; None: all)."""
+        return self.tier_exits.get(tier, tier) if tier is not None else None
 
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        self.targets.see(devices, role_by_tier_name)
         instructions = []
         for device in devices:
-            sub = self.planner.plan(self.global_spec, global_weights, device.tier, round_number)
+            exits = self.exits_of(device.tier)
+            sub = self.planner.plan(self.global_spec, global_weights, exits, round_number)
             instructions.append(TrainInstruction(device.device_id, sub.spec, sub.weights, self.client_recipe,
                                                  {"tier": sub.index_map["tier"]}))
         return instructions
 
     def tier_plan(self, tier: str | None) -> tuple[dict, Recipe]:
-        return prefix_spec(self.global_spec, parse_tier(tier, self.global_spec)), self.client_recipe
+        exits = parse_tier(self.exits_of(tier), self.global_spec)
+        return prefix_spec(self.global_spec, exits), self.client_recipe
 
     def client_tensors(self, global_weights: Weights, update: ClientUpdate) -> tuple[int, Weights]:
         """(tier, the update's tensors under their global names); the tier is the
@@ -121,8 +143,23 @@ class DepthFL(Method):
                         updates: list[ClientUpdate]) -> Weights:
         return self.average(global_weights, [(self.client_tensors(global_weights, u)[1], u) for u in updates])
 
+    def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
+        self.targets.report(updates)
+        return super().aggregate_evaluate(round_number, updates)
+
     def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
         out = super().evaluate(global_weights, x, y)
         for i, accuracy in enumerate(exit_accuracies(self.global_spec, global_weights, x, y), start=1):
             out[f"accuracy_exit{i}"] = accuracy
-        return out
+
+        def target(device: DeviceInfo, role: str) -> tuple[dict, Weights]:
+            sub = self.planner.plan(self.global_spec, global_weights, self.exits_of(device.tier), 0)
+            return sub.spec, sub.weights
+
+        return {**out, **self.targets.evaluate(target, x, y)}
+
+    def state_dict(self) -> dict:
+        return {"targets": self.targets.state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.targets.load(state.get("targets", {}))

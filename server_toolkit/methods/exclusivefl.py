@@ -5,7 +5,8 @@ device this is local training); weak devices train the small model and average i
 themselves. The global weights hold both models, their tensor names prefixed ``large.``
 and ``small.``; a group that sends nothing in a round keeps its weights. Central
 evaluation reports ``accuracy_large``/``accuracy_small`` (``accuracy`` is the large
-model's). Options: ``small_model`` (default "width:0.25"), ``strong_tiers`` ("strong");
+model's) and ``accuracy_strong``/``accuracy_weak`` (each device's own model, see
+``target_accuracy``). Options: ``small_model`` (default "width:0.25"), ``strong_tiers`` ("strong");
 see ``strong_weak``.
 """
 
@@ -18,6 +19,7 @@ from fedcore.recipe import Recipe
 from ..reconstruct.average import weighted_average
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from .strong_weak import STRONG, evaluate_spec, strong_weak
+from .target_accuracy import TargetAccuracy
 
 LARGE, SMALL = "large", "small"
 
@@ -33,6 +35,7 @@ def without_prefix(weights: Weights, prefix: str) -> Weights:
 
 class ExclusiveFL(Method):
     name = "exclusivefl"
+    asks = {"label_counts": {}}  # accuracy_strong / accuracy_weak weigh the test set by them
     family = "resource-skew"
     example = ("--model lenet5 --devices 6 --partition quantity-skew --num-strong 1 "
                "--tiers strong,weak,weak,weak,weak,weak --method-option small_model=width:0.3")
@@ -42,6 +45,7 @@ class ExclusiveFL(Method):
         super().__init__(global_spec, recipe)
         self.fleet = strong_weak(global_spec, small_model, strong_tiers)
         self.specs = {LARGE: self.fleet.large, SMALL: self.fleet.small}
+        self.targets = TargetAccuracy(int(global_spec["num_classes"]))
 
     def model_of(self, device: DeviceInfo) -> str:
         return LARGE if self.fleet.role(device) == STRONG else SMALL
@@ -54,6 +58,7 @@ class ExclusiveFL(Method):
 
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:
+        self.targets.see(devices, self.fleet.role)
         out = []
         for device in devices:
             model = self.model_of(device)
@@ -75,5 +80,22 @@ class ExclusiveFL(Method):
         for model in (LARGE, SMALL):
             stats = evaluate_spec(self.specs[model], without_prefix(global_weights, model), x, y)
             out[f"accuracy_{model}"], out[f"loss_{model}"] = stats["accuracy"], stats["loss"]
-        return {"accuracy": out["accuracy_large"], "loss": out["loss_large"], **out}
+        models = {model: without_prefix(global_weights, model) for model in (LARGE, SMALL)}
+
+        def target(device: DeviceInfo, role: str) -> tuple[dict, Weights]:
+            model = LARGE if role == STRONG else SMALL
+            return self.specs[model], models[model]
+
+        return {"accuracy": out["accuracy_large"], "loss": out["loss_large"], **out,
+                **self.targets.evaluate(target, x, y)}
+
+    def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
+        self.targets.report(updates)
+        return super().aggregate_evaluate(round_number, updates)
+
+    def state_dict(self) -> dict:
+        return {"targets": self.targets.state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.targets.load(state.get("targets", {}))
 

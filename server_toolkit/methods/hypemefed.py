@@ -106,8 +106,9 @@ class HypeMeFed(DepthFL):
         return out
 
     def state_dict(self) -> dict:
-        return {"hypernets": self.bank.state_dict()} if self.bank else {}
+        return {**super().state_dict(), **({"hypernets": self.bank.state_dict()} if self.bank else {})}
 
     def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
         if self.bank and "hypernets" in state:
             self.bank.load_state_dict(state["hypernets"])

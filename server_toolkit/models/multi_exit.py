@@ -7,7 +7,7 @@ convs do not). An exit can only sit where a layer has just finished: after a ReL
 max-pool that is not itself followed by a max-pool; of those positions the one whose depth
 is closest to ``i/n`` of the total is taken (the shallower one on a tie).
 
-Three models (HypeMeFed, seed 000):
+Models (HypeMeFed, seed 000, and RecipFL's DepthFL baseline):
 
 * ``vgg_multi_exit`` — the paper's VGG (4 blocks, exits after blocks 2, 3 and 4); this is
   the zoo's model, re-exported so all exit-split models are reachable from here.
@@ -19,6 +19,11 @@ Three models (HypeMeFed, seed 000):
   after every layer (the paper's 10-exit FashionMNIST experiment). The paper does not give
   this CNN; ours keeps one width everywhere so that consecutive convs have equal shapes,
   and max-pools after every third layer while the map is at least 4x4 (keeps heads small).
+* ``lenet5_multi_exit`` — LeNet-5 with one early exit (flatten -> linear) at the end of its
+  conv trunk, where ``add_exits`` cannot cut (it keeps exits off the last conv). Its
+  1-exit prefix (the two conv blocks and a linear classifier; 6.6k parameters on 28x28, the
+  whole model 65.7k) is RecipFL's depth-scaled small model, about the size of LeNet-5 at
+  width 0.3 (6.1k of 61.7k); the paper's MNIST small model has 5.6k of 44k.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ import copy
 from fedcore import modelspec
 from fedcore.modelspec import Shape
 
-from .zoo import resnet_small, vgg_multi_exit
+from .zoo import lenet5, resnet_small, vgg_multi_exit
 
-__all__ = ["add_exits", "cnn_multi_exit", "exit_cut_positions", "resnet18_multi_exit", "vgg_multi_exit"]
+__all__ = ["MULTI_EXIT", "add_exits", "cnn_multi_exit", "exit_cut_positions", "lenet5_multi_exit",
+           "resnet18_multi_exit", "vgg_multi_exit"]
 
 _CLASSIFIER_START = ("gap", "flatten")
 
@@ -126,3 +132,17 @@ def cnn_multi_exit(input_shape: Shape, num_classes: int, num_exits: int = 10, wi
     features = modelspec.infer_shapes(layers, tuple(input_shape), "layers")[0]
     layers += _exit_head(features, num_classes, dropout, pool=False)
     return add_exits(modelspec.make(input_shape, num_classes, layers), num_exits, dropout=dropout)
+
+
+def lenet5_multi_exit(input_shape: Shape, num_classes: int) -> dict:
+    """LeNet-5 with an exit (flatten -> linear) after its second conv block."""
+    layers = lenet5(input_shape, num_classes)["layers"]
+    cut = next(i for i, layer in enumerate(layers) if layer["op"] == "flatten")
+    features = modelspec.infer_shapes([*layers[:cut], {"op": "flatten"}], tuple(input_shape), "layers")[0][0]
+    head = [{"op": "flatten"}, {"op": "linear", "in": features, "out": num_classes}]
+    layers = [*layers[:cut], {"op": "exit", "head": head}, *layers[cut:]]
+    return modelspec.make(input_shape, num_classes, layers)
+
+
+# the models of this module ``--model`` can name (besides the zoo's own ``vgg_multi_exit``)
+MULTI_EXIT = {"lenet5_multi_exit": lenet5_multi_exit}

@@ -43,20 +43,28 @@ def label_weights(y: np.ndarray, label_counts: list[int] | None) -> np.ndarray:
     return np.full(len(y), 1.0 / len(y))
 
 
-@torch.no_grad()
 def label_weighted_accuracy(arch: Architecture, params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
                             label_counts: list[int] | None, seed: int = 0) -> float:
     """Accuracy of ``arch`` with ``params`` on (x, y) re-weighted to ``label_counts``
     (see the module docstring). ``params`` holds the generated tensors only."""
     weights = label_weights(y, label_counts)
+    return float((weights * correct_samples(arch, params, x, y, weights, seed)).sum())
+
+
+@torch.no_grad()
+def correct_samples(arch: Architecture, params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                    weights: np.ndarray | None = None, seed: int = 0) -> np.ndarray:
+    """(N,) bool: which samples of (x, y) the model's final output gets right. A model with
+    BatchNorm first has its statistics re-estimated on ``BN_SAMPLES`` samples drawn with
+    probabilities ``weights`` (default uniform); a model without BatchNorm ignores them."""
     model = build_model(arch.spec, seed=0)
     model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in params.items()},
                           strict=False)
     xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
     if arch.buffers:
-        draw = np.random.default_rng(seed).choice(len(y), size=BN_SAMPLES, p=weights)
+        p = np.full(len(y), 1.0 / len(y)) if weights is None else weights
+        draw = np.random.default_rng(seed).choice(len(y), size=BN_SAMPLES, p=p)
         recalibrate_batchnorm(model, (xt[draw[s:s + BN_BATCH]] for s in range(0, BN_SAMPLES, BN_BATCH)))
     model.eval()
-    correct = np.concatenate([(model(xt[s:s + 256])[-1].argmax(1).numpy() == y[s:s + 256])
-                              for s in range(0, len(y), 256)])
-    return float((weights * correct).sum())
+    return np.concatenate([(model(xt[s:s + 256])[-1].argmax(1).numpy() == y[s:s + 256])
+                           for s in range(0, len(y), 256)])

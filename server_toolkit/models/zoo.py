@@ -125,8 +125,9 @@ def model_spec(name: str, input_shape: Shape, num_classes: int, **kwargs) -> dic
     fraction R of its channels: the width sub-model HeteroFL gives a tier of ratio R (the
     model FedAvg-S trains)."""
     from .architectures import ARCHITECTURES  # the heterogeneous-fleet architectures
+    from .multi_exit import MULTI_EXIT
 
-    builders = {**ZOO, **ARCHITECTURES}
+    builders = {**ZOO, **ARCHITECTURES, **MULTI_EXIT}
     base, cut, ratio = name.partition("@")
     if base not in builders:
         raise ValueError(f"unknown model {name!r}; the zoo has {', '.join(sorted(builders))} "

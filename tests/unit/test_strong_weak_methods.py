@@ -1,6 +1,9 @@
-"""Resource-skew baselines: roles, small architectures, AllSmall and ExclusiveFL (synthetic)."""
+"""Resource-skew baselines: roles, small architectures, AllSmall and ExclusiveFL, and the
+strong/weak accuracy every method of the comparison reports (synthetic)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -12,6 +15,8 @@ from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.exclusivefl import without_prefix
 from server_toolkit.methods.strong_weak import evaluate_spec, strong_weak
+from server_toolkit.methods.target_accuracy import TargetAccuracy
+from server_toolkit.models.multi_exit import lenet5_multi_exit
 from server_toolkit.models.zoo import lenet5, resnet_small
 
 SHAPE, K = (1, 8, 8), 10
@@ -91,3 +96,91 @@ def test_bn_calibration_replaces_statistics_left_on_the_devices():
     assert evaluate_spec(spec, wrong, x, y)["loss"] != pytest.approx(expected["loss"])
     recalibrated = evaluate_spec(spec, wrong, x, y, calibrate_bn=True)
     assert recalibrated["loss"] == pytest.approx(expected["loss"], rel=1e-4)
+
+
+def _always(label: int, spec: dict) -> dict:
+    """Parameters of ``spec`` whose model predicts ``label`` for every input."""
+    weights = {k: np.zeros_like(v) for k, v in state_numpy(build_model(spec)).items()}
+    weights[f"layers.{len(spec['layers']) - 1}.bias"][label] = 1.0
+    return weights
+
+
+def test_target_accuracy_scores_each_device_on_its_own_labels():
+    x = np.random.default_rng(0).random((50, *SHAPE), np.float32)
+    y = np.arange(50) % K  # 5 test samples per class
+    targets = TargetAccuracy(K)
+    devices = [DeviceInfo("s0", 10, "strong"), DeviceInfo("w0", 10, "weak"), DeviceInfo("w1", 10, "weak"),
+               DeviceInfo("x0", 10, "other")]
+    targets.see(devices, lambda d: d.tier if d.tier in ("strong", "weak") else None)
+    assert set(targets.devices) == {"s0", "w0", "w1"}  # a device without a role is not scored
+    counts = {"s0": [1] * K, "w0": [9] + [0] * (K - 1), "w1": [0, 5, 5]}
+    targets.report([ClientUpdate(d, 10, {}, {"label_counts": c}, None) for d, c in counts.items()])
+    constant = _always(0, SPEC)
+    scores = targets.evaluate(lambda device, role: (SPEC, constant), x, y)
+    # "always 0": 1/10 on the uniform strong device; w0 holds only 0s (1.0), w1 none (0.0)
+    assert scores == pytest.approx({"accuracy_strong": 0.1, "accuracy_weak": 0.5})
+    again = TargetAccuracy(K)
+    again.load(json.loads(json.dumps(targets.state())))
+    assert again.evaluate(lambda device, role: (SPEC, constant), x, y) == pytest.approx(scores)
+
+
+ROLE_TIERS = [DeviceInfo("s0", 100, "strong"), DeviceInfo("w0", 20, "weak"), DeviceInfo("w1", 20, "weak")]
+SETUPS = {  # method -> (global spec, options): the comparison's arms as simulate builds them
+    "recipfl": (SPEC, {"small_model": "width:0.3", "hidden": 16, "decoder_hidden": 32}),
+    "allsmall": (SPEC, {"small_model": "width:0.3"}),
+    "exclusivefl": (SPEC, {"small_model": "width:0.3"}),
+    "heterofl": (SPEC, {"tier_ratios": {"strong": 1.0, "weak": 0.3}}),
+    "depthfl": (lenet5_multi_exit(SHAPE, K), {"tier_exits": {"strong": 2, "weak": 1}, "user_recipe": True}),
+}
+
+
+def _echo(instruction, counts: list[int]) -> ClientUpdate:
+    """A device's result that returns what it was sent (and the other models it returns)."""
+    others = {name: dict(instruction.models[name].weights) for name in instruction.returns if name != "model"}
+    return ClientUpdate(instruction.device_id, 20, dict(instruction.weights), {"label_counts": counts},
+                        instruction, others)
+
+
+@pytest.mark.parametrize("name", sorted(SETUPS))
+def test_every_method_of_the_comparison_reports_strong_and_weak_accuracy(name):
+    spec, options = SETUPS[name]
+    method = method_class(name)(spec, Recipe(epochs=1), **options)
+    weights = method.initial_weights(0)
+    instructions = method.configure_train(1, weights, ROLE_TIERS)
+    small = {i.device_id: sum(v.size for v in i.weights.values()) for i in instructions}
+    assert small["w0"] < 0.2 * sum(v.size for v in weights.values()) or name in ("allsmall", "recipfl")
+    updates = [_echo(i, [5] * K) for i in instructions]
+    weights = method.aggregate_train(1, weights, updates)
+    method.aggregate_evaluate(1, updates)
+    x = np.random.default_rng(0).random((30, *SHAPE), np.float32)
+    scores = method.evaluate(weights, x, np.arange(30) % K)
+    assert 0 <= scores["accuracy_strong"] <= 1 and 0 <= scores["accuracy_weak"] <= 1
+    assert {d: role for d, (role, _) in method.targets.devices.items()} == \
+        {"s0": "strong", "w0": "weak", "w1": "weak"}
+    state = json.loads(json.dumps(method.state_dict()))
+    again = method_class(name)(spec, Recipe(epochs=1), **options)
+    again.load_state_dict(state)
+    assert again.targets.devices == method.targets.devices
+    assert again.targets.label_counts == method.targets.label_counts
+
+
+def test_width_and_depth_baselines_score_each_role_on_its_own_model():
+    """Weights under which the large model predicts 1 and the weak device's model 0: on
+    all-zero labels weak devices must score 1 and strong ones 0."""
+    x = np.random.default_rng(0).random((20, *SHAPE), np.float32)
+    y = np.zeros(20, np.int64)
+    for name, last_hidden, large_head, small_head in (
+            ("heterofl", "layers.9", "layers.11", "layers.11"),  # hidden unit 83: not in the 0.3 window
+            ("depthfl", None, "layers.12", "layers.6.head.1")):  # the exit's head vs the final one
+        spec, options = SETUPS[name]
+        method = method_class(name)(spec, Recipe(epochs=1), **options)
+        weights = {k: np.zeros_like(v) for k, v in method.initial_weights(0).items()}
+        if last_hidden:
+            weights[f"{last_hidden}.bias"][83] = 1.0
+            weights[f"{large_head}.weight"][1, 83] = 1.0
+        else:
+            weights[f"{large_head}.bias"][1] = 1.0
+        weights[f"{small_head}.bias"][0] = 0.5
+        method.configure_train(1, weights, ROLE_TIERS)
+        scores = method.evaluate(weights, x, y)
+        assert (scores["accuracy_strong"], scores["accuracy_weak"]) == pytest.approx((0.0, 1.0)), name
