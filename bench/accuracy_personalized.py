@@ -11,7 +11,7 @@ dealt round-robin, each class split evenly among its holders; the paper's non-II
 ``dirichlet`` (Dir(``--alpha``) per class, at least 20 samples per device; non-IID_2);
 each device's part is split 75% / 25% into local train / local test (as the paper). Two
 fleets: homogeneous (every device the LeNet-style CNN) and heterogeneous (lenet, vgg8,
-resnet10, resnet12, resnet18 given round-robin; ``models/architectures.py``). Every device
+resnet10, resnet12, resnet18 given round-robin; ``models/hetero_zoo.py``). Every device
 takes part in every round.
 
 Metric: mean over devices of the accuracy of its personal model on its local test split,

@@ -23,6 +23,7 @@ few rounds. ``fedsdk-server report RUNS/FAMILY --out report.html`` draws the run
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -110,6 +111,13 @@ PERSONAL_ROUNDS = 15
 # RecipFL (Table 3, MNIST/LeNet-5): 2 strong devices hold half the data IID, the weak ones share the
 # rest with Dir(α) label mixes. Small model = LeNet-5 at width 0.3 (6.1k of 61.7k parameters on 28x28,
 # HeteroFL's weak sub-model); DepthFL's weak model is LeNet-5's conv trunk + an exit (6.6k).
+# HypeMeFed (seed 000): 3 tiers of the multi-exit VGG (exits after blocks 2, 3, 4), 9 devices,
+# tiers round-robin; the paper's comparison: FedAvg-S (everybody trains the tier-1 prefix),
+# FedAvg-L (only tier-3 devices train the whole model), the multi-exit ablation without
+# hypernetwork (DepthFL-style), HypeMeFed. Sized for the 2-core machine: 2000 training images,
+# 12 rounds, 2 local epochs (the paper: 5); every device trains every round.
+HYPEMEFED_COMMON = ("--model vgg_multi_exit --tiers 1,2,3 --devices 9 --rounds 12 --train-samples 2000 "
+                    "--test-samples 1000 --local-epochs 2")
 RECIPFL_WEAK = 10
 RECIPFL_TIERS = ",".join(["strong"] * 2 + ["weak"] * RECIPFL_WEAK)
 RECIPFL_SMALL = "--model lenet5 --method-option small_model=width:0.3"
@@ -138,6 +146,18 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
          Arm("FedRolex", "--method fedrolex")),
         (Claim("FedDM + tree", ("HeteroFL", "FedRolex"), "no number (2-page work in progress)"),
          Claim("FedDM, no tree", ("HeteroFL", "FedRolex"), "coverage balance alone")),
+    ),
+    Family(
+        "hypemefed", "HypeMeFed: +5.12 pts over FedAvg-S (UniMiB, α = 0.5); generated deep layers beat the no-HN ablation",
+        HYPEMEFED_COMMON,
+        (Setting("Dir(0.1)", f"{DIR} 0.1"), Setting("Dir(0.5)", f"{DIR} 0.5")),
+        (Arm("HypeMeFed", "--method hypemefed"),
+         Arm("multi-exit, no HN", "--method depthfl"),
+         Arm("FedAvg-S", "--method fedavg-s-exit"),
+         Arm("FedAvg-L", "--method fedavg-l-exit")),
+        (Claim("HypeMeFed", ("FedAvg-S",), "+5.12 pts (UniMiB, α = 0.5, Table 3)"),
+         Claim("HypeMeFed", ("FedAvg-L",), "HypeMeFed > FedAvg-L (Table 3)"),
+         Claim("HypeMeFed", ("multi-exit, no HN",), "the hypernetwork helps (ablation, Fig. 9)")),
     ),
     Family(
         "personalised", "MH-pFedHN: MH-pFedHNGD > MH-pFedHN > pFedHN, all above Local and FedAvg",
@@ -343,6 +363,8 @@ def main() -> None:
     parser.add_argument("--mqtt-smoke", action="store_true", help="Also one short run over MQTT.")
     parser.add_argument("--summary-only", action="store_true", help="Print the tables of the runs there.")
     parser.add_argument("--list", action="store_true", help="Print the families and their commands.")
+    parser.add_argument("--settings", nargs="+", default=None,
+                        help="Only these settings of the family (names as --list prints them).")
     args = parser.parse_args()
     data = {"dataset": args.dataset, "data_dir": args.data_dir}
     if args.list or args.family is None:
@@ -354,6 +376,12 @@ def main() -> None:
                     print("  fedsdk-server " + shlex.join(family.command(setting, arm, 0, run_dir, data)))
         return
     family = FAMILIES[args.family]
+    if args.settings:
+        unknown = sorted(set(args.settings) - {s.name for s in family.settings})
+        if unknown:
+            parser.error(f"{family.name} has no setting {', '.join(unknown)}; it has "
+                         f"{', '.join(s.name for s in family.settings)}")
+        family = dataclasses.replace(family, settings=tuple(s for s in family.settings if s.name in args.settings))
     started = time.monotonic()
     if not args.summary_only:
         reproduce(family, args.seeds, args.runs_dir, data, args.jobs)

@@ -33,7 +33,7 @@ import copy
 from fedcore import modelspec
 from fedcore.modelspec import Shape
 
-from .zoo import lenet5, resnet_small, vgg_multi_exit
+from .cnn import lenet5, resnet_small, vgg_multi_exit
 
 __all__ = ["MULTI_EXIT", "add_exits", "cnn_multi_exit", "exit_cut_positions", "lenet5_multi_exit",
            "resnet18_multi_exit", "vgg_multi_exit"]
