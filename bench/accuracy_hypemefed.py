@@ -16,8 +16,9 @@ user's ``--epochs``); HeteroFL trains the user's recipe, which the bench sets to
 recipe so every method trains alike.
 
 Data: ``--dataset digits`` (bundled, 8x8), ``mnist`` or ``fashion_mnist`` (from ``--data-dir``,
-see docs/datasets.md; the Debian package's Fashion-MNIST is found without it). ``--train-size`` / ``--test-size``
-subsample the training / test set, stratified by class and seeded (0 = all).
+see docs/datasets.md; the Debian package's Fashion-MNIST is found without it).
+``--train-size`` / ``--test-size`` subsample the training / test set, stratified by class
+and seeded (0 = all).
 
 Printed per alpha and seed: global accuracy at the final exit (server test split) after the
 last round and averaged over the last 5 rounds, the mean per-client accuracy at each client's
@@ -154,7 +155,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=("digits", "mnist", "fashion_mnist"), default="digits")
-    parser.add_argument("--data-dir", default="", help="Where MNIST / Fashion-MNIST are (see docs/datasets.md).")
+    parser.add_argument("--data-dir", default="",
+                        help="Where MNIST / Fashion-MNIST are (see docs/datasets.md).")
     parser.add_argument("--train-size", type=int, default=0, help="Training images kept (0: all).")
     parser.add_argument("--test-size", type=int, default=0, help="Test images kept (0: all).")
     parser.add_argument("--alphas", default="0.5,0.1")

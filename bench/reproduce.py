@@ -148,7 +148,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
          Claim("FedDM, no tree", ("HeteroFL", "FedRolex"), "coverage balance alone")),
     ),
     Family(
-        "hypemefed", "HypeMeFed: +5.12 pts over FedAvg-S (UniMiB, α = 0.5); generated deep layers beat the no-HN ablation",
+        "hypemefed",
+        "HypeMeFed: +5.12 pts over FedAvg-S (UniMiB, α = 0.5); generated deep layers beat the no-HN ablation",
         HYPEMEFED_COMMON,
         (Setting("Dir(0.1)", f"{DIR} 0.1"), Setting("Dir(0.5)", f"{DIR} 0.5")),
         (Arm("HypeMeFed", "--method hypemefed"),
@@ -381,7 +382,8 @@ def main() -> None:
         if unknown:
             parser.error(f"{family.name} has no setting {', '.join(unknown)}; it has "
                          f"{', '.join(s.name for s in family.settings)}")
-        family = dataclasses.replace(family, settings=tuple(s for s in family.settings if s.name in args.settings))
+        chosen = tuple(s for s in family.settings if s.name in args.settings)
+        family = dataclasses.replace(family, settings=chosen)
     started = time.monotonic()
     if not args.summary_only:
         reproduce(family, args.seeds, args.runs_dir, data, args.jobs)

@@ -30,7 +30,8 @@ from .options import console, method_option, parse_options, recipe_options
     "--model",
     default="small_cnn",
     show_default=True,
-    help="small_cnn, lenet5, vgg_multi_exit, lenet5_multi_exit, resnet_small, lenet, vgg8, resnet10/12/18 or mlp.",
+    help="small_cnn, lenet5, vgg_multi_exit, lenet5_multi_exit, resnet_small, lenet, vgg8, "
+    "resnet10/12/18 or mlp (fedsdk-server methods list shows what each method expects).",
 )
 @click.option("--devices", default=8, show_default=True, help="Device processes to start (<= 10 here).")
 @click.option("--rounds", default=20, show_default=True)
