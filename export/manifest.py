@@ -14,7 +14,7 @@ Schema ``fedsdk-manifest/1`` (a JSON object)::
                         "max_batch": B}
     recipe             the training recipe dict (epochs, batch_size, optimizer, lr, ...)
     loss               the loss dict (see fedcore.losses)
-    optimizer          {"name", "lr", "momentum", "weight_decay", ("betas", "eps")}: the
+    optimizer          {"name", "lr", "momentum", "weight_decay", ("betas", "eps"), ("prox_mu")}: the
                        update rule every runtime applies (fedcore.optimizers)
     files              [{"name", "format", "sha256", "size"}], sorted by name
 
@@ -78,10 +78,13 @@ def _entry(name: str, shape: list[int], kind: str = "parameter") -> dict:
 
 
 def optimizer_entry(recipe: Recipe) -> dict:
+    """The update rule; ``prox_mu`` (FedProx) only when it is not 0."""
+    prox = {"prox_mu": recipe.prox_mu} if recipe.prox_mu else {}
     if recipe.optimizer == "adam":
         return {"name": "adam", "lr": recipe.lr, "weight_decay": recipe.weight_decay,
-                "betas": list(ADAM_BETAS), "eps": ADAM_EPS}
-    return {"name": "sgd", "lr": recipe.lr, "momentum": recipe.momentum, "weight_decay": recipe.weight_decay}
+                "betas": list(ADAM_BETAS), "eps": ADAM_EPS, **prox}
+    return {"name": "sgd", "lr": recipe.lr, "momentum": recipe.momentum, "weight_decay": recipe.weight_decay,
+            **prox}
 
 
 def file_entry(name: str, data: bytes, fmt: str) -> dict:

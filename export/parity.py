@@ -25,6 +25,7 @@ from torch import nn
 from fedcore.losses import Loss
 from fedcore.recipe import Recipe
 from fedcore.torch_model import SpecModel, build_model, load_numpy, state_numpy
+from fedcore.torch_train import add_proximal, torch_optimizer
 from sdk_device.runtimes.executorch_runtime import ExecutorchRuntime
 
 
@@ -126,11 +127,8 @@ def reference_training(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray
     _with_masks(model, None)
     model.train()
     params = list(model.parameters())
-    if recipe.optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    else:
-        opt = torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum,
-                              weight_decay=recipe.weight_decay)
+    opt = torch_optimizer(params, recipe)
+    anchors = [p.detach().clone() for p in params] if recipe.prox_mu else []
     loss_fn = Loss.from_dict(loss)
     xt, yt = torch.from_numpy(np.ascontiguousarray(x, np.float32)), torch.from_numpy(y.astype(np.int64))
     extras_t = {k: torch.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in (extras or {}).items()}
@@ -144,6 +142,7 @@ def reference_training(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray
                             {k: v[idx] for k, v in extras_t.items()})
             opt.zero_grad(set_to_none=True)
             value.backward()
+            add_proximal(params, anchors, recipe.prox_mu)
             opt.step()
     return state_numpy(model)
 

@@ -35,7 +35,12 @@ class Recipe:
 
     ``temperature`` and ``alpha`` parametrise the ``kd`` loss; ``teacher_features`` is the
     teacher's last-hidden feature size for ``recipfl_kt`` (0: no feature term; the term is
-    used only when the student's feature size is the same)."""
+    used only when the student's feature size is the same).
+
+    ``prox_mu``: FedProx's proximal weight mu >= 0: every optimiser step adds
+    mu * (w - w_start) to each parameter's gradient (before weight decay), w_start = the
+    parameters at the start of the step; 0 = plain training, and then ``to_dict`` leaves the
+    key out, so such a task reads exactly as before."""
 
     epochs: int = 1
     batch_size: int = 32
@@ -48,11 +53,13 @@ class Recipe:
     temperature: float = 1.0
     alpha: float = 0.0
     teacher_features: int = 0
+    prox_mu: float = 0.0
 
     def __post_init__(self) -> None:
         for name, kind in (("epochs", int), ("batch_size", int), ("seed", int), ("optimizer", str),
                            ("loss", str), ("lr", float), ("momentum", float), ("weight_decay", float),
-                           ("temperature", float), ("alpha", float), ("teacher_features", int)):
+                           ("temperature", float), ("alpha", float), ("teacher_features", int),
+                           ("prox_mu", float)):
             value = getattr(self, name)
             ok = (type(value) is int) if kind is int else isinstance(value, str) if kind is str else (
                 isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value))
@@ -66,6 +73,8 @@ class Recipe:
             raise ValueError(f"loss {self.loss!r} is not one of {tuple(LOSS_KINDS)}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.prox_mu < 0:
+            raise ValueError(f"prox_mu must be >= 0, got {self.prox_mu}")
         if not (self.temperature > 0 and 0 <= self.alpha <= 1 and self.teacher_features >= 0):
             raise ValueError("need temperature > 0, 0 <= alpha <= 1 and teacher_features >= 0 (got "
                              f"{self.temperature}, {self.alpha}, {self.teacher_features})")
@@ -96,7 +105,11 @@ class Recipe:
             raise ValueError(f"bad recipe: {exc}") from None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The task's recipe dict; ``prox_mu`` only when it is not 0."""
+        out = asdict(self)
+        if not out["prox_mu"]:
+            del out["prox_mu"]
+        return out
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,14 @@ def torch_optimizer(params: list, recipe: Recipe) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
 
 
+def add_proximal(params: list, start: list, mu: float) -> None:
+    """FedProx: add mu * (w - w_start) to each parameter's gradient (``Recipe.prox_mu``);
+    ``start`` = the parameters' values at the start of the step (nothing to do when empty)."""
+    for param, anchor in zip(params, start, strict=False):
+        if param.grad is not None:
+            param.grad.add_(param.detach() - anchor, alpha=mu)
+
+
 def loss_function(recipe: Recipe, extras: dict[str, np.ndarray] | None, n: int):
     """``loss(outputs, features, labels, extras) -> scalar``. Plain CE keeps torch's own
     cross-entropy; the distillation losses use the shared ``losses.Loss`` definition."""
@@ -72,6 +80,7 @@ def train_model(model: SpecModel, x: np.ndarray, y: np.ndarray, recipe: Recipe,
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch_optimizer(params, recipe)
+    anchors = [p.detach().clone() for p in params] if recipe.prox_mu else []  # FedProx: w_start
     loss_fn = loss_function(recipe, extras, len(y))
     extra_t = {k: torch.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in (extras or {}).items()}
     xt, yt = torch.from_numpy(np.ascontiguousarray(x, np.float32)), torch.from_numpy(y.astype(np.int64))
@@ -89,6 +98,7 @@ def train_model(model: SpecModel, x: np.ndarray, y: np.ndarray, recipe: Recipe,
                 loss = loss_fn(outputs, features, yt[idx], {k: v[idx] for k, v in extra_t.items()})
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                add_proximal(params, anchors, recipe.prox_mu)
                 opt.step()
                 if epoch == recipe.epochs - 1:  # report the last epoch
                     total_loss += float(loss.detach()) * len(idx)

@@ -119,6 +119,14 @@ def test_five_optimizer_steps_match_torch(case, optimizer, program_for):
     assert diff <= STEP_TOL
 
 
+def test_training_with_the_fedprox_term_matches_torch(program_for):
+    spec = MODELS["cnn_maxpool"]
+    program = program_for(spec, CE, BATCH)
+    x, y = _data(spec, 3 * BATCH, seed=3)
+    recipe = Recipe(epochs=2, batch_size=BATCH, lr=0.05, momentum=0.9, prox_mu=0.5)
+    assert training_parity(program, spec, _weights(spec, 4), x, y, recipe, CE) <= STEP_TOL
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_eval_outputs_match_torch(name, program_for):
     spec = MODELS[name]

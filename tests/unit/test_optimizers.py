@@ -41,6 +41,38 @@ def test_adam_matches_torch(weight_decay):
     assert diff <= 1e-6
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_proximal_term_matches_torch_with_the_fedprox_gradient(optimizer):
+    mu, start = 0.5, {}
+
+    def torch_with_prox(p):
+        opt = torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-2) if optimizer == "sgd" else \
+            torch.optim.Adam(p, lr=0.01, weight_decay=1e-2)
+        step = opt.step
+
+        def prox_step():  # g += mu * (w - w_start), w_start = the values before the first step
+            for q in p:
+                anchor = start.setdefault(id(q), q.detach().clone())
+                q.grad += mu * (q.detach() - anchor)
+            step()
+        opt.step = prox_step
+        return opt
+
+    ours = (lambda: SGD(0.1, 0.9, 1e-2, prox_mu=mu)) if optimizer == "sgd" else \
+        (lambda: Adam(0.01, 1e-2, prox_mu=mu))
+    assert _run(ours, torch_with_prox) <= 1e-6
+    plain = (lambda: SGD(0.1, 0.9, 1e-2)) if optimizer == "sgd" else (lambda: Adam(0.01, 1e-2))
+    assert _run(plain, torch_with_prox) > 1e-4  # the term changes the trajectory
+
+
+def test_a_recipe_sends_prox_mu_only_when_it_is_set():
+    assert "prox_mu" not in Recipe().to_dict()
+    assert Recipe.from_dict(Recipe(prox_mu=0.01).to_dict()).prox_mu == 0.01
+    assert make_optimizer(Recipe(prox_mu=0.01)).proximal.mu == 0.01
+    with pytest.raises(ValueError, match="prox_mu"):
+        Recipe(prox_mu=-1.0)
+
+
 def test_updates_are_in_place():
     param = np.ones(4, np.float32)
     view = param[:]
