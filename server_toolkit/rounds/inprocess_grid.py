@@ -3,11 +3,15 @@
 The same instructions as on the MQTT grid, each trained on its ``LocalDevice`` as the
 device agent trains it (``rounds/local_device.py``); devices are loop iterations instead
 of processes and blobs never leave memory. Every device is online and answers every task.
+Each device trains in one torch thread, as a device process does (``runtimes/registry.py``):
+a different thread count changes the order of float reductions, and a few rounds amplify
+that into accuracy differences of several points.
 """
 
 from __future__ import annotations
 
 from ..methods.base import DeviceInfo, TrainInstruction, Weights
+from ..torch_utils import one_torch_thread
 from .grid import Exchange, Grid
 from .local_device import LocalDevice, TorchRuntimePool, train_on_device
 
@@ -30,7 +34,8 @@ class InProcessGrid(Grid):
         updates = []
         for instruction in instructions:
             self.bytes_down += sum(_nbytes(m.weights) for m in instruction.all_models().values())
-            update = train_on_device(self.devices[instruction.device_id], instruction, self.runtimes)
+            with one_torch_thread():  # as a device process trains (same float reductions)
+                update = train_on_device(self.devices[instruction.device_id], instruction, self.runtimes)
             self.bytes_up += sum(_nbytes(record) for record in update.arrays.values())
             updates.append(update)
         return Exchange(updates)

@@ -117,7 +117,8 @@ class RoundLoop:
         exchange = self.grid.exchange(rnd, instructions, deadline, max(0, quorum - len(already)))
         if already:
             log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
-        updates = already + exchange.updates
+        # arrival order differs between grids and runs; the aggregate must not depend on it
+        updates = sorted(already + exchange.updates, key=lambda u: u.device_id)
         row: dict = {"round": rnd, "selected": len(selected) + len(already), "accepted": len(updates),
                      "rejected": exchange.rejected}
         clock = time.perf_counter()
