@@ -155,10 +155,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         (Arm("HypeMeFed", "--method hypemefed"),
          Arm("multi-exit, no HN", "--method depthfl"),
          Arm("FedAvg-S", "--method fedavg-s-exit"),
-         Arm("FedAvg-L", "--method fedavg-l-exit")),
+         Arm("FedAvg-L", "--method fedavg-l-exit"),
+         # capacities balanced as the paper did: width 0.25 / 0.5 / 1.0 ~ the tier-1 / 2 / 3 prefixes
+         Arm("HeteroFL", """--method heterofl --method-option 'tier_ratios={"1":0.25,"2":0.5,"3":1.0}'""")),
         (Claim("HypeMeFed", ("FedAvg-S",), "+5.12 pts (UniMiB, α = 0.5, Table 3)"),
          Claim("HypeMeFed", ("FedAvg-L",), "HypeMeFed > FedAvg-L (Table 3)"),
-         Claim("HypeMeFed", ("multi-exit, no HN",), "the hypernetwork helps (ablation, Fig. 9)")),
+         Claim("HypeMeFed", ("multi-exit, no HN",), "the hypernetwork helps (ablation, Fig. 9)"),
+         Claim("HypeMeFed", ("HeteroFL",), "HypeMeFed > HeteroFL (Table 3)")),
     ),
     Family(
         "personalised", "MH-pFedHN: MH-pFedHNGD > MH-pFedHN > pFedHN, all above Local and FedAvg",
