@@ -1,7 +1,15 @@
-"""Export: torch sub-model + loss recipe -> on-device training programs.
+"""Export: a sub-model spec and its loss -> on-device training programs.
 
-Today the only program format is ``torchspec/1`` (the model as JSON, see
-``fedcore.modelspec``), which the torch runtime executes. ExecuTorch ``.pte``
-and ONNX Runtime training artifacts, each checked for gradient parity with torch, are the
-export issue's work.
+Formats (``programs.py`` decides which a task offers, built once per spec, loss and batch):
+
+* ``torchspec/1`` — the model as JSON (``fedcore.modelspec``); the torch runtime executes it.
+* ``pte/1`` — an ExecuTorch program (``executorch.py``): forward + loss + backward of
+  ``program_model.ProgramModel`` written in ``decompositions`` the portable kernels train
+  correctly; the device applies the optimiser (``sdk_device/runtimes/optimizers.py``).
+* ``ort-training/1`` — ONNX Runtime training artifacts (``ort_artifacts.py``, ``onnx.py``).
+* inference-only ONNX and ``tflite/1`` (``tflite.py``) for devices that only evaluate.
+
+Every training format is checked against torch autograd (``parity.py``: loss, gradients,
+BatchNorm statistics and several optimiser steps); that parity is the contract of export.
+``manifest.py`` describes a program bundle (tensors, input, recipe, loss, optimiser) for apps.
 """
