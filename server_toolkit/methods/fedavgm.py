@@ -5,8 +5,12 @@ sample-weighted average as a pseudo-gradient and applies momentum to it:
 
     delta = w - mean_i(w_i);  v = beta * v + delta;  w <- w - server_lr * v
 
-Options (``--method-option``): ``beta`` (0.9, the paper's best on non-IID data) and
-``server_lr`` (1.0; with beta 0 this is FedAvg exactly). Decisions: BatchNorm running
+Options (``--method-option``): ``beta`` (0.5) and ``server_lr`` (1.0; with beta 0 this is
+FedAvg exactly). Decision (default beta, measured): the paper's best beta 0.9 comes with a
+tuned server lr; at server_lr 1 it steps 1/(1 - beta) = 10x the averaged update once the
+velocity builds up and overshot on digits (4 IID devices, 6 rounds, seed 0, accuracy per
+round): beta 0.9 ended at 0.777 (0.838 in round 4, then 0.744), 0.9 with server_lr 0.3 at
+0.855, 0.5 at 0.908, FedAvg at 0.944. Other decisions: BatchNorm running
 statistics and integer tensors take the plain average (a statistic is not a descent
 direction); the velocity ``v`` starts at zero and is checkpointed with the method state, so
 a resumed run continues with it.
@@ -33,9 +37,9 @@ def with_momentum(name: str, value: np.ndarray) -> bool:
 
 class FedAvgM(FedAvg):
     name = "fedavgm"
-    example = "--method-option beta=0.9"
+    example = "--method-option beta=0.5"
 
-    def __init__(self, global_spec: dict, recipe: Recipe, beta: float = 0.9, server_lr: float = 1.0) -> None:
+    def __init__(self, global_spec: dict, recipe: Recipe, beta: float = 0.5, server_lr: float = 1.0) -> None:
         super().__init__(global_spec, recipe)
         if not 0.0 <= float(beta) < 1.0 or not float(server_lr) > 0.0:
             raise ValueError(f"fedavgm needs 0 <= beta < 1 and server_lr > 0, got {beta}, {server_lr}")
