@@ -23,8 +23,9 @@ from .run_report import METRICS_JSONL
 
 CONFIG_JSON = "config.json"
 
-# How deep below a given directory run directories are looked for (1: its children).
-SEARCH_DEPTH = 2
+# How deep below a given directory run directories are looked for (1: its children; 4 reaches
+# bench/reproduce.py's runs from its runs directory: FAMILY/SETTING/ARM/seedS).
+SEARCH_DEPTH = 4
 
 
 class ReportInputError(Exception):

@@ -269,3 +269,13 @@ def test_chart_ticks_are_round_numbers_that_cover_the_data():
 def test_build_page_refuses_a_k_below_one():
     with pytest.raises(ValueError, match="last_k"):
         build_page([], last_k=0)
+
+
+def test_the_report_finds_the_runs_of_a_reproduction_from_its_runs_directory(tmp_path):
+    from server_toolkit.report.runs import find_run_dirs
+
+    run = tmp_path / "hypemefed" / "Dir_0.1" / "HypeMeFed" / "seed0"  # bench/reproduce.py's layout
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"round": 1, "accuracy": 0.5}\n')
+    assert find_run_dirs([tmp_path]) == [run]
+    assert find_run_dirs([tmp_path / "hypemefed"]) == [run]
