@@ -193,10 +193,10 @@ def test_replicates_whose_configs_differ_beyond_the_seed_are_noted(tmp_path):
     assert "<code>fleet</code>" not in html and "<code>seed</code>" not in html
 
 
-def test_parent_directories_are_searched_two_levels_down_and_each_run_counts_once(tmp_path):
+def test_parent_directories_are_searched_four_levels_down_and_each_run_counts_once(tmp_path):
     write_run(tmp_path / "bench" / "fedavg", "r1", [{"round": 1}])
     write_run(tmp_path / "bench", "r0", [{"round": 1}])
-    write_run(tmp_path / "deep" / "x" / "y", "r9", [{"round": 1}])  # three levels: not found
+    write_run(tmp_path / "deep" / "x" / "y" / "z", "r9", [{"round": 1}])  # five levels: not found
     found = find_run_dirs([tmp_path / "bench", tmp_path / "bench" / "r0" / "metrics.jsonl", tmp_path])
     assert found == [tmp_path / "bench" / "fedavg" / "r1", tmp_path / "bench" / "r0"]
 
