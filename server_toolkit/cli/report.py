@@ -18,7 +18,7 @@ def report(run_dirs: tuple[Path, ...], out: Path, last_k: int) -> None:
     """Compare runs in one HTML page (inline SVG and CSS, nothing fetched).
 
     RUN_DIRS are run directories (holding metrics.jsonl) or directories holding them (searched
-    two levels down). Runs are grouped into series by config.json's "label" (else method, tiers
+    four levels down). Runs are grouped into series by config.json's "label" (else method, tiers
     and method options) and compared within settings (config.json's "setting", else dataset,
     partition and model); seeds are a series' replicates.
     """
