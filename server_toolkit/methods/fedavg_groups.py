@@ -17,7 +17,7 @@ from .personalized import StoredModelsMethod, pack_models, unpack_models
 
 
 class FedAvgGroups(StoredModelsMethod):
-    name = "fedavg_groups"
+    name = "fedavg-groups"
     family = "personalised"
     example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
 

@@ -15,7 +15,7 @@ from .hypernetwork import HypernetMethod
 
 
 class MHPFedHN(HypernetMethod):
-    name = "mh_pfedhn"
+    name = "mh-pfedhn"
     family = "personalised"
     example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
 

@@ -45,7 +45,7 @@ GLOBAL_MODEL = "global_model/"
 
 
 class MHPFedHNGD(MHPFedHN):
-    name = "mh_pfedhngd"
+    name = "mh-pfedhngd"
     family = "personalised"
     example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
     global_client: HnClient | None = None

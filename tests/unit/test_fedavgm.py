@@ -22,7 +22,8 @@ def _updates(weights: dict, shift: float) -> list[ClientUpdate]:
 
 
 def test_with_beta_zero_fedavgm_is_fedavg():
-    fedavgm, fedavg = method_class("fedavgm")(SPEC, Recipe(), beta=0.0), method_class("fedavg")(SPEC, Recipe())
+    fedavgm = method_class("fedavgm")(SPEC, Recipe(), beta=0.0)
+    fedavg = method_class("fedavg")(SPEC, Recipe())
     weights = fedavg.initial_weights(0)
     ours, theirs = weights, weights
     for rnd in (1, 2):
