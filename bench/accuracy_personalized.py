@@ -60,7 +60,7 @@ from fedcore.recipe import Recipe
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import canonical_name, method_class
 from server_toolkit.methods.base import DeviceInfo, Method
-from server_toolkit.methods.heterofl import HeteroFL
+from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.architectures import architecture, from_spec
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.sim.partition import partition

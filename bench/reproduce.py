@@ -102,7 +102,7 @@ STANDALONE_TIERS = "small_cnn@1.0,small_cnn@0.75,small_cnn@0.5,small_cnn@0.25"  
 # Settings: homogeneous (every device the LeNet-style CNN, the paper's Table 1) and
 # heterogeneous (lenet, vgg8, resnet10, resnet12, resnet18 round-robin, 2 devices each, its
 # Table 2). MH-pFedHNGD gets twice the rounds: its two stages (global model, then personal
-# models with distillation) are one paper round and one round each here (methods/mh_pfedhngd.py),
+# models with distillation) are one paper round and one round each here (methods/hypernet/mh_pfedhngd.py),
 # so 2R rounds = the R paper rounds the other arms get; its last-5 are its last 5 stages.
 # FedAvg = FedAvg within each architecture (the paper runs it per model type).
 # Size: 15 rounds with 2 local epochs, chosen for <= 45 min on an idle 2-core machine (BENCHMARKS.md).

@@ -43,7 +43,7 @@ def load_hypernet_run(run_dir: Path):
     from fedcore.recipe import Recipe
 
     from ..methods import method_class
-    from ..methods.hypernetwork import HypernetMethod
+    from ..methods.hypernet.hypernetwork import HypernetMethod
     from ..rounds.checkpoint import load_checkpoint
 
     found = load_checkpoint(run_dir)

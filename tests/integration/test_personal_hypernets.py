@@ -29,7 +29,7 @@ from sdk_device.transport.blob_store import BlobStore
 from server_toolkit.cli import main
 from server_toolkit.cli.hn import load_hypernet_run
 from server_toolkit.fleet.registry import FleetRegistry
-from server_toolkit.methods.mh_pfedhngd import MHPFedHNGD
+from server_toolkit.methods.hypernet.mh_pfedhngd import MHPFedHNGD
 from server_toolkit.models.architectures import architecture
 from server_toolkit.models.zoo import model_spec
 

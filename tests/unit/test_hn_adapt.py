@@ -17,7 +17,7 @@ from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
-from server_toolkit.methods.mh_pfedhn import MHPFedHN
+from server_toolkit.methods.hypernet.mh_pfedhn import MHPFedHN
 from server_toolkit.models.architectures import architecture
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.checkpoint import save_checkpoint

@@ -39,3 +39,11 @@ def test_every_method_that_scores_devices_by_their_labels_asks_for_them():
     assert {"recipfl", "allsmall", "exclusivefl", "heterofl", "depthfl"} <= set(scoring)
     for name in scoring:
         assert "label_counts" in methods()[name].asks, name
+
+
+def test_every_method_family_package_says_what_it_is():
+    families = [m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg]
+    assert {"exit", "fedconv", "hypernet", "recipfl", "width"} <= set(families)
+    for name in families:
+        doc = importlib.import_module(f"{package.__name__}.{name}").__doc__ or ""
+        assert len(doc.split()) >= 10, name
