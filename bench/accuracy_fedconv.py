@@ -46,15 +46,21 @@ from server_toolkit.data.datasets import load_dataset
 from server_toolkit.data.server_slice import take_server_slice
 from server_toolkit.methods.base import DeviceInfo, Method
 from server_toolkit.methods.fedavg import FedAvg
-from server_toolkit.methods.fedconv import FedConv
-from server_toolkit.methods.fedrolex import FedRolex
-from server_toolkit.methods.heterofl import HeteroFL
-from server_toolkit.models.train_generated import Schedule
+from server_toolkit.methods.fedconv.conv_compress import (
+    PLAIN,
+    BlockConfig,
+    compressor,
+    tier_spec,
+    train_transform,
+)
+from server_toolkit.methods.fedconv.fedconv import FedConv
+from server_toolkit.methods.fedconv.train_generated import Schedule
+from server_toolkit.methods.width.fedrolex import FedRolex
+from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import partition
-from server_toolkit.submodels.conv_compress import PLAIN, BlockConfig, compressor, tier_spec, train_transform
 from server_toolkit.submodels.width import static_bn
 
 TIERS = ("1.0", "0.75", "0.5", "0.25")

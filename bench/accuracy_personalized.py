@@ -58,9 +58,9 @@ import torch
 
 from fedcore.recipe import Recipe
 from server_toolkit.data.datasets import load_dataset
-from server_toolkit.methods import method_class
+from server_toolkit.methods import canonical_name, method_class
 from server_toolkit.methods.base import DeviceInfo, Method
-from server_toolkit.methods.heterofl import HeteroFL
+from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.architectures import architecture, from_spec
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.sim.partition import partition
@@ -69,8 +69,8 @@ from server_toolkit.submodels.width import static_bn, width_layout
 
 HETEROGENEOUS = ("lenet", "vgg8", "resnet10", "resnet12", "resnet18")
 SETTINGS = {"homogeneous": ("lenet",), "heterogeneous": HETEROGENEOUS}
-LABELS = {"local": "Local", "fedavg_groups": "FedAvg", "pfedhn": "pFedHN", "mh_pfedhn": "MH-pFedHN",
-          "mh_pfedhngd": "MH-pFedHNGD", "heterofl": "HeteroFL"}
+LABELS = {"local": "Local", "fedavg-groups": "FedAvg", "pfedhn": "pFedHN", "mh-pfedhn": "MH-pFedHN",
+          "mh-pfedhngd": "MH-pFedHNGD", "heterofl": "HeteroFL"}
 SHAPE, CLASSES = (1, 8, 8), 10
 
 
@@ -108,7 +108,7 @@ def build(name: str, tiers, args) -> Method:
                      momentum=0.9, weight_decay=1e-4, seed=args.seed)
         return HeteroFL(spec, sgd, tier_ratios=ratios)
     options = dict(client)
-    if name in ("pfedhn", "mh_pfedhn", "mh_pfedhngd"):
+    if name in ("pfedhn", "mh-pfedhn", "mh-pfedhngd"):
         options["hn_lr"] = args.hn_lr
     return method_class(name)(model_spec(tiers[0], SHAPE, CLASSES), recipe, **options)
 
@@ -122,7 +122,7 @@ def per_architecture(rows: list[dict], prefix: str) -> dict[str, float]:
 
 def run_one(name: str, devices, tiers, args) -> dict:
     method = build(name, tiers, args)
-    stages = 2 if name == "mh_pfedhngd" else 1
+    stages = 2 if name == "mh-pfedhngd" else 1
     started = time.perf_counter()
     rows = run_personalized(method, devices, args.rounds * stages, seed=args.seed,
                             recalibrate_bn=args.recalibrate_bn)
@@ -182,9 +182,9 @@ def generalisation(x, y, args) -> dict:
         local_rows = run_personalized(build("local", tiers, args), new, args.adapt_steps, seed=args.seed)
         local = local_rows[-1]["personal_accuracy"]
         out[f"{scheme}/{setting}/local"] = {"after": local}
-        for name in ("mh_pfedhn", "mh_pfedhngd"):
+        for name in ("mh-pfedhn", "mh-pfedhngd"):
             method = build(name, tiers, args)
-            run_personalized(method, seen, args.rounds * (2 if name == "mh_pfedhngd" else 1), seed=args.seed)
+            run_personalized(method, seen, args.rounds * (2 if name == "mh-pfedhngd" else 1), seed=args.seed)
             before, after = np.mean([adapt_new_device(method, d, args) for d in new], axis=0)
             out[f"{scheme}/{setting}/{name}"] = {"before": float(before), "after": float(after)}
             print(f"new devices, {scheme} {setting} {LABELS[name]}: {before:.4f} -> {after:.4f} "
@@ -201,7 +201,7 @@ def main() -> None:
     parser.add_argument("--classes-per-client", type=int, default=3)
     parser.add_argument("--alpha", type=float, default=0.1)
     parser.add_argument("--settings", default="homogeneous,heterogeneous")
-    parser.add_argument("--methods", default="local,fedavg_groups,pfedhn,mh_pfedhn,mh_pfedhngd,heterofl")
+    parser.add_argument("--methods", default="local,fedavg-groups,pfedhn,mh-pfedhn,mh-pfedhngd,heterofl")
     parser.add_argument("--client-lr", type=float, default=0.05)
     parser.add_argument("--client-batch-size", type=int, default=16)
     parser.add_argument("--client-epochs", type=int, default=2)
@@ -228,7 +228,7 @@ def main() -> None:
     for scheme in args.partitions.split(","):
         for setting in args.settings.split(","):
             tiers = SETTINGS[setting]
-            for name in args.methods.split(","):
+            for name in map(canonical_name, args.methods.split(",")):  # old ids (mh_pfedhn) too
                 if name == "heterofl" and len(tiers) == 1:
                     continue  # HeteroFL with one architecture is FedAvg
                 devices = make_devices(x, y, tiers, scheme, args)

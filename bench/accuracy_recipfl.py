@@ -52,12 +52,12 @@ from fedcore import modelspec
 from fedcore.recipe import Recipe
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
-from server_toolkit.methods.allsmall import AllSmall
 from server_toolkit.methods.base import DeviceInfo, Method
-from server_toolkit.methods.depthfl import DepthFL
-from server_toolkit.methods.exclusivefl import ExclusiveFL
-from server_toolkit.methods.heterofl import HeteroFL
-from server_toolkit.methods.recipfl import RecipFL
+from server_toolkit.methods.exit.depthfl import DepthFL
+from server_toolkit.methods.recipfl.allsmall import AllSmall
+from server_toolkit.methods.recipfl.exclusivefl import ExclusiveFL
+from server_toolkit.methods.recipfl.recipfl import RecipFL
+from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.multi_exit import lenet5_multi_exit
 from server_toolkit.models.zoo import lenet5
 from server_toolkit.rounds.local_device import LocalDevice

@@ -39,9 +39,9 @@ from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods.base import DeviceInfo, Method
 from server_toolkit.methods.fedavg import FedAvg
-from server_toolkit.methods.feddm import FedDM
-from server_toolkit.methods.fedrolex import FedRolex
-from server_toolkit.methods.heterofl import HeteroFL
+from server_toolkit.methods.width.feddm import FedDM
+from server_toolkit.methods.width.fedrolex import FedRolex
+from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.inprocess import run_rounds

@@ -24,9 +24,9 @@ import torch
 from fedcore import modelspec
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
-from server_toolkit.edge.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
+from server_toolkit.methods.fedconv.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.reconstruct.average import weighted_average
 from server_toolkit.rounds.local_device import LocalDevice

@@ -19,11 +19,11 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
-from server_toolkit.methods.feddm import FedDM
-from server_toolkit.methods.fedrolex import FedRolex
-from server_toolkit.methods.heterofl import HeteroFL
+from server_toolkit.methods.width.coverage import coverage_counts
+from server_toolkit.methods.width.feddm import FedDM
+from server_toolkit.methods.width.fedrolex import FedRolex
+from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.reconstruct.coverage import coverage_counts
 
 SCHEMES = {
     "heterofl": lambda spec: HeteroFL(spec, Recipe()),

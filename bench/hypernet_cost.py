@@ -43,9 +43,9 @@ def worker(kind: str, rank: str, hidden: int, epochs: int) -> dict:
     import torch
 
     from fedcore.torch_model import build_model, state_numpy
-    from server_toolkit.methods.hypemefed import parse_rank
+    from server_toolkit.methods.exit.hypemefed import parse_rank
+    from server_toolkit.methods.exit.hypernet_bank import HypernetBank
     from server_toolkit.models.zoo import vgg_multi_exit
-    from server_toolkit.reconstruct.hypernet_bank import HypernetBank
     from server_toolkit.submodels.exit_split import conv_segments
 
     torch.set_num_threads(1)  # a steady figure on a shared 2-core machine

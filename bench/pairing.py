@@ -42,8 +42,8 @@ from server_toolkit.fleet.pair_codes import LockoutPolicy, PairCodes  # noqa: E4
 from server_toolkit.fleet.pairing_setup import start_pairing_on  # noqa: E402
 from server_toolkit.fleet.registry import FleetRegistry  # noqa: E402
 from server_toolkit.fleet.tiers import spec_cost  # noqa: E402
-from server_toolkit.methods.depthfl import DepthFL  # noqa: E402
-from server_toolkit.methods.heterofl import HeteroFL  # noqa: E402
+from server_toolkit.methods.exit.depthfl import DepthFL  # noqa: E402
+from server_toolkit.methods.width.heterofl import HeteroFL  # noqa: E402
 from server_toolkit.models.zoo import model_spec  # noqa: E402
 
 PROFILE = {"arch": "x86_64", "memory_mb": 4096.0, "memory_available_mb": 2048.0, "num_samples": 200}

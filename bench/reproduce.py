@@ -102,7 +102,7 @@ STANDALONE_TIERS = "small_cnn@1.0,small_cnn@0.75,small_cnn@0.5,small_cnn@0.25"  
 # Settings: homogeneous (every device the LeNet-style CNN, the paper's Table 1) and
 # heterogeneous (lenet, vgg8, resnet10, resnet12, resnet18 round-robin, 2 devices each, its
 # Table 2). MH-pFedHNGD gets twice the rounds: its two stages (global model, then personal
-# models with distillation) are one paper round and one round each here (methods/mh_pfedhngd.py),
+# models with distillation) are one paper round and one round each here (methods/hypernet/mh_pfedhngd.py),
 # so 2R rounds = the R paper rounds the other arms get; its last-5 are its last 5 stages.
 # FedAvg = FedAvg within each architecture (the paper runs it per model type).
 # Size: 15 rounds with 2 local epochs, chosen for <= 45 min on an idle 2-core machine (BENCHMARKS.md).
@@ -168,11 +168,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         f"--model lenet --devices 10 --rounds {PERSONAL_ROUNDS} --train-samples 3000 --test-samples 1000 "
         "--partition k-classes --classes-per-client 3 --local-epochs 2",
         (Setting("homogeneous", "--tiers lenet"), Setting("heterogeneous", f"--tiers {PERSONAL_TIERS}")),
-        (Arm("MH-pFedHNGD", f"--method mh_pfedhngd --rounds {2 * PERSONAL_ROUNDS}"),
-         Arm("MH-pFedHN", "--method mh_pfedhn"),
+        (Arm("MH-pFedHNGD", f"--method mh-pfedhngd --rounds {2 * PERSONAL_ROUNDS}"),
+         Arm("MH-pFedHN", "--method mh-pfedhn"),
          Arm("pFedHN", "--method pfedhn"),
          Arm("Local", "--method local"),
-         Arm("FedAvg", "--method fedavg_groups")),
+         Arm("FedAvg", "--method fedavg-groups")),
         (Claim("MH-pFedHNGD", ("MH-pFedHN", "pFedHN"),
                "hom +3.6 / +4.6, het +3.0 / +9.2 pts (CIFAR-100, 50 clients, non-IID_1, Tables 1-2)"),
          Claim("MH-pFedHN", ("pFedHN",), "hom +1.0, het +6.2 pts (same cells)"),

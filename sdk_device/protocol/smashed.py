@@ -1,6 +1,6 @@
 """Smashed data: the inputs of a model's last linear layer for some local samples.
 
-FedConv's projection stage (``server_toolkit/edge/projection.py``) trains only the last
+FedConv's projection stage (``server_toolkit/methods/fedconv/projection.py``) trains only the last
 linear layers, so the inputs of those layers are constants of the frozen bodies. A task
 asks for them with its optional ``smashed`` field (at most that many samples); a device
 that can compute them answers with a second blob next to its weights: a safetensors file

@@ -52,7 +52,7 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
     from ..broker.mosquitto_auth import SecurityDirError
     from ..broker.secured import server_connection
     from ..edge.aggregator import EdgeAggregator, EdgeConfig, default_group_fleet
-    from ..edge.relay import EdgeOptions
+    from ..methods.fedconv.relay import EdgeOptions
 
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
     try:

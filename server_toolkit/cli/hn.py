@@ -1,10 +1,10 @@
-"""``fedsdk-server hn``: tools for runs of the hypernetwork methods (pfedhn, mh_pfedhn,
-mh_pfedhngd).
+"""``fedsdk-server hn``: tools for runs of the hypernetwork methods (pfedhn, mh-pfedhn,
+mh-pfedhngd).
 
 ``hn adapt`` brings a new device into a trained run without retraining the hypernetwork
 (MH-pFedHN's generalisation to new clients): the feature extractor and every existing head
 and embedding stay frozen; the device gets its own embeddings, and a new head when none
-fits its architecture yet (mh_pfedhn: no head of its tau; pfedhn: an architecture never
+fits its architecture yet (mh-pfedhn: no head of its tau; pfedhn: an architecture never
 seen), and only those learn. What they learn from, one of:
 
 * ``--weights FILE.safetensors``: the device's own trained model (its parameters, as the
@@ -43,7 +43,7 @@ def load_hypernet_run(run_dir: Path):
     from fedcore.recipe import Recipe
 
     from ..methods import method_class
-    from ..methods.hypernetwork import HypernetMethod
+    from ..methods.hypernet.hypernetwork import HypernetMethod
     from ..rounds.checkpoint import load_checkpoint
 
     found = load_checkpoint(run_dir)
@@ -57,7 +57,7 @@ def load_hypernet_run(run_dir: Path):
         raise click.ClickException(str(exc)) from None
     if not issubclass(cls, HypernetMethod):
         raise click.ClickException(f"the run's method {name!r} has no hypernetwork "
-                                   f"(hn adapt works on pfedhn, mh_pfedhn, mh_pfedhngd runs)")
+                                   f"(hn adapt works on pfedhn, mh-pfedhn, mh-pfedhngd runs)")
     saved = state.get("method_state", {})
     method = cls(saved["global_spec"], Recipe.from_dict(saved["client_recipe"]), user_recipe=True,
                  **saved.get("options", {}))
@@ -194,7 +194,7 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
 
 @click.group()
 def hn() -> None:
-    """Hypernetwork tools for pfedhn / mh_pfedhn / mh_pfedhngd runs."""
+    """Hypernetwork tools for pfedhn / mh-pfedhn / mh-pfedhngd runs."""
 
 
 @hn.command()

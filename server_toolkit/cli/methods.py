@@ -37,8 +37,9 @@ def methods_show(name: str) -> None:
         cls = method_class(name)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    console.print(f"[bold]{name}[/] ({cls.family}); example: "
-                  f"fedsdk-server simulate --method {name} {cls.example}")
+    alias = f" (old id {name!r})" if cls.name != name else ""
+    console.print(f"[bold]{cls.name}[/]{alias} ({cls.family}); example: "
+                  f"fedsdk-server simulate --method {cls.name} {cls.example}")
     console.print(inspect.getdoc(inspect.getmodule(cls)) or "", markup=False, highlight=False)
     table = Table("option (--method-option KEY=VALUE)", "default", title="options")
     for option, default in method_options(cls).items():

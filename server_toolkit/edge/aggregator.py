@@ -13,7 +13,7 @@ and needs no edge-specific code on the server or on the devices:
 * **Downward** it is the *server* of its own fleet (``<fleet>.<edge id>`` by default,
   possibly on another broker): the round loop over an MQTT grid of its own (an
   ``Endpoint``, a registry, a blob store and checkpoints in ``--run-dir``), driving
-  ``relay.EdgeRelay``.
+  ``methods.fedconv.relay.EdgeRelay``.
   On brokers with per-device accounts and ACLs (``fedsdk-server security``) the edge's
   device account only reaches its own ``dev/<edge id>`` subtree upward, so its group needs
   a broker of its own (``security init --fleet <fleet>.<edge id>``, typically at the edge
@@ -51,10 +51,10 @@ from sdk_device.transport.mqtt_link import BrokerAddress
 
 from ..fleet.registry import FleetRegistry
 from ..methods.base import MODEL, ModelRecord, TrainInstruction
+from ..methods.fedconv.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
 from ..methods.records import FEATURES
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.mqtt_grid import MqttGrid
-from .relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..methods import canonical_name
 from .run_report import METRICS_JSONL
 
 CONFIG_JSON = "config.json"
@@ -166,7 +167,7 @@ def series_label(config: dict[str, Any] | None, run_dir: Path) -> str:
     label = config.get("label")
     if isinstance(label, str) and label.strip():
         return label.strip()
-    parts = [str(config.get("method", "unknown method"))]
+    parts = [canonical_name(str(config.get("method", "unknown method")))]  # an old id's runs join its series
     tiers = config.get("tiers")
     if tiers:
         parts.append("tiers=" + (",".join(map(str, tiers)) if isinstance(tiers, list) else str(tiers)))

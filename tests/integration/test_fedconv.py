@@ -15,8 +15,8 @@ from sdk_device.protocol.blobs import decode_tensors
 from sdk_device.transport.blob_store import BlobStore
 from server_toolkit.cli import main
 from server_toolkit.fleet.registry import FleetRegistry
+from server_toolkit.methods.fedconv.conv_compress import tensor_shapes, tier_spec
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.submodels.conv_compress import tensor_shapes, tier_spec
 from server_toolkit.submodels.width import static_bn
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from sdk_device.pairing import PairClient, PairingError
 from sdk_device.transport.mqtt_link import probe_login
 from server_toolkit.fleet.pair_codes import LockoutPolicy, PairCodes
 from server_toolkit.fleet.pairing_setup import start_pairing_on
-from server_toolkit.methods.heterofl import HeteroFL
+from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
 from tests.unit.pte_cache import cached_programs  # noqa: F401 (the program_for fixture)
 

@@ -1,10 +1,10 @@
 """The hypernetwork methods over a real mosquitto with real device processes.
 
-* ``fedsdk-server simulate --method mh_pfedhn``: five devices of five architectures, two
+* ``fedsdk-server simulate --method mh-pfedhn``: five devices of five architectures, two
   rounds; every update accepted, each device uploads exactly its architecture's parameters
   (its BatchNorm statistics stay on it), every device gets its own generated weights; then
   ``hn adapt`` brings a sixth device into the run.
-* ``mh_pfedhngd``: one paper round (stage 1 + stage 2); the stage-2 tasks carry the global
+* ``mh-pfedhngd``: one paper round (stage 1 + stage 2); the stage-2 tasks carry the global
   model as their teacher, and replaying a device's training shows it used exactly that
   teacher (with it the replay gives the uploaded weights, without it it does not).
 """
@@ -29,7 +29,7 @@ from sdk_device.transport.blob_store import BlobStore
 from server_toolkit.cli import main
 from server_toolkit.cli.hn import load_hypernet_run
 from server_toolkit.fleet.registry import FleetRegistry
-from server_toolkit.methods.mh_pfedhngd import MHPFedHNGD
+from server_toolkit.methods.hypernet.mh_pfedhngd import MHPFedHNGD
 from server_toolkit.models.architectures import architecture
 from server_toolkit.models.zoo import model_spec
 
@@ -42,7 +42,7 @@ TIERS = ["lenet", "vgg8", "resnet10", "resnet18", "mlp"]
 
 def test_simulate_mh_pfedhn_with_five_architectures(mosquitto, tmp_path):
     result = CliRunner().invoke(main, [
-        "simulate", "--method", "mh_pfedhn", "--model", "lenet", "--devices", "5", "--rounds", "2",
+        "simulate", "--method", "mh-pfedhn", "--model", "lenet", "--devices", "5", "--rounds", "2",
         "--tiers", ",".join(TIERS), "--partition", "iid", "--broker", mosquitto.url, "--runs-dir",
         str(tmp_path / "runs"), "--round-timeout", "150", "--method-option", "client_epochs=1"])
     assert result.exit_code == 0, result.output

@@ -14,8 +14,8 @@ from fedcore.torch_model import build_model, state_numpy
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from sdk_device.transport.endpoint import SERVER
-from server_toolkit.edge.relay import EdgeOptions, EdgeRelay, ForwardedTask
 from server_toolkit.methods.base import TrainInstruction
+from server_toolkit.methods.fedconv.relay import EdgeOptions, EdgeRelay, ForwardedTask
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.loop import LoopConfig, RoundLoop
 from server_toolkit.rounds.mqtt_grid import MqttGrid

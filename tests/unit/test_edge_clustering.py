@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server_toolkit.edge.clustering import (
+from server_toolkit.methods.fedconv.clustering import (
     choose_clusters,
     kld_kmeans,
     kld_matrix,

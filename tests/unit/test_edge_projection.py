@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fedcore.recipe import Recipe
-from server_toolkit.edge.clustering import layer_distribution
-from server_toolkit.edge.projection import Head, run_stage, select_pairs
+from server_toolkit.methods.fedconv.clustering import layer_distribution
+from server_toolkit.methods.fedconv.projection import Head, run_stage, select_pairs
 
 RECIPE = Recipe(epochs=1, batch_size=16, optimizer="sgd", lr=0.05, momentum=0.9)
 

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 
 from fedcore.recipe import Recipe
-from server_toolkit.edge.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask, final_linear
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo, TrainInstruction
+from server_toolkit.methods.fedconv.relay import (
+    TRAIN,
+    WARMUP,
+    EdgeOptions,
+    EdgeRelay,
+    ForwardedTask,
+    final_linear,
+)
 from server_toolkit.reconstruct.average import weighted_average
 
 K, F = 3, 6

@@ -11,12 +11,12 @@ from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.methods import methods
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
-from server_toolkit.methods.depthfl import DepthFL
-from server_toolkit.methods.fedavg_exit import FedAvgShallowExit
+from server_toolkit.methods.exit.classwise_average import classwise_average
+from server_toolkit.methods.exit.depthfl import DepthFL
+from server_toolkit.methods.exit.fedavg_exit import FedAvgShallowExit
 from server_toolkit.models.exit_eval import deepest_exit_accuracy, exit_accuracies
 from server_toolkit.models.multi_exit import add_exits, cnn_multi_exit, resnet18_multi_exit
 from server_toolkit.models.zoo import small_cnn, vgg_multi_exit
-from server_toolkit.reconstruct.classwise_average import classwise_average
 from server_toolkit.reconstruct.present_average import average_present
 from server_toolkit.submodels.exit_split import (
     ExitSplit,

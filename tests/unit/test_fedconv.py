@@ -14,15 +14,7 @@ from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model, load_numpy, state_numpy
 from server_toolkit.data.server_slice import take_server_slice
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
-from server_toolkit.methods.fedconv import FedConv
-from server_toolkit.models.train_generated import Schedule
-from server_toolkit.models.zoo import model_spec
-from server_toolkit.reconstruct.average import weighted_average
-from server_toolkit.reconstruct.conv_dilate import dilator
-from server_toolkit.reconstruct.learned_aggregate import LayerWeights, learned_aggregate
-from server_toolkit.rounds.local_device import LocalDevice
-from server_toolkit.sim.inprocess import run_rounds
-from server_toolkit.submodels.conv_compress import (
+from server_toolkit.methods.fedconv.conv_compress import (
     BlockConfig,
     TensorPath,
     compressor,
@@ -33,6 +25,14 @@ from server_toolkit.submodels.conv_compress import (
     tier_spec,
     train_transform,
 )
+from server_toolkit.methods.fedconv.conv_dilate import dilator
+from server_toolkit.methods.fedconv.fedconv import FedConv
+from server_toolkit.methods.fedconv.learned_aggregate import LayerWeights, learned_aggregate
+from server_toolkit.methods.fedconv.train_generated import Schedule
+from server_toolkit.models.zoo import model_spec
+from server_toolkit.reconstruct.average import weighted_average
+from server_toolkit.rounds.local_device import LocalDevice
+from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.submodels.width import static_bn, width_layout
 
 RATIOS = (1.0, 0.75, 0.5, 0.25)

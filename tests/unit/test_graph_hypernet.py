@@ -8,9 +8,9 @@ import torch
 
 from fedcore import modelspec
 from fedcore.torch_model import build_model, load_numpy, state_numpy
+from server_toolkit.methods.recipfl.graph_hypernet import GraphHypernet, fit_to_shape
+from server_toolkit.methods.recipfl.op_graph import OP_TYPES, extract_graph, pooled_weights
 from server_toolkit.models.zoo import lenet5, resnet_small, small_cnn, vgg_multi_exit
-from server_toolkit.reconstruct.graph_hypernet import GraphHypernet, fit_to_shape
-from server_toolkit.reconstruct.op_graph import OP_TYPES, extract_graph, pooled_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHAPE, K = (1, 8, 8), 10

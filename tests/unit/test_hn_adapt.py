@@ -12,12 +12,12 @@ from safetensors.numpy import load_file, save_file
 from fedcore.recipe import Recipe
 from sdk_device.data.npz import save_npz
 from server_toolkit.cli import main
-from server_toolkit.cli.hn import adapt_run
+from server_toolkit.cli.hn import adapt_run, load_hypernet_run
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
-from server_toolkit.methods.mh_pfedhn import MHPFedHN
+from server_toolkit.methods.hypernet.mh_pfedhn import MHPFedHN
 from server_toolkit.models.architectures import architecture
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.checkpoint import save_checkpoint
@@ -35,7 +35,7 @@ def digits():
 
 @pytest.fixture
 def run_dir(tmp_path, digits):
-    """A 2-round mh_pfedhn run of two lenet devices, checkpointed like the orchestrator does."""
+    """A 2-round mh-pfedhn run of two lenet devices, checkpointed like the orchestrator does."""
     method = MHPFedHN(SPEC, Recipe(), client_lr=0.05, client_batch_size=16, client_epochs=1)
     devices = [PersonalDevice(DeviceInfo(f"d{i}", 100, "lenet"), digits.x_train[i * 100:(i + 1) * 100],
                               digits.y_train[i * 100:(i + 1) * 100], digits.x_test[:20], digits.y_test[:20])
@@ -53,6 +53,13 @@ def run_dir(tmp_path, digits):
     save_checkpoint(tmp_path, 2, captured["weights"], state)
     FleetRegistry(tmp_path / "registry.sqlite").close()
     return tmp_path
+
+
+def test_a_run_saved_under_the_old_method_id_still_loads(run_dir):
+    state = json.loads((run_dir / "state.json").read_text())
+    (run_dir / "state.json").write_text(json.dumps(state | {"method": "mh_pfedhn"}))  # before kebab-case ids
+    method, rnd, _ = load_hypernet_run(run_dir)
+    assert isinstance(method, MHPFedHN) and method.name == "mh-pfedhn" and rnd == 2
 
 
 def hn_tensors(run_dir):

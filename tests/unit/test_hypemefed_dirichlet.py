@@ -2,8 +2,8 @@
 
 It used to collapse there: with the device lr 0.005, plain averaging of the exit classifiers
 and hypernetworks that always generated, the global model's final exit ended near one
-predicted class while FedAvg-S (the tier-1 prefix alone) was fine. See ``methods/depthfl.py``
-and ``reconstruct/hypernet_bank.py`` for the measurements behind each fix.
+predicted class while FedAvg-S (the tier-1 prefix alone) was fine. See ``methods/exit/depthfl.py``
+and ``methods/exit/hypernet_bank.py`` for the measurements behind each fix.
 
 Setting, in-process rounds on digits: 12 clients on tiers 1/2/3 round-robin, Dirichlet 0.1
 (seed 0), 6 clients per round, 12 rounds of 2 local epochs. To keep the test fast the VGG
@@ -27,8 +27,8 @@ import pytest
 from fedcore.recipe import Recipe
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods.base import DeviceInfo
-from server_toolkit.methods.fedavg_exit import FedAvgShallowExit
-from server_toolkit.methods.hypemefed import HypeMeFed
+from server_toolkit.methods.exit.fedavg_exit import FedAvgShallowExit
+from server_toolkit.methods.exit.hypemefed import HypeMeFed
 from server_toolkit.models.zoo import vgg_multi_exit
 from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.inprocess import run_rounds

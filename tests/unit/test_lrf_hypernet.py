@@ -10,10 +10,9 @@ import torch
 from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
-from server_toolkit.methods.hypemefed import HypeMeFed, parse_rank
-from server_toolkit.models.zoo import vgg_multi_exit
-from server_toolkit.reconstruct.hypernet_bank import HypernetBank, conv_pairs, relative_error
-from server_toolkit.reconstruct.lrf_hypernet import (
+from server_toolkit.methods.exit.hypemefed import HypeMeFed, parse_rank
+from server_toolkit.methods.exit.hypernet_bank import HypernetBank, conv_pairs, relative_error
+from server_toolkit.methods.exit.lrf_hypernet import (
     LowRankHypernet,
     NaiveHypernet,
     conv_to_matrix,
@@ -23,6 +22,7 @@ from server_toolkit.reconstruct.lrf_hypernet import (
     matrix_to_conv,
     mse,
 )
+from server_toolkit.models.zoo import vgg_multi_exit
 from server_toolkit.submodels.exit_split import conv_segments, name_map
 
 SPEC = vgg_multi_exit((1, 8, 8), 10, channels=(4, 8, 8, 16))

@@ -9,7 +9,7 @@ import pytest
 
 from fedcore.recipe import Recipe
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
-from server_toolkit.methods.mh_pfedhngd import MHPFedHNGD
+from server_toolkit.methods.hypernet.mh_pfedhngd import MHPFedHNGD
 from server_toolkit.models.zoo import model_spec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

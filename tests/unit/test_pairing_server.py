@@ -19,7 +19,7 @@ from server_toolkit.fleet.pair_codes import LockoutPolicy, PairCodes
 from server_toolkit.fleet.pairing_service import device_id_for
 from server_toolkit.fleet.pairing_setup import describe_fleet, device_url_for
 from server_toolkit.fleet.registry import FleetRegistry
-from server_toolkit.methods.heterofl import HeteroFL
+from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
 
 TIERS = ["1.0", "0.5", "0.25"]

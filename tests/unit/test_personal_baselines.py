@@ -7,8 +7,8 @@ import pytest
 
 from fedcore.recipe import Recipe
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
-from server_toolkit.methods.fedavg_groups import FedAvgGroups
-from server_toolkit.methods.local import Local
+from server_toolkit.methods.hypernet.fedavg_groups import FedAvgGroups
+from server_toolkit.methods.hypernet.local import Local
 from server_toolkit.models.architectures import architecture
 from server_toolkit.models.personal_eval import label_weighted_accuracy, label_weights
 from server_toolkit.models.zoo import model_spec

@@ -9,10 +9,10 @@ import torch
 from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
-from server_toolkit.methods.mh_pfedhn import MHPFedHN
-from server_toolkit.methods.pfedhn import PFedHN
+from server_toolkit.methods.hypernet.mh_pfedhn import MHPFedHN
+from server_toolkit.methods.hypernet.personal_hypernet import PersonalHypernet
+from server_toolkit.methods.hypernet.pfedhn import PFedHN
 from server_toolkit.models.zoo import model_spec
-from server_toolkit.reconstruct.personal_hypernet import PersonalHypernet
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,10 +12,10 @@ from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model, load_numpy, state_numpy
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
+from server_toolkit.methods.recipfl.graph_hypernet import GraphHypernet
+from server_toolkit.methods.recipfl.op_graph import extract_graph, pooled_weights
 from server_toolkit.models.zoo import lenet5, small_cnn
-from server_toolkit.reconstruct.graph_hypernet import GraphHypernet
 from server_toolkit.reconstruct.hypernet_step import hypernet_step
-from server_toolkit.reconstruct.op_graph import extract_graph, pooled_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHAPE, K = (1, 8, 8), 10

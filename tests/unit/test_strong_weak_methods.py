@@ -13,8 +13,8 @@ from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
-from server_toolkit.methods.exclusivefl import without_prefix
-from server_toolkit.methods.strong_weak import evaluate_spec, strong_weak
+from server_toolkit.methods.recipfl.exclusivefl import without_prefix
+from server_toolkit.methods.recipfl.strong_weak import evaluate_spec, strong_weak
 from server_toolkit.methods.target_accuracy import TargetAccuracy
 from server_toolkit.models.multi_exit import lenet5_multi_exit
 from server_toolkit.models.zoo import lenet5, resnet_small

@@ -6,8 +6,8 @@ import pytest
 
 from fedcore.recipe import Recipe
 from server_toolkit.fleet.tiers import ASSUMED_SAMPLES, SpecCost, choose_tier, spec_cost, train_memory_mb
-from server_toolkit.methods.depthfl import DepthFL
-from server_toolkit.methods.heterofl import HeteroFL
+from server_toolkit.methods.exit.depthfl import DepthFL
+from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
 
 RECIPE = {"epochs": 2, "batch_size": 10, "optimizer": "sgd"}

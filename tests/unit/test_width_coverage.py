@@ -1,4 +1,4 @@
-"""Scatter of sub-model results (server_toolkit/reconstruct/coverage.py) and the width
+"""Scatter of sub-model results (server_toolkit/methods/width/coverage.py) and the width
 methods' aggregation: round trip, brute-force coverage, FedAvg at r = 1."""
 
 import itertools
@@ -13,9 +13,9 @@ from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
+from server_toolkit.methods.width.coverage import coverage_average, coverage_counts
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.reconstruct.average import weighted_average
-from server_toolkit.reconstruct.coverage import coverage_average, coverage_counts
 from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import partition

@@ -13,10 +13,9 @@ from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
-from server_toolkit.methods.feddm import FedDM
-from server_toolkit.models.zoo import model_spec
-from server_toolkit.reconstruct.coverage import coverage_counts
-from server_toolkit.reconstruct.similarity_tree import (
+from server_toolkit.methods.width.coverage import coverage_counts
+from server_toolkit.methods.width.feddm import FedDM
+from server_toolkit.methods.width.similarity_tree import (
     build_tree,
     client_distance,
     depth_levels,
@@ -24,6 +23,7 @@ from server_toolkit.reconstruct.similarity_tree import (
     pairwise_symmetric_kl,
     subtree_labels,
 )
+from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.sim.inprocess import run_rounds
 from server_toolkit.sim.partition import label_histogram, partition

@@ -14,10 +14,10 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from .base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
-from .fedavg import FedAvg
+from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ..fedavg import FedAvg
+from ..target_accuracy import TargetAccuracy
 from .strong_weak import strong_weak
-from .target_accuracy import TargetAccuracy
 
 
 class AllSmall(FedAvg):

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.train_generated import Schedule, train_generated
-from ..torch_utils import to_numpy
+from ...torch_utils import to_numpy
+from .train_generated import Schedule, train_generated
 
 Weights = dict[str, np.ndarray]
 

@@ -9,8 +9,8 @@ averaging over the devices covering each element, static BatchNorm, tiers as in
 
 from __future__ import annotations
 
-from ..submodels.offsets import rolling_offsets
-from .base import DeviceInfo
+from ...submodels.offsets import rolling_offsets
+from ..base import DeviceInfo
 from .width_shared import WidthSharedMethod
 
 

@@ -16,10 +16,10 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from ..reconstruct.average import weighted_average
-from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ...reconstruct.average import weighted_average
+from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..target_accuracy import TargetAccuracy
 from .strong_weak import STRONG, evaluate_spec, strong_weak
-from .target_accuracy import TargetAccuracy
 
 LARGE, SMALL = "large", "small"
 

@@ -16,10 +16,10 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from ..submodels.offsets import heterofl_offsets
-from ..submodels.width import extract
-from .base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
-from .target_accuracy import TargetAccuracy, role_by_tier_name
+from ...submodels.offsets import heterofl_offsets
+from ...submodels.width import extract
+from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ..target_accuracy import TargetAccuracy, role_by_tier_name
 from .width_shared import WidthSharedMethod
 
 

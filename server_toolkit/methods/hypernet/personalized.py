@@ -36,10 +36,10 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from ..models.architectures import Architecture, architecture, from_spec
-from ..models.personal_eval import label_weighted_accuracy
-from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
-from .tiers import device_tier
+from ...models.architectures import Architecture, architecture, from_spec
+from ...models.personal_eval import label_weighted_accuracy
+from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
+from ..tiers import device_tier
 
 
 def paper_recipe(recipe: Recipe, lr: float, momentum: float, weight_decay: float, epochs: int,

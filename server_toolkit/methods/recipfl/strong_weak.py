@@ -24,10 +24,10 @@ import numpy as np
 
 from fedcore import modelspec
 
-from ..models.zoo import model_spec
-from ..submodels.width import width_layout
-from .base import DeviceInfo
-from .tiers import device_tier
+from ...models.zoo import model_spec
+from ...submodels.width import width_layout
+from ..base import DeviceInfo
+from ..tiers import device_tier
 
 STRONG, WEAK = "strong", "weak"
 
@@ -108,7 +108,7 @@ def evaluate_spec(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray, y: 
     from fedcore.torch_model import build_model, load_numpy
     from fedcore.torch_train import evaluate_model
 
-    from ..torch_utils import input_batches, recalibrate_batchnorm
+    from ...torch_utils import input_batches, recalibrate_batchnorm
 
     model = build_model(spec)
     load_numpy(model, weights)

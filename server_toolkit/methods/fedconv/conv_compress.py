@@ -20,7 +20,7 @@ ablations:
    matrices (the paper's shared-parameter optimisation);
 2. the 1×1 block: m + conv1x1(16→1)(ReLU(conv1x1(1→16)(m))) (the skip connection; no biases);
 3. the size-changing conv, stride 1, padding 0, kernel (rows − rows' + 1, cols − cols' + 1):
-   a conv to compress, a transposed conv to dilate (``reconstruct/conv_dilate.py``), with
+   a conv to compress, a transposed conv to dilate (``methods/fedconv/conv_dilate.py``), with
    weight normalisation (large kernels are applied through an FFT: same result, faster);
 4. the Modified Leaky ReLU (MLR) on the generated values: 0.85·x for x ≥ 0, 0.001·x for
    x < 0 (off by default, see below);
@@ -55,7 +55,7 @@ Decisions where the paper is silent or where it fails here:
 * Because of its slopes, a path with the MLR is never the identity; without it, a
   delta-initialised compressor at SR = 1 returns the global model exactly.
 * Optimiser: Adam (the paper writes plain gradient descent; the authors' code uses Adam),
-  cosine learning rate per epoch (``models/train_generated.py``; epochs count from 0, so
+  cosine learning rate per epoch (``methods/fedconv/train_generated.py``; epochs count from 0, so
   the rate cycles with period 2·T_max), batch 16.
 """
 
@@ -71,9 +71,9 @@ from torch import nn
 
 from fedcore.torch_model import build_model
 
-from ..models.train_generated import Schedule, train_generated
-from ..torch_utils import to_numpy, to_torch
-from .width import width_layout
+from ...submodels.width import width_layout
+from ...torch_utils import to_numpy, to_torch
+from .train_generated import Schedule, train_generated
 
 Weights = dict[str, np.ndarray]
 Shape = tuple[int, ...]

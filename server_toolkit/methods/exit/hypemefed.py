@@ -2,7 +2,7 @@
 
 A round: tier ``t`` devices train the prefix through exit ``t`` (as ``depthfl``); the
 server then (1) trains one hypernetwork per conv pair of consecutive segments on this
-round's clients that trained both (``reconstruct.hypernet_bank``: 25 epochs, Adam 5e-4,
+round's clients that trained both (``methods.exit.hypernet_bank``: 25 epochs, Adam 5e-4,
 warm-started), (2) generates, for every client that lacks deeper segments, their conv
 weights from its own (chained n -> n+1 -> n+2), and (3) averages as ``depthfl`` does: each
 global tensor is the sample-weighted mean over the clients that trained it *or had it
@@ -32,7 +32,7 @@ collapsed (final-exit accuracy 0.42 after 40 rounds, below its no-hypernetwork a
 classifier rows (see ``depthfl``) and the hypernetworks' skill gate: their generated weights
 were far worse stand-ins for a client's deep convs than the global weights (relative error
 0.22-0.70 against 0.001-0.02) and, averaged in, shrank the deep convs until the final exit
-predicted one class (see ``reconstruct.hypernet_bank``). Per round the metrics report the
+predicted one class (see ``methods.exit.hypernet_bank``). Per round the metrics report the
 gate: ``hn_skilled`` (hypernetworks allowed to generate), ``hn_check_rel_err`` and
 ``hn_stand_in_rel_err`` (this round's checks).
 """
@@ -41,10 +41,10 @@ from __future__ import annotations
 
 from fedcore.recipe import Recipe
 
-from ..reconstruct.hypernet_bank import HypernetBank
-from ..submodels.exit_split import conv_segments, num_tiers
-from .base import ClientUpdate, Weights
+from ...submodels.exit_split import conv_segments, num_tiers
+from ..base import ClientUpdate, Weights
 from .depthfl import CLIENT_BATCH_SIZE, CLIENT_LR, DepthFL
+from .hypernet_bank import HypernetBank
 
 
 def parse_rank(rank: int | str | None) -> int | None:

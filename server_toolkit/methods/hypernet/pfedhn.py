@@ -5,7 +5,7 @@ Each device has one 64-d embedding vector; the shared feature extractor turns it
 Linear(128, numel) per parameter tensor, and their outputs, concatenated in the model's
 parameter order, are the device's K parameters. The paper says it "modified [pFedHN] by
 adding multiple heads" for heterogeneous fleets; this is that, with MH-pFedHN's feature
-extractor, update rule (``methods.hypernetwork``) and client recipe, so that the two
+extractor, update rule (``methods.hypernet.hypernetwork``) and client recipe, so that the two
 differ only in how parameters come out of the heads.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..models.architectures import Architecture
+from ...models.architectures import Architecture
 from .hypernetwork import HypernetMethod
 
 

@@ -1,6 +1,6 @@
 """The common engine of the hypernetwork methods (pFedHN, MH-pFedHN, MH-pFedHNGD, seed 002).
 
-The server holds one ``PersonalHypernet`` (``reconstruct.personal_hypernet``) and a table
+The server holds one ``PersonalHypernet`` (``methods.hypernet.personal_hypernet``) and a table
 of clients: each device seen gets its own embedding matrix and uses a head chosen by the
 subclass (``head_key``/``make_head``). A round:
 
@@ -24,7 +24,7 @@ start again from zero.
 
 Options (``--method-option key=value``): ``embed_dim`` (64), ``hidden`` (128), ``hn_layers``
 (3), ``chunk`` (3072, MH heads), ``hn_lr`` (1e-2), ``max_norm`` (50), ``embed_std``
-(0.002), plus the client recipe and ``tier_map`` of ``methods.personalized``.
+(0.002), plus the client recipe and ``tier_map`` of ``methods.hypernet.personalized``.
 
 ``hn_lr``: the paper's 2e-4 goes with its client lr 1e-3; with the user's recipe (SGD lr
 0.05, 5 epochs by default) devices move their weights ~50x further per round and the
@@ -44,10 +44,10 @@ import torch
 
 from fedcore.recipe import Recipe
 
-from ..models.architectures import Architecture
-from ..reconstruct.hypernet_step import hypernet_step
-from ..reconstruct.personal_hypernet import CHUNK, EMBED_DIM, EMBED_INIT_STD, HIDDEN, PersonalHypernet
-from .base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ...models.architectures import Architecture
+from ...reconstruct.hypernet_step import hypernet_step
+from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from .personal_hypernet import CHUNK, EMBED_DIM, EMBED_INIT_STD, HIDDEN, PersonalHypernet
 from .personalized import PersonalizedMethod
 
 PREFIX = "hn."

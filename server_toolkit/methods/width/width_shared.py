@@ -2,7 +2,7 @@
 
 A device of tier ratio r trains a width-r sub-model cut from the global model (see
 ``submodels/width.py``); the server puts every result back element by element
-(``reconstruct/coverage.py``). Subclasses only say where each device's windows start
+(``methods/width/coverage.py``). Subclasses only say where each device's windows start
 (``offsets``). The program a device receives is the sub-model's own spec: it never sees
 the global shape.
 
@@ -19,10 +19,10 @@ import json
 
 from fedcore.recipe import Recipe
 
-from ..reconstruct.coverage import coverage_average
-from ..submodels.width import IndexMap, WidthPlan, extract, plan_args, static_bn, width_layout
-from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
-from .tiers import tier_ratio
+from ...submodels.width import IndexMap, WidthPlan, extract, plan_args, static_bn, width_layout
+from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..tiers import tier_ratio
+from .coverage import coverage_average
 
 
 class WidthSharedMethod(Method):

@@ -1,11 +1,11 @@
 """RecipFL (seed 003): a graph hypernetwork generates every device's weights.
 
-The server holds one graph hypernetwork (GHN, ``reconstruct.graph_hypernet``) and, per
+The server holds one graph hypernetwork (GHN, ``methods.recipfl.graph_hypernet``) and, per
 device, its label distribution (the client descriptor) and its models' last weights
 pooled to at most 128 scalars per operator (what the GHN's weight encoder reads). A round:
 
 * weak device: the GHN generates its small model from the small model's operator graph
-  (``reconstruct.op_graph``, traced from the spec), its pooled weights and its descriptor;
+  (``methods.recipfl.op_graph``, traced from the spec), its pooled weights and its descriptor;
   the device trains it with CE;
 * strong device: the GHN generates a large and a small model; the large one travels as a
   teacher (``records.with_teacher``: trained first and returned): the device trains it first (CE),
@@ -55,10 +55,8 @@ import torch
 
 from fedcore.recipe import Recipe
 
-from ..reconstruct.graph_hypernet import GraphHypernet
-from ..reconstruct.hypernet_step import hypernet_step
-from ..reconstruct.op_graph import extract_graph, pooled_weights
-from .base import (
+from ...reconstruct.hypernet_step import hypernet_step
+from ..base import (
     ClientUpdate,
     DeviceInfo,
     Method,
@@ -66,9 +64,11 @@ from .base import (
     Weights,
     label_histogram,
 )
-from .records import TEACHER, with_teacher
+from ..records import TEACHER, with_teacher
+from ..target_accuracy import TargetAccuracy
+from .graph_hypernet import GraphHypernet
+from .op_graph import extract_graph, pooled_weights
 from .strong_weak import STRONG, evaluate_spec, strong_weak
-from .target_accuracy import TargetAccuracy
 
 LARGE, SMALL = "large", "small"
 

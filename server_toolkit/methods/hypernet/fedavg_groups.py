@@ -1,6 +1,6 @@
 """FedAvg per architecture group: the federated baseline of the personalised methods (seed 002).
 
-Devices of the same architecture (tier, ``methods.personalized``) form a group that
+Devices of the same architecture (tier, ``methods.hypernet.personalized``) form a group that
 trains one model by FedAvg (sample-weighted average of the group's updates); groups never
 exchange anything. In a homogeneous fleet this is plain FedAvg. BatchNorm running
 statistics stay on the device (only parameters are averaged and sent). A device's
@@ -10,14 +10,14 @@ personal model is its group's model. Global weights = every group's parameters, 
 
 from __future__ import annotations
 
-from ..models.architectures import Architecture
-from ..reconstruct.average import weighted_average
-from .base import ClientUpdate, Weights
+from ...models.architectures import Architecture
+from ...reconstruct.average import weighted_average
+from ..base import ClientUpdate, Weights
 from .personalized import StoredModelsMethod, pack_models, unpack_models
 
 
 class FedAvgGroups(StoredModelsMethod):
-    name = "fedavg_groups"
+    name = "fedavg-groups"
     family = "personalised"
     example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
 

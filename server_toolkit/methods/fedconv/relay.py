@@ -1,6 +1,6 @@
 """What an edge aggregator does with its group: FedConv's clustering-based local training.
 
-``EdgeRelay`` is a ``Method`` driven by the edge's own round loop (``aggregator.py``), so
+``EdgeRelay`` is a ``Method`` driven by the edge's own round loop (``edge/aggregator.py``), so
 its group gets the same task handling, validation, rejection and persistence as a server's
 fleet. Per server task it runs one or two rounds on the group:
 
@@ -33,9 +33,9 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
-from ..methods.records import FEATURES
-from ..reconstruct.average import weighted_average
+from ...reconstruct.average import weighted_average
+from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..records import FEATURES
 from .clustering import choose_clusters, layer_distribution, nearest_centroid
 from .projection import Head, run_stage, select_pairs
 

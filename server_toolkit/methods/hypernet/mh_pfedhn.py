@@ -5,17 +5,17 @@ Devices with the same tau share one head, whatever their architecture: tau separ
 Linear(128, N) layers; chunk j = layer j applied to the feature of embedding row j; the tau
 chunks are concatenated and cut to K values, unpacked in the device model's parameter
 order. The server needs only K (``models.architectures`` computes it from the tier).
-Update rule, recipe and options: ``methods.hypernetwork``.
+Update rule, recipe and options: ``methods.hypernet.hypernetwork``.
 """
 
 from __future__ import annotations
 
-from ..models.architectures import Architecture
+from ...models.architectures import Architecture
 from .hypernetwork import HypernetMethod
 
 
 class MHPFedHN(HypernetMethod):
-    name = "mh_pfedhn"
+    name = "mh-pfedhn"
     family = "personalised"
     example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
 

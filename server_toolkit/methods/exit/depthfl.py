@@ -7,7 +7,7 @@ it; tensors nobody trained this round keep their value (``reconstruct.present_av
 Exception (``classwise_heads``, default on): each exit's classifier is averaged per class,
 row ``c`` over the clients weighted by their samples of class ``c`` as their results report
 them (``label_counts``; a client that reports none counts with its sample count for every
-class), rows of classes no participant has keep their value (``reconstruct.classwise_average``).
+class), rows of classes no participant has keep their value (``methods.exit.classwise_average``).
 DepthFL's mutual self-distillation between exits is not part of this baseline: it is
 HypeMeFed's ablation "multi-exit, no hypernetwork".
 
@@ -53,18 +53,18 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from ..models.exit_eval import exit_accuracies
-from ..reconstruct.classwise_average import classwise_average
-from ..reconstruct.present_average import average_present
-from ..submodels.exit_split import (
+from ...models.exit_eval import exit_accuracies
+from ...reconstruct.present_average import average_present
+from ...submodels.exit_split import (
     ExitSplit,
     classifier_tensors,
     name_map,
     parse_tier,
     prefix_spec,
 )
-from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
-from .target_accuracy import TargetAccuracy, role_by_tier_name
+from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
+from ..target_accuracy import TargetAccuracy, role_by_tier_name
+from .classwise_average import classwise_average
 
 CLIENT_LR = 5e-4  # the paper's Adam lr for its VGG 32-64-128-256 (see the module docstring)
 CLIENT_BATCH_SIZE = 16

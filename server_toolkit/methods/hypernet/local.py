@@ -1,6 +1,6 @@
 """Local training, no federation: the baseline of the personalised methods (seed 002).
 
-Each device trains its own model (architecture from its tier, ``methods.personalized``)
+Each device trains its own model (architecture from its tier, ``methods.hypernet.personalized``)
 from its own seeded initialisation and gets back exactly what it returned last round;
 nothing is shared. The server only relays (a real deployment would keep the model on the
 device). BatchNorm running statistics stay on the device, as for the hypernetworks.
@@ -9,8 +9,8 @@ Global weights = every device's parameters, as ``<device id>/<name>``.
 
 from __future__ import annotations
 
-from ..models.architectures import Architecture
-from .base import ClientUpdate, Weights
+from ...models.architectures import Architecture
+from ..base import ClientUpdate, Weights
 from .personalized import StoredModelsMethod, pack_models, unpack_models
 
 

@@ -15,7 +15,7 @@ exchange per round):
   regenerated, not a device's trained copy); it travels with the task as its own program
   and weights (the task's model ``teacher``, ``records.with_teacher``, frozen), so a device
   learns nothing of the other devices' architectures. Then MH-pFedHN's per-device steps
-  (``methods.hypernetwork``).
+  (``methods.hypernet.hypernetwork``).
 
 The global model: ``global_arch`` = "smallest" (default: K_g = min K_i, the architecture
 with the fewest parameters among the devices known at the first stage-1 round; fixed
@@ -34,18 +34,18 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from ..models.architectures import Architecture
-from ..models.personal_eval import label_weighted_accuracy
-from .base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ...models.architectures import Architecture
+from ...models.personal_eval import label_weighted_accuracy
+from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ..records import with_teacher
 from .hypernetwork import HnClient
 from .mh_pfedhn import MHPFedHN
-from .records import with_teacher
 
 GLOBAL_MODEL = "global_model/"
 
 
 class MHPFedHNGD(MHPFedHN):
-    name = "mh_pfedhngd"
+    name = "mh-pfedhngd"
     family = "personalised"
     example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
     global_client: HnClient | None = None

@@ -6,15 +6,15 @@ the simulation, ``fedsdk-server run`` and the benches cut it off before partitio
 * Round 1, before anything: the global model is pre-trained on the server data for
   ``pretrain_epochs`` (5) epochs with the devices' optimiser and learning rate.
 * ``configure_train``: for every shrinkage ratio SR < 1 among the selected devices, that SR's
-  compressor (``submodels/conv_compress.py``) is tuned on the server data with the global
+  compressor (``methods/fedconv/conv_compress.py``) is tuned on the server data with the global
   weights frozen (``compress_epochs`` = 20, Adam, cosine lr 1e-3 -> 1e-5, T_max 4) and the
   tier's model is what it then generates: a plain torchspec/1 model with the width
   sub-model's shape (so every program format works). A device of SR 1 gets the global model.
 * ``aggregate_train``: every returned model of SR < 1 is dilated to full size by its own
-  dilator (``reconstruct/conv_dilate.py``), tuned ``dilate_epochs`` (20) epochs on the server
+  dilator (``methods/fedconv/conv_dilate.py``), tuned ``dilate_epochs`` (20) epochs on the server
   data; by default what is dilated is the device's *update* (returned − sent) and the full
   model is global + dilated update. Then the full-size models are combined by learned
-  per-layer weights (``reconstruct/learned_aggregate.py``: CE + 0.2·ΣKLD, 10 epochs, lr
+  per-layer weights (``methods/fedconv/learned_aggregate.py``: CE + 0.2·ΣKLD, 10 epochs, lr
   1e-3). With ``server_train_epochs`` > 0 the result is then trained that many epochs on the
   server data (the authors' code does this every round; the paper only pre-trains).
 
@@ -44,7 +44,7 @@ the paper's ablation); ``tier_map``, ``tier_ratios``,
 ``seed`` (0).
 
 Decisions where the paper is silent or where it failed here (digits, 70 server images;
-details in ``submodels/conv_compress.py``):
+details in ``methods/fedconv/conv_compress.py``):
 * SR 1 devices get the global model and their results are not dilated (nothing to
   compress; the authors' code does the same).
 * The MLR is off by default: as specified (0.85 / 0.001 on the generated weights) it left
@@ -88,21 +88,21 @@ from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model, load_numpy, state_numpy
 from fedcore.torch_train import train_model
 
-from ..models.train_generated import Schedule
-from ..reconstruct.average import weighted_average
-from ..reconstruct.conv_dilate import dilator, train_update_dilator
-from ..reconstruct.learned_aggregate import learned_aggregate
-from ..submodels.conv_compress import (
+from ...reconstruct.average import weighted_average
+from ...submodels.width import WidthPlan, extract, static_bn, width_layout
+from ...torch_utils import one_torch_thread, tensors_from_json, tensors_to_json
+from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..tiers import tier_ratio
+from .conv_compress import (
     BlockConfig,
     WeightTransform,
     compressor,
     pull_back,
     train_transform,
 )
-from ..submodels.width import WidthPlan, extract, static_bn, width_layout
-from ..torch_utils import one_torch_thread, tensors_from_json, tensors_to_json
-from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
-from .tiers import tier_ratio
+from .conv_dilate import dilator, train_update_dilator
+from .learned_aggregate import learned_aggregate
+from .train_generated import Schedule
 
 AGGREGATIONS = ("learned", "average")
 

@@ -1,6 +1,6 @@
 """Transposed-convolution dilation (FedConv, seed 001): a returned small model back to full size.
 
-The mirror of ``submodels/conv_compress.py``: each tensor of a tier's model goes through
+The mirror of ``methods/fedconv/conv_compress.py``: each tensor of a tier's model goes through
 the same kind of path, with a ``ConvTranspose2d`` (stride 1, padding 0, the compression
 kernel) in place of the compressing conv, so (rows', cols') grows back to (rows, cols).
 Every returned client model gets its own dilator, trained on the server data (global
@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..models.train_generated import Schedule, train_generated
-from ..submodels.conv_compress import (
+from ...torch_utils import to_numpy, to_torch
+from .conv_compress import (
     DEFAULT_BLOCK,
     BlockConfig,
     Weights,
@@ -25,7 +25,7 @@ from ..submodels.conv_compress import (
     tensor_shapes,
     tier_spec,
 )
-from ..torch_utils import to_numpy, to_torch
+from .train_generated import Schedule, train_generated
 
 
 def dilator(global_spec: dict, ratio: float, config: BlockConfig = DEFAULT_BLOCK,

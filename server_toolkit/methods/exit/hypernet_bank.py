@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..torch_utils import one_torch_thread, tensors_from_json, tensors_to_json
+from ...torch_utils import one_torch_thread, tensors_from_json, tensors_to_json
 from .lrf_hypernet import Hypernet, fit, generate, make_hypernet
 
 Weights = dict[str, np.ndarray]

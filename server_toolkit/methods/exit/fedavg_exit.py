@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from fedcore.recipe import Recipe
 
-from ..submodels.exit_split import name_map, prefix_spec
-from .base import Weights
+from ...submodels.exit_split import name_map, prefix_spec
+from ..base import Weights
+from ..fedavg import FedAvg
 from .depthfl import CLIENT_BATCH_SIZE, CLIENT_LR, exit_split_recipe
-from .fedavg import FedAvg
 
 
 class FedAvgLargeExit(FedAvg):

@@ -15,7 +15,7 @@ every block). The paper also wants the rule to weigh "client performance": not d
 
 Cooperation (option ``tree``, default on; ``tree=false`` gives plain dynamic sharing):
 after the usual per-element aggregation (the global model), the server builds the
-similarity tree of ``reconstruct/similarity_tree.py`` over this round's devices and
+similarity tree of ``methods/width/similarity_tree.py`` over this round's devices and
 aggregates the deeper layers again within each subtree; each device keeps its subtree's
 deeper layers (full global shape) and is sent those, instead of the global ones, next
 time. Elements its subtree did not cover take the global value. A device that sits out
@@ -44,8 +44,10 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from ..reconstruct.coverage import coverage_average
-from ..reconstruct.similarity_tree import (
+from ...submodels.offsets import balanced_offsets, four_corner_offsets
+from ..base import ClientUpdate, DeviceInfo, Weights, label_histogram
+from .coverage import coverage_average
+from .similarity_tree import (
     build_tree,
     client_distance,
     clusters_at,
@@ -53,8 +55,6 @@ from ..reconstruct.similarity_tree import (
     label_distributions,
     subtree_labels,
 )
-from ..submodels.offsets import balanced_offsets, four_corner_offsets
-from .base import ClientUpdate, DeviceInfo, Weights, label_histogram
 from .width_shared import WidthSharedMethod
 
 log = logging.getLogger(__name__)
