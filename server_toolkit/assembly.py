@@ -18,6 +18,7 @@ from fedcore.recipe import Recipe
 
 from .data.datasets import Dataset, load_dataset
 from .methods import method_class
+from .methods.abilities import wants_server_data
 from .methods.base import Method
 from .models.zoo import model_spec
 
@@ -53,7 +54,7 @@ def attach_server_data(method: Method, data: Dataset, server_data: Path | None, 
 
     from .data.server_slice import take_server_slice
 
-    if method.server_fraction <= 0:
+    if not wants_server_data(method):
         return None
     if server_data:
         x, y = load_npz(server_data)

@@ -32,6 +32,7 @@ def methods_list() -> None:
 def methods_show(name: str) -> None:
     """One method: what it does (its module's documentation), its options and their defaults."""
     from ..methods import method_class
+    from ..methods.abilities import abilities
 
     try:
         cls = method_class(name)
@@ -41,6 +42,7 @@ def methods_show(name: str) -> None:
     console.print(f"[bold]{cls.name}[/]{alias} ({cls.family}); example: "
                   f"fedsdk-server simulate --method {cls.name} {cls.example}")
     console.print(inspect.getdoc(inspect.getmodule(cls)) or "", markup=False, highlight=False)
+    console.print(f"abilities: {', '.join(abilities(cls)) or 'none beyond the Method interface'}")
     table = Table("option (--method-option KEY=VALUE)", "default", title="options")
     for option, default in method_options(cls).items():
         table.add_row(option, default)

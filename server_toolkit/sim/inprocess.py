@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..methods.abilities import wants_server_data
 from ..methods.base import ClientUpdate, Method
 from ..rounds.inprocess_grid import InProcessGrid
 from ..rounds.local_device import LocalDevice
@@ -35,7 +36,7 @@ def run_rounds(method: Method, devices: list[LocalDevice], rounds: int,
     devices' data with ``take_server_slice``)."""
     if server_data is not None:
         method.attach_server_data(*server_data)
-    elif method.server_fraction > 0 and method.server_data is None:
+    elif wants_server_data(method) and method.server_data is None:
         raise ValueError(f"method {method.name!r} needs server data: pass server_data")
     config = LoopConfig(rounds=rounds, clients_per_round=clients_per_round, seed=seed)
     loop = RoundLoop(method, InProcessGrid(devices), config, test_data=test_data, on_round=on_round,

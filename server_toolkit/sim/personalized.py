@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..methods.abilities import has_personal_models
 from ..methods.base import Method, Weights
 from ..rounds.local_device import LocalDevice, TorchRuntimePool, local_test_accuracy
 from .inprocess import run_rounds
@@ -43,10 +44,9 @@ def personal_accuracies(method: Method, weights: Weights, devices: list[Personal
     """{device id: (architecture, accuracy of its personal model on its local test split)}
     (``recalibrate``: see ``local_test_accuracy``)."""
     models: dict[str, tuple[dict, Weights, str]] = {}
-    personal = getattr(method, "personal_model", None)
-    if personal is not None:
+    if has_personal_models(method):
         for d in devices:
-            found = personal(d.info.device_id)
+            found = method.personal_model(d.info.device_id)
             if found is not None:
                 models[d.info.device_id] = (found[0].spec, found[1], found[0].name)
     else:

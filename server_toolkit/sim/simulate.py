@@ -33,6 +33,7 @@ from ..broker.embedded import EmbeddedBroker
 from ..data.datasets import Dataset
 from ..data.server_slice import take_server_slice
 from ..fleet.registry import FleetRegistry
+from ..methods.abilities import wants_server_data
 from ..methods.base import DeviceInfo
 from ..report.run_report import RunReport
 from ..rounds.grid import Grid
@@ -232,7 +233,8 @@ class Simulation:
         setup = assemble(c.method, c.model, c.dataset, c.data_dir, Recipe.from_dict(c.recipe),
                          c.method_options, c.seed, c.train_samples, c.test_samples)
         data, method = setup.data, setup.method
-        devices, server_data = self.prepare_data(data, method.server_fraction)
+        share = method.server_fraction if wants_server_data(method) else 0.0
+        devices, server_data = self.prepare_data(data, share)
         if server_data is not None:
             method.attach_server_data(*server_data)
         report = RunReport.load(self.run_dir) if self.resume else RunReport(self.run_dir)
