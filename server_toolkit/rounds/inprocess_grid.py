@@ -2,7 +2,9 @@
 
 The same instructions as on the MQTT grid, each trained on its ``LocalDevice`` as the
 device agent trains it (``rounds/local_device.py``); devices are loop iterations instead
-of processes and blobs never leave memory. Every device is online and answers every task.
+of processes and blobs never leave memory. Every device is online and answers every task;
+a result holding NaN or Inf (a device whose training diverged) is rejected, as the MQTT
+grid rejects it (``non_finite``), so no method ever aggregates it.
 Each device trains in one torch thread, as a device process does (``runtimes/registry.py``):
 a different thread count changes the order of float reductions, and a few rounds amplify
 that into accuracy differences of several points.
@@ -10,10 +12,25 @@ that into accuracy differences of several points.
 
 from __future__ import annotations
 
-from ..methods.base import DeviceInfo, TrainInstruction, Weights
+import logging
+
+import numpy as np
+
+from ..methods.base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
 from ..torch_utils import one_torch_thread
 from .grid import Exchange, Grid
 from .local_device import LocalDevice, TorchRuntimePool, train_on_device
+
+log = logging.getLogger(__name__)
+
+
+def non_finite(update: ClientUpdate) -> str | None:
+    """The first ``record/tensor`` of ``update`` holding NaN or Inf (a diverged device), or None."""
+    for record, tensors in sorted(update.arrays.items()):
+        for name, value in sorted(tensors.items()):
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                return f"{record}/{name}"
+    return None
 
 
 class InProcessGrid(Grid):
@@ -31,14 +48,20 @@ class InProcessGrid(Grid):
 
     def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
                  quorum: int) -> Exchange:
-        updates = []
+        exchange = Exchange()
         for instruction in instructions:
             self.bytes_down += sum(_nbytes(m.weights) for m in instruction.all_models().values())
             with one_torch_thread():  # as a device process trains (same float reductions)
                 update = train_on_device(self.devices[instruction.device_id], instruction, self.runtimes)
             self.bytes_up += sum(_nbytes(record) for record in update.arrays.values())
-            updates.append(update)
-        return Exchange(updates)
+            bad = non_finite(update)
+            if bad:  # as the MQTT grid rejects it (check_update: non_finite)
+                log.warning("round %d: rejected the update of %s: %s contains NaN or Inf",
+                            round_number, instruction.device_id, bad)
+                exchange.rejections["non_finite"] = exchange.rejections.get("non_finite", 0) + 1
+                continue
+            exchange.updates.append(update)
+        return exchange
 
     def traffic(self) -> tuple[int, int]:
         return self.bytes_down, self.bytes_up
