@@ -129,6 +129,14 @@ def decode_tensors(data: bytes) -> dict[str, np.ndarray]:
         raise ProtocolError("malformed", f"not a safetensors file: {exc}") from None
 
 
+def first_non_finite(tensors: dict[str, np.ndarray]) -> str | None:
+    """The first (by name) floating-point tensor holding NaN or Inf, or None."""
+    for name, arr in sorted(tensors.items()):
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            return name
+    return None
+
+
 def check_update(
     tensors: dict[str, np.ndarray], reference: dict[str, tuple[tuple[int, ...], str]]
 ) -> None:
@@ -150,5 +158,6 @@ def check_update(
                 "shape_mismatch",
                 f"{name}: got {arr.dtype}{list(arr.shape)}, expected {dtype}{list(shape)}",
             )
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise ProtocolError("non_finite", f"{name} contains NaN or Inf")
+    bad = first_non_finite(tensors)
+    if bad is not None:
+        raise ProtocolError("non_finite", f"{bad} contains NaN or Inf")

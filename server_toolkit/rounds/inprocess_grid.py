@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
+from sdk_device.protocol.blobs import first_non_finite
 
 from ..methods.base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
 from ..torch_utils import one_torch_thread
@@ -27,9 +27,9 @@ log = logging.getLogger(__name__)
 def non_finite(update: ClientUpdate) -> str | None:
     """The first ``record/tensor`` of ``update`` holding NaN or Inf (a diverged device), or None."""
     for record, tensors in sorted(update.arrays.items()):
-        for name, value in sorted(tensors.items()):
-            if value.dtype.kind == "f" and not np.isfinite(value).all():
-                return f"{record}/{name}"
+        name = first_non_finite(tensors)
+        if name is not None:
+            return f"{record}/{name}"
     return None
 
 
