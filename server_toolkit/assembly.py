@@ -11,7 +11,7 @@ split (the devices bring their own data).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedcore.recipe import Recipe
@@ -25,11 +25,25 @@ from .models.zoo import model_spec
 
 @dataclass(frozen=True)
 class Assembly:
-    """The server's dataset (test split for central evaluation), global model spec and method."""
+    """The server's dataset (test split for central evaluation), global model spec and method,
+    and the run's tier overrides {device id: tier} for the round loop (``LoopConfig.tier_map``)."""
 
     data: Dataset
     spec: dict
     method: Method
+    tier_map: dict[str, str] = field(default_factory=dict)
+
+
+def split_tier_map(method_options: dict | None) -> tuple[dict, dict[str, str]]:
+    """``(the method's options, tier overrides)``: ``tier_map`` {device id: tier} is a run
+    option handled by the round loop (``methods/tiers.py``), whatever the method; ValueError
+    when it is not an object."""
+    options = dict(method_options or {})
+    tier_map = options.pop("tier_map", None) or {}
+    if not isinstance(tier_map, dict):
+        raise ValueError(f"tier_map must map device ids to tiers, e.g. {{\"dev0\": \"0.5\"}}; "
+                         f"got {tier_map!r}")
+    return options, {str(k): str(v) for k, v in tier_map.items()}
 
 
 def assemble(method: str, model: str, dataset: str, data_dir: str | Path | None, recipe: Recipe,
@@ -43,7 +57,8 @@ def assemble(method: str, model: str, dataset: str, data_dir: str | Path | None,
     if train_samples or test_samples:
         data = data.subset(train_samples, test_samples, seed=seed)
     spec = model_spec(model, data.input_shape, data.num_classes)
-    return Assembly(data, spec, cls(spec, recipe, **(method_options or {})))
+    options, tier_map = split_tier_map(method_options)
+    return Assembly(data, spec, cls(spec, recipe, **options), tier_map)
 
 
 def attach_server_data(method: Method, data: Dataset, server_data: Path | None, seed: int) -> str | None:

@@ -6,6 +6,7 @@ import inspect
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -43,23 +44,11 @@ def methods_show(name: str) -> None:
                   f"fedsdk-server simulate --method {cls.name} {cls.example}")
     console.print(inspect.getdoc(inspect.getmodule(cls)) or "", markup=False, highlight=False)
     console.print(f"abilities: {', '.join(abilities(cls)) or 'none beyond the Method interface'}")
-    table = Table("option (--method-option KEY=VALUE)", "default", title="options")
-    for option, default in method_options(cls).items():
-        table.add_row(option, default)
+    rows = cls.Options.describe()
+    if not rows:
+        console.print("options: none")
+        return
+    table = Table("option (--method-option KEY=VALUE)", "type", "default", "what it sets", title="options")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in (row.name, row.type, row.default, row.help)))
     console.print(table)
-
-
-def method_options(cls: type) -> dict[str, str]:
-    """{option: its default, as text} from the keyword parameters of the method's constructors
-    (the class's own first, then its bases')."""
-    options: dict[str, str] = {}
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        for param in inspect.signature(klass.__init__).parameters.values():
-            if param.name in ("self", "global_spec", "recipe") or param.kind in (param.VAR_KEYWORD,
-                                                                                  param.VAR_POSITIONAL):
-                continue
-            default = "required" if param.default is param.empty else repr(param.default)
-            options.setdefault(param.name, default)
-    return options

@@ -172,7 +172,8 @@ def run(
     loop = RoundLoop(
         the_method, grid,
         LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
-                   over_select=over_select, round_timeout_s=round_timeout, seed=seed),
+                   over_select=over_select, round_timeout_s=round_timeout, seed=seed,
+                   tier_map=setup.tier_map),
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
         on_round=lambda row: (report.add_round(row), console.print(row)),

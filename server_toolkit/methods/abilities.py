@@ -17,7 +17,7 @@ Some can do more, and whoever drives them asks this module instead of probing at
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from typing import Protocol, runtime_checkable
 
 from .base import Method, Weights
@@ -51,7 +51,7 @@ def abilities(method: Method | type[Method]) -> list[str]:
     found = []
     if has_personal_models(cls):
         found.append(PERSONAL_MODELS)
-    declared = "server_fraction" in inspect.signature(cls.__init__).parameters  # an option of the class
+    declared = "server_fraction" in {f.name for f in dataclasses.fields(cls.Options)}  # one of its options
     if wants_server_data(method) or declared:
         found.append(SERVER_DATA)
     if "tier_plan" in _own_members(cls):

@@ -16,13 +16,17 @@ import numpy as np
 from fedcore.recipe import Recipe
 from sdk_device.protocol.task_plan import TaskPlan, TrainStep
 
+from .options import MethodOptions
+
 Weights = dict[str, np.ndarray]
 MODEL = "model"  # the name of the model a task trains (its last step)
 
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What the server knows of a selected device (never its data)."""
+    """What the server knows of a selected device (never its data). ``tier``: resolved once,
+    before any method sees the device (fleet tier, else the profile's, then the run's
+    ``tier_map``; ``methods/tiers.py``); methods read it and nothing else."""
 
     device_id: str
     num_samples: int
@@ -124,7 +128,8 @@ class Method(ABC):
     """A federated method. Subclasses set ``name`` and implement the two train methods.
 
     ``global_spec`` is the server's model (torchspec/1), ``recipe`` the devices' default
-    training recipe; method-specific keyword options are documented by each method.
+    training recipe; method-specific keyword options are declared by the method's ``Options``
+    dataclass (``methods/options.py``) and parsed here into ``self.options``, once.
 
     Server data: a method that tunes something on labelled data of its own sets
     ``server_fraction`` > 0; whoever runs it (simulation, ``fedsdk-server run``, benches)
@@ -138,10 +143,10 @@ class Method(ABC):
     asks: dict[str, dict] = {}  # outputs every task asks devices for (``sdk_device.outputs``)
     server_fraction: float = 0.0  # share of the training data the server keeps (0: none)
     server_data: tuple[np.ndarray, np.ndarray] | None = None
+    Options: type[MethodOptions] = MethodOptions  # the method's options (a frozen dataclass)
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
-        if options:
-            raise TypeError(f"method {self.name!r} takes no options, got {sorted(options)}")
+        self.options = self.Options.parse(self.name, options)
         self.global_spec = global_spec
         self.recipe = recipe
 

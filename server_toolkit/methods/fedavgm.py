@@ -18,6 +18,8 @@ a resumed run continues with it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from fedcore.recipe import Recipe
@@ -26,6 +28,7 @@ from ..reconstruct.average import weighted_average
 from ..torch_utils import tensors_from_json, tensors_to_json, to_numpy, to_torch
 from .base import ClientUpdate, Weights
 from .fedavg import FedAvg
+from .options import MethodOptions, option
 
 STATISTICS = ("running_mean", "running_var")
 
@@ -35,15 +38,24 @@ def with_momentum(name: str, value: np.ndarray) -> bool:
     return value.dtype.kind == "f" and not name.endswith(STATISTICS)
 
 
+@dataclass(frozen=True)
+class FedAvgMOptions(MethodOptions):
+    beta: float = option(0.5, "Server momentum in [0, 1) (0: FedAvg with a server step).", minimum=0.0)
+    server_lr: float = option(1.0, "Server learning rate (> 0) applied to the velocity.")
+
+
 class FedAvgM(FedAvg):
     name = "fedavgm"
     example = "--method-option beta=0.5"
+    Options = FedAvgMOptions
+    options: FedAvgMOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, beta: float = 0.5, server_lr: float = 1.0) -> None:
-        super().__init__(global_spec, recipe)
-        if not 0.0 <= float(beta) < 1.0 or not float(server_lr) > 0.0:
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        beta, server_lr = self.options.beta, self.options.server_lr
+        if not beta < 1.0 or not server_lr > 0.0:
             raise ValueError(f"fedavgm needs 0 <= beta < 1 and server_lr > 0, got {beta}, {server_lr}")
-        self.beta, self.server_lr = float(beta), float(server_lr)
+        self.beta, self.server_lr = beta, server_lr
         self.velocity: Weights = {}
 
     def aggregate_train(self, round_number: int, global_weights: Weights,

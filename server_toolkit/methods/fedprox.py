@@ -16,14 +16,21 @@ import dataclasses
 from fedcore.recipe import Recipe
 
 from .fedavg import FedAvg
+from .options import MethodOptions, option
+
+
+@dataclasses.dataclass(frozen=True)
+class FedProxOptions(MethodOptions):
+    mu: float = option(0.01, "Weight of the proximal term mu/2 * ||w - w_global||^2.", minimum=0.0)
 
 
 class FedProx(FedAvg):
     name = "fedprox"
     example = "--method-option mu=0.01"
+    Options = FedProxOptions
+    options: FedProxOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, mu: float = 0.01) -> None:
-        if not float(mu) >= 0.0:
-            raise ValueError(f"fedprox needs mu >= 0, got {mu}")
-        super().__init__(global_spec, dataclasses.replace(recipe, prox_mu=float(mu)))
-        self.mu = float(mu)
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        self.mu = self.options.mu
+        self.recipe = dataclasses.replace(self.recipe, prox_mu=self.mu)

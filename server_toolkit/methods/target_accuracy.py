@@ -36,7 +36,6 @@ import numpy as np
 from ..models.architectures import Architecture, from_spec
 from ..models.personal_eval import correct_samples, label_weights
 from .base import ClientUpdate, DeviceInfo, Weights, label_histogram
-from .tiers import device_tier
 
 STRONG, WEAK = "strong", "weak"
 ROLES = (STRONG, WEAK)
@@ -45,11 +44,9 @@ ROLES = (STRONG, WEAK)
 TargetModel = Callable[[DeviceInfo, str], "tuple[dict, Weights] | None"]
 
 
-def role_by_tier_name(device: DeviceInfo, tier_map: dict[str, str] | None = None) -> str | None:
-    """``strong`` / ``weak`` when the device's tier (``methods.tiers.device_tier``) is named so
-    (HeteroFL, DepthFL), else None."""
-    tier = device_tier(device, tier_map)
-    return tier if tier in ROLES else None
+def role_by_tier_name(device: DeviceInfo) -> str | None:
+    """``strong`` / ``weak`` when the device's tier is named so (HeteroFL, DepthFL), else None."""
+    return device.tier if device.tier in ROLES else None
 
 
 class TargetAccuracy:
@@ -68,7 +65,7 @@ class TargetAccuracy:
             role = role_of(device)
             if role is not None:
                 self.devices[device.device_id] = (role, DeviceInfo(device.device_id, device.num_samples,
-                                                                   device_tier(device)))
+                                                                   device.tier))
 
     def report(self, updates: Iterable[ClientUpdate]) -> None:
         """Remember the label histograms the results carry (bad reports are ignored)."""

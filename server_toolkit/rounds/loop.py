@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..methods.tiers import with_tier_overrides
 from .checkpoint import load_checkpoint, save_checkpoint
 from .grid import Grid
 
@@ -52,6 +53,7 @@ class LoopConfig:
     round_timeout_s: float = 120.0
     seed: int = 0
     keep_checkpoints: int = 3  # the newest checkpoints kept in the run directory (>= 1)
+    tier_map: dict[str, str] = dataclasses.field(default_factory=dict)  # device id -> tier, overrides
 
 
 def task_seed(run_seed: int, round_number: int, device_id: str) -> int:
@@ -158,7 +160,9 @@ class RoundLoop:
                                    steps_before=before, reports={**self.method.asks, **instruction.reports})
 
     def _select(self, exclude: set[str]) -> list[DeviceInfo]:
-        candidates = [d for d in self.grid.online() if d.device_id not in exclude]
+        """Devices for this round (tiers final: the grid's, then ``tier_map``'s; ``methods/tiers.py``)."""
+        online = with_tier_overrides(self.grid.online(), self.config.tier_map)
+        candidates = [d for d in online if d.device_id not in exclude]
         want = self._wanted()
         if want is None:
             return candidates

@@ -31,6 +31,7 @@ from sdk_device.transport.endpoint import Endpoint, Incoming
 from ..fleet.registry import FleetRegistry
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction
 from ..methods.records import FEATURES
+from ..methods.tiers import resolve_tier
 from .grid import Exchange, Grid
 from .task_records import instruction_from_record, task_record
 
@@ -92,7 +93,8 @@ class MqttGrid(Grid):
     def online(self) -> list[DeviceInfo]:
         # The registry is the truth for revocations and tiers (`fedsdk-server devices revoke|retier`
         # may change them while we run).
-        return sorted((DeviceInfo(d.device_id, d.num_samples, self.registry.tier_of(d.device_id), d.runtimes,
+        return sorted((DeviceInfo(d.device_id, d.num_samples, resolve_tier(self.registry.tier_of(d.device_id),
+                                                                            d.profile), d.runtimes,
                                   d.profile) for d in self.devices.values()
                        if self.registry.is_known(d.device_id)), key=lambda d: d.device_id)
 
@@ -215,7 +217,8 @@ class MqttGrid(Grid):
         elif status == "online" and dev not in self.devices:
             known = self.registry.device(dev)
             if known and known["num_samples"]:  # it said hello before: it is back
-                self.devices[dev] = DeviceInfo(dev, known["num_samples"], known["tier"],
+                self.devices[dev] = DeviceInfo(dev, known["num_samples"],
+                                               resolve_tier(known["tier"], known["profile"]),
                                                tuple(known["runtimes"] or ()), known["profile"] or {})
                 self.registry.set_status(dev, "online")
                 log.info("device %s is back online", dev)
@@ -225,7 +228,7 @@ class MqttGrid(Grid):
             self._reject(dev, None, ProtocolError("invalid_field", "hello names another device"))
             return
         self.registry.record_hello(dev, hello.profile, hello.runtimes, hello.num_samples)
-        tier = (self.registry.device(dev) or {}).get("tier")
+        tier = resolve_tier((self.registry.device(dev) or {}).get("tier"), hello.profile)
         self.devices[dev] = DeviceInfo(dev, hello.num_samples, tier, tuple(hello.runtimes), hello.profile)
         log.info("device %s online: %d samples, runtimes %s", dev, hello.num_samples, hello.runtimes)
 

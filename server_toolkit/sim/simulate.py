@@ -217,10 +217,11 @@ class Simulation:
         stop_processes(self.edge_procs)
         self.device_procs, self.edge_procs = [], []
 
-    def loop_config(self) -> LoopConfig:
+    def loop_config(self, tier_map: dict[str, str]) -> LoopConfig:
         c = self.config
         return LoopConfig(rounds=c.rounds, clients_per_round=c.clients_per_round, fraction=c.fraction,
-                          over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed)
+                          over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed,
+                          tier_map=tier_map)
 
     def run(self) -> RunReport:
         c = self.config
@@ -245,20 +246,20 @@ class Simulation:
 
         test_data = (data.x_test, data.y_test)
         if c.grid == "inprocess":
-            loop = RoundLoop(method, InProcessGrid(devices), self.loop_config(), run_dir=self.run_dir,
-                             test_data=test_data, on_round=on_round)
+            loop = RoundLoop(method, InProcessGrid(devices), self.loop_config(setup.tier_map),
+                             run_dir=self.run_dir, test_data=test_data, on_round=on_round)
             loop.start(resume=self.resume)
             self.on_event("devices", {"online": len(devices), "expected": len(devices)})
             loop.run()
         else:
-            self._run_over_mqtt(method, test_data, on_round)
+            self._run_over_mqtt(method, self.loop_config(setup.tier_map), test_data, on_round)
         if report.rows:
             report.write_plot()
         report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
                               "edges": c.edges, "grid": c.grid})
         return report
 
-    def _run_over_mqtt(self, method, test_data: tuple, on_round) -> None:
+    def _run_over_mqtt(self, method, loop_config: LoopConfig, test_data: tuple, on_round) -> None:
         """Broker, device (and edge) processes, the server's MQTT grid and the round loop."""
         c = self.config
         registry = FleetRegistry(self.run_dir / "registry.sqlite")
@@ -283,7 +284,7 @@ class Simulation:
             endpoint.start()
             self.start_edges(address)
             self.start_devices(address)
-            loop = RoundLoop(method, grid, self.loop_config(), run_dir=self.run_dir, test_data=test_data,
+            loop = RoundLoop(method, grid, loop_config, run_dir=self.run_dir, test_data=test_data,
                              on_round=on_round)
             loop.start(resume=self.resume)
             expected = len(self.direct_devices) + len(self.edges)

@@ -85,8 +85,7 @@ def test_simulate_mh_pfedhn_with_five_architectures(mosquitto, tmp_path):
 def test_mh_pfedhngd_round_sends_the_global_model_as_teacher_and_devices_use_it(mosquitto, tmp_path):
     fleet = Fleet(mosquitto.address, tmp_path)
     shape, classes = fleet.data.input_shape, fleet.data.num_classes
-    method = MHPFedHNGD(model_spec("lenet", shape, classes), RECIPE,
-                        tier_map={"dev0": "lenet", "dev1": "vgg8"}, global_arch="mlp",
+    method = MHPFedHNGD(model_spec("lenet", shape, classes), RECIPE, global_arch="mlp",
                         kd_alpha=0.5, kd_temperature=2.0, client_lr=0.05,
                         client_batch_size=32, client_epochs=1)
     updates = {}
@@ -101,11 +100,14 @@ def test_mh_pfedhngd_round_sends_the_global_model_as_teacher_and_devices_use_it(
     try:
         for dev, path in paths.items():
             fleet.start_process(dev, path)
-        rows = fleet.run_method(method, rounds=2, devices=2, round_timeout_s=150)
+        # the run's tier overrides, applied by the round loop before the method sees a device
+        rows = fleet.run_method(method, rounds=2, devices=2, round_timeout_s=150,
+                                tier_map={"dev0": "lenet", "dev1": "vgg8"})
     finally:
         fleet.close()
     assert all(r["accepted"] == 2 and r["rejected"] == 0 for r in rows), rows
     assert [r["stage"] for r in rows] == [1, 2] and 0 <= rows[1]["global_accuracy"] <= 1
+    assert method.architectures == {"dev0": "lenet", "dev1": "vgg8"}  # the method saw the overridden tiers
 
     stage_one, stage_two = updates[1], updates[2]
     sent_global = stage_one["dev0"].instruction.weights

@@ -16,13 +16,15 @@ from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.recipfl.exclusivefl import without_prefix
 from server_toolkit.methods.recipfl.strong_weak import evaluate_spec, strong_weak
 from server_toolkit.methods.target_accuracy import TargetAccuracy
+from server_toolkit.methods.tiers import resolve_tier
 from server_toolkit.models.multi_exit import lenet5_multi_exit
 from server_toolkit.models.zoo import lenet5, resnet_small
 
 SHAPE, K = (1, 8, 8), 10
 SPEC = lenet5(SHAPE, K)
+PROFILE = {"tier": "strong"}  # p0: no fleet tier, its profile's (resolved before methods see it)
 DEVICES = [DeviceInfo("s0", 100, "strong"), DeviceInfo("w0", 20, "weak"), DeviceInfo("w1", 30, None),
-           DeviceInfo("p0", 40, None, profile={"tier": "strong"})]
+           DeviceInfo("p0", 40, resolve_tier(None, PROFILE), profile=PROFILE)]
 
 
 def test_roles_and_small_architectures():

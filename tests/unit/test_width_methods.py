@@ -13,6 +13,7 @@ from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
+from server_toolkit.methods.tiers import resolve_tier, with_tier_overrides
 from server_toolkit.methods.width.coverage import coverage_counts
 from server_toolkit.methods.width.feddm import FedDM
 from server_toolkit.methods.width.similarity_tree import (
@@ -118,17 +119,25 @@ def test_feddm_spreads_the_devices_of_a_tier_within_a_round():
 
 
 def test_tiers_come_from_the_map_the_fleet_or_the_profile():
-    method = method_class("heterofl")(SPEC, Recipe(), tier_map={"b": "phone"}, tier_ratios={"phone": 0.75})
-    assert method.ratio_of(DeviceInfo("a", 1, "0.5")) == 0.5
-    assert method.ratio_of(DeviceInfo("b", 1, "0.25")) == 0.75  # the map wins
-    assert method.ratio_of(DeviceInfo("c", 1, None, profile={"tier": "0.25"})) == 0.25
-    assert method.ratio_of(DeviceInfo("d", 1, None)) == 1.0
+    method = method_class("heterofl")(SPEC, Recipe(), tier_ratios={"phone": 0.75})
+    fleet = [DeviceInfo("a", 1, "0.5"), DeviceInfo("b", 1, "0.25"),
+             DeviceInfo("c", 1, resolve_tier(None, {"tier": "0.25"})), DeviceInfo("d", 1, None)]
+    a, b, c, d = with_tier_overrides(fleet, {"b": "phone"})  # the run's tier_map, applied by the round loop
+    assert method.ratio_of(a) == 0.5
+    assert method.ratio_of(b) == 0.75  # the map wins, and names a tier of tier_ratios
+    assert method.ratio_of(DeviceInfo("b", 1, "phone")) == 0.75
+    assert method.ratio_of(c) == 0.25  # from the profile
+    assert method.ratio_of(d) == 1.0
+    unresolved = DeviceInfo("c", 1, None, profile={"tier": "0.25"})
+    assert method.ratio_of(unresolved) == 1.0  # methods read .tier only
     with pytest.raises(ValueError, match="neither a ratio"):
         method.ratio_of(DeviceInfo("e", 1, "watch"))
     with pytest.raises(ValueError, match="not in"):
         method.ratio_of(DeviceInfo("f", 1, "1.5"))
     with pytest.raises(TypeError):
         method_class("fedrolex")(SPEC, Recipe(), unknown_option=1)
+    with pytest.raises(TypeError, match="tier_map"):  # no longer a method option
+        method_class("heterofl")(SPEC, Recipe(), tier_map={"b": "phone"})
 
 
 def test_devices_only_ever_see_their_sub_model():

@@ -21,7 +21,8 @@ all five clients train, moved it by +0.4 / +0.9 points only.
 
 Client recipe (HypeMeFed's table): Adam, lr ``client_lr`` (default 5e-4), batch
 ``client_batch_size`` (default 16); epochs, weight decay and seed come from the user's
-recipe. ``user_recipe=True`` hands out the user's recipe unchanged.
+recipe. ``user_recipe=true`` hands out the user's recipe unchanged. Every option, its type
+and default: ``fedsdk-server methods show depthfl``.
 
 Decision (learning rate): 5e-4 is the paper's value for the model we train (the VGG
 32-64-128-256 is its SVHN model; 0.005 was its value for UniMiB's wider VGG). Measured with
@@ -48,6 +49,7 @@ scored at its last exit on the test set re-weighted to its labels (``target_accu
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,6 +65,7 @@ from ...submodels.exit_split import (
     prefix_spec,
 )
 from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
+from ..options import MethodOptions, option
 from ..target_accuracy import TargetAccuracy, role_by_tier_name
 from .classwise_average import classwise_average
 
@@ -70,11 +73,38 @@ CLIENT_LR = 5e-4  # the paper's Adam lr for its VGG 32-64-128-256 (see the modul
 CLIENT_BATCH_SIZE = 16
 
 
-def exit_split_recipe(recipe: Recipe, client_lr: float, client_batch_size: int, user_recipe: bool) -> Recipe:
+@dataclass(frozen=True)
+class ExitOptions(MethodOptions):
+    """The device recipe of every exit-split method (HypeMeFed's table)."""
+
+    client_lr: float = option(CLIENT_LR, "Devices' Adam learning rate (ignored with user_recipe).",
+                              minimum=0.0)
+    client_batch_size: int = option(CLIENT_BATCH_SIZE, "Devices' batch size in samples (ignored with "
+                                    "user_recipe).", minimum=1)
+    user_recipe: bool = option(False, "Hand out the user's recipe unchanged instead of Adam, client_lr and "
+                               "client_batch_size.")
+
+
+@dataclass(frozen=True)
+class MultiExitOptions(ExitOptions):
+    """Exit-split methods that train prefixes of a multi-exit model (DepthFL, HypeMeFed)."""
+
+    classwise_heads: bool = option(True, "Average each exit's classifier rows per class, weighted by the "
+                                   "devices' reported label counts (false: by sample counts).")
+
+
+@dataclass(frozen=True)
+class DepthFLOptions(MultiExitOptions):
+    tier_exits: dict[str, int] = option({}, "Exit count each named tier trains, {tier name: exits} (other "
+                                        "tiers are exit counts themselves).")
+
+
+def exit_split_recipe(recipe: Recipe, options: ExitOptions) -> Recipe:
     """The recipe devices get: the user's, or the user's with Adam, ``client_lr``, ``client_batch_size``."""
-    if user_recipe:
+    if options.user_recipe:
         return recipe
-    return dataclasses.replace(recipe, optimizer="adam", lr=client_lr, batch_size=client_batch_size)
+    return dataclasses.replace(recipe, optimizer="adam", lr=options.client_lr,
+                               batch_size=options.client_batch_size)
 
 
 class DepthFL(Method):
@@ -84,15 +114,16 @@ class DepthFL(Method):
     family = "exit"
     example = "--model vgg_multi_exit --tiers 1,2,3"
     asks = {"label_counts": {}}  # the per-class weights of the classifier rows
+    Options = DepthFLOptions
+    options: MultiExitOptions  # DepthFLOptions; HypeMeFed's (no tier_exits) in the subclass
 
-    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = CLIENT_LR,
-                 client_batch_size: int = CLIENT_BATCH_SIZE, user_recipe: bool = False,
-                 classwise_heads: bool = True, tier_exits: dict | None = None) -> None:
-        super().__init__(global_spec, recipe)
-        self.client_recipe = exit_split_recipe(recipe, client_lr, client_batch_size, user_recipe)
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        self.client_recipe = exit_split_recipe(recipe, self.options)
         self.planner = ExitSplit()
-        self.classifiers = classifier_tensors(global_spec) if classwise_heads else []
-        self.tier_exits = {str(k): str(v) for k, v in (tier_exits or {}).items()}
+        self.classifiers = classifier_tensors(global_spec) if self.options.classwise_heads else []
+        tier_exits = getattr(self.options, "tier_exits", {})  # HypeMeFed's tiers are exit counts only
+        self.tier_exits = {str(k): str(v) for k, v in tier_exits.items()}
         for exits in self.tier_exits.values():
             parse_tier(exits, global_spec)  # a bad count fails now, not in round 1
         self.targets = TargetAccuracy(int(global_spec["num_classes"]))

@@ -7,8 +7,8 @@
   ignores device limits); evaluated at the final exit.
 
 Both: sample-weighted FedAvg (the paper's baselines: no per-class classifier rows); recipe
-options and defaults as ``depthfl`` (Adam, ``client_lr`` 5e-4, ``client_batch_size`` 16,
-``user_recipe``).
+options and defaults as ``depthfl`` (``ExitOptions``: Adam, ``client_lr`` 5e-4,
+``client_batch_size`` 16, ``user_recipe``; ``fedsdk-server methods show fedavg-l-exit``).
 """
 
 from __future__ import annotations
@@ -18,17 +18,19 @@ from fedcore.recipe import Recipe
 from ...submodels.exit_split import name_map, prefix_spec
 from ..base import Weights
 from ..fedavg import FedAvg
-from .depthfl import CLIENT_BATCH_SIZE, CLIENT_LR, exit_split_recipe
+from .depthfl import ExitOptions, exit_split_recipe
 
 
 class FedAvgLargeExit(FedAvg):
     name = "fedavg-l-exit"
     family = "exit"
     example = "--model vgg_multi_exit"
+    Options = ExitOptions
+    options: ExitOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = CLIENT_LR,
-                 client_batch_size: int = CLIENT_BATCH_SIZE, user_recipe: bool = False) -> None:
-        super().__init__(global_spec, exit_split_recipe(recipe, client_lr, client_batch_size, user_recipe))
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        self.recipe = exit_split_recipe(recipe, self.options)
 
 
 class FedAvgShallowExit(FedAvgLargeExit):
@@ -36,9 +38,8 @@ class FedAvgShallowExit(FedAvgLargeExit):
     family = "exit"
     example = "--model vgg_multi_exit"
 
-    def __init__(self, global_spec: dict, recipe: Recipe, client_lr: float = CLIENT_LR,
-                 client_batch_size: int = CLIENT_BATCH_SIZE, user_recipe: bool = False) -> None:
-        super().__init__(prefix_spec(global_spec, 1), recipe, client_lr, client_batch_size, user_recipe)
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(prefix_spec(global_spec, 1), recipe, **options)
         self.full_spec = global_spec
 
     def initial_weights(self, seed: int) -> Weights:

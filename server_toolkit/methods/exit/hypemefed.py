@@ -9,16 +9,14 @@ global tensor is the sample-weighted mean over the clients that trained it *or h
 generated*, classifier rows per class. Only conv weights are generated; BN and classifier
 tensors come from the clients that have them.
 
-Options (``--method-option key=value``):
-
-* ``hypernet``: "lrf" (default), "naive" (full-weight MLP; only sensible for tiny models)
-  or "none" (= the ``depthfl`` baseline).
-* ``rank``: singular values kept, default 100; "all" (or 0) keeps every one.
-* ``hidden`` (512), ``hn_epochs`` (25), ``hn_lr`` (5e-4), ``seed`` (0): hypernetwork settings.
-* ``hn_gate`` (true): a hypernetwork generates only while it predicts fresh clients' deep
-  convs better than the global weights do; false = always, as the paper does.
-* ``client_lr`` (5e-4), ``client_batch_size`` (16), ``user_recipe``, ``classwise_heads``
-  (true): the device recipe and the classifier averaging (see ``depthfl``).
+Options (``--method-option key=value``; types, defaults and units: ``fedsdk-server methods
+show hypemefed``): ``hypernet`` ("lrf" low-rank, "naive" full-weight MLP only sensible for tiny
+models, "none" = the ``depthfl`` baseline); ``rank`` (100; "all" or 0 keeps every singular
+value); ``hidden``, ``hn_epochs``, ``hn_lr``, ``seed`` (hypernetwork settings); ``hn_gate``
+(true: a hypernetwork generates only while it predicts fresh clients' deep convs better than
+the global weights do; false = always, as the paper does); ``client_lr``,
+``client_batch_size``, ``user_recipe``, ``classwise_heads``: the device recipe and the
+classifier averaging (see ``depthfl``). Tiers are exit counts ("1", "2", ...).
 
 Decisions where the paper is silent: the average is sample-weighted (FedAvg), a generated
 conv counts with its client's sample count; a hypernetwork generates only once it has been
@@ -39,22 +37,43 @@ gate: ``hn_skilled`` (hypernetworks allowed to generate), ``hn_check_rel_err`` a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fedcore.recipe import Recipe
 
 from ...submodels.exit_split import conv_segments, num_tiers
 from ..base import ClientUpdate, Weights
-from .depthfl import CLIENT_BATCH_SIZE, CLIENT_LR, DepthFL
+from ..options import option
+from .depthfl import DepthFL, MultiExitOptions
 from .hypernet_bank import HypernetBank
+
+
+@dataclass(frozen=True)
+class HypeMeFedOptions(MultiExitOptions):
+    hypernet: str = option("lrf", "Hypernetwork kind: low-rank factorised, a full-weight MLP (tiny models "
+                           "only), or none (= depthfl).", choices=("lrf", "naive", "none"))
+    rank: int | str | None = option(100, "Singular values an lrf hypernetwork keeps; \"all\" or 0: every "
+                                    "one.", minimum=0)
+    hidden: int = option(512, "Hidden units of each hypernetwork MLP.", minimum=1)
+    hn_epochs: int = option(25, "Epochs each hypernetwork trains per round on that round's clients.",
+                            minimum=1)
+    hn_lr: float = option(5e-4, "The hypernetworks' Adam learning rate.", minimum=0.0)
+    seed: int = option(0, "Seed of the hypernetworks' initialisation and training order.")
+    hn_gate: bool = option(True, "Generate only while a hypernetwork beats the global weights as a stand-in "
+                           "for fresh clients' deep convs (false: always, as the paper).")
 
 
 def parse_rank(rank: int | str | None) -> int | None:
     """100 -> 100; "all", 0 or None -> None (every singular value)."""
     if rank is None or rank == 0 or (isinstance(rank, str) and rank.lower() in ("all", "full")):
         return None
-    value = int(rank)
+    try:
+        value = int(rank)
+    except ValueError:
+        raise ValueError(f"rank must be >= 1 or 'all', got {rank!r}") from None
     if value < 0:
         raise ValueError(f"rank must be >= 1 or 'all', got {rank!r}")
-    return value
+    return value or None
 
 
 def _mean(values: list[float]) -> float | None:
@@ -65,22 +84,18 @@ class HypeMeFed(DepthFL):
     name = "hypemefed"
     family = "exit"
     example = "--model vgg_multi_exit --tiers 1,2,3"
+    Options = HypeMeFedOptions
+    options: HypeMeFedOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, hypernet: str = "lrf", rank: int | str | None = 100,
-                 hidden: int = 512, hn_epochs: int = 25, hn_lr: float = 5e-4, seed: int = 0,
-                 hn_gate: bool = True, client_lr: float = CLIENT_LR,
-                 client_batch_size: int = CLIENT_BATCH_SIZE, user_recipe: bool = False,
-                 classwise_heads: bool = True) -> None:
-        super().__init__(global_spec, recipe, client_lr=client_lr, client_batch_size=client_batch_size,
-                         user_recipe=user_recipe, classwise_heads=classwise_heads)
-        if hypernet not in ("lrf", "naive", "none"):
-            raise ValueError(f"hypernet must be 'lrf', 'naive' or 'none', got {hypernet!r}")
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
         if num_tiers(global_spec) < 2:
             raise ValueError("HypeMeFed needs a multi-exit global model (e.g. --model vgg_multi_exit)")
-        self.hypernet = hypernet
-        self.bank = None if hypernet == "none" else HypernetBank(
-            conv_segments(global_spec), kind=hypernet, rank=parse_rank(rank), hidden=hidden,
-            epochs=hn_epochs, lr=hn_lr, seed=seed, gate=bool(hn_gate))
+        o = self.options
+        self.hypernet = o.hypernet
+        self.bank = None if o.hypernet == "none" else HypernetBank(
+            conv_segments(global_spec), kind=o.hypernet, rank=parse_rank(o.rank), hidden=o.hidden,
+            epochs=o.hn_epochs, lr=o.hn_lr, seed=o.seed, gate=o.hn_gate)
         self.last_round: dict = {}
 
     def aggregate_train(self, round_number: int, global_weights: Weights,

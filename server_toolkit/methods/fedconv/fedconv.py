@@ -26,22 +26,11 @@ is just another device here. Each round's metrics row gets the server seconds sp
 last-epoch accuracy on the server data (``compress_acc``, ``dilate_acc``, means over tiers /
 models).
 
-Options (``--method-option key=value``): ``server_fraction`` (0.05), ``pretrain_epochs``
-(5), ``server_train_epochs`` (0), ``compress_epochs`` (20), ``dilate_epochs`` (20),
-``aggregate_epochs`` (10), ``lr_max`` (1e-3), ``lr_min`` (1e-5), ``t_max`` (4), ``cosine``
-(true), ``aggregate_lr`` (1e-3), ``kld_weight`` (0.2), ``server_batch_size`` (16); the block:
-``expand_channels`` (16; 0 = no 1×1 block), ``mlr`` (false), ``weight_norm`` (true),
-``init`` ("delta" or "random"), ``keep_norm`` (true); ``compress_init`` ("delta": a fresh
-compressor per SR every round, starting as the top-left block; "warm": kept across rounds,
-the paper's Algorithm 1); ``dilate_what`` ("update": global + dilated (returned − sent);
-"model": the returned model dilated, the paper; "pullback": the update carried back through
-the compressor's transposed Jacobian, no dilator); ``dilate_base`` ("zeros"; "global": with
-``dilate_what="model"`` the global values outside the client's block are added);
-``dilate_init`` ("delta": a fresh dilator per returned model, starting as zero padding;
-"warm": one per device, kept across rounds, as the authors' code);
-``aggregation`` ("learned" or "average" = sample-weighted FedAvg of the dilated models,
-the paper's ablation); ``tier_map``, ``tier_ratios``,
-``seed`` (0).
+Options (``--method-option key=value``): the server epochs, learning rates and batch size
+of the three stages, the compressor/dilator block, ``compress_init``, ``dilate_what``,
+``dilate_base``, ``dilate_init``, ``aggregation``, ``tier_ratios`` and ``seed``; their
+types, defaults and meaning: ``fedsdk-server methods show fedconv``
+(``methods/fedconv/options.py``).
 
 Decisions where the paper is silent or where it failed here (digits, 70 server images;
 details in ``methods/fedconv/conv_compress.py``):
@@ -102,9 +91,8 @@ from .conv_compress import (
 )
 from .conv_dilate import dilator, train_update_dilator
 from .learned_aggregate import learned_aggregate
+from .options import FedConvOptions
 from .train_generated import Schedule
-
-AGGREGATIONS = ("learned", "average")
 
 
 def drift(generated: Weights, block: Weights) -> float:
@@ -119,50 +107,28 @@ class FedConv(Method):
     name = "fedconv"
     family = "conv"
     example = "--tiers 1.0,0.75,0.5,0.25"
+    Options = FedConvOptions
+    options: FedConvOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, server_fraction: float = 0.05,
-                 pretrain_epochs: int = 5, server_train_epochs: int = 0, compress_epochs: int = 20,
-                 dilate_epochs: int = 20, aggregate_epochs: int = 10, lr_max: float = 1e-3,
-                 lr_min: float = 1e-5, t_max: int = 4, cosine: bool = True, aggregate_lr: float = 1e-3,
-                 kld_weight: float = 0.2, server_batch_size: int = 16, expand_channels: int = 16,
-                 mlr: bool = False, weight_norm: bool = True, init: str = "delta", keep_norm: bool = True,
-                 dilate_init: str = "delta", dilate_base: str = "zeros", dilate_what: str = "update",
-                 compress_init: str = "delta", aggregation: str = "learned",
-                 tier_map: dict | None = None, tier_ratios: dict | None = None, seed: int = 0) -> None:
-        super().__init__(static_bn(global_spec), recipe)
-        if not 0 < server_fraction < 1:
-            raise ValueError(f"server_fraction must be in (0, 1), got {server_fraction}")
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-        for key, value in (("pretrain_epochs", pretrain_epochs), ("server_train_epochs", server_train_epochs),
-                           ("compress_epochs", compress_epochs), ("dilate_epochs", dilate_epochs),
-                           ("aggregate_epochs", aggregate_epochs)):
-            if type(value) is not int or value < 0:
-                raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
-        self.server_fraction = float(server_fraction)
-        self.pretrain_epochs, self.server_train_epochs = pretrain_epochs, server_train_epochs
-        self.block = BlockConfig(expand_channels=int(expand_channels), mlr=bool(mlr),
-                                 weight_norm=bool(weight_norm), init=init, keep_norm=bool(keep_norm))
-        schedule = {"lr_max": float(lr_max), "lr_min": float(lr_min), "t_max": int(t_max),
-                    "cosine": bool(cosine), "batch_size": int(server_batch_size)}
-        self.compress_schedule = Schedule(epochs=compress_epochs, **schedule)
-        self.dilate_schedule = Schedule(epochs=dilate_epochs, **schedule)
-        self.aggregate_epochs, self.aggregate_lr = aggregate_epochs, float(aggregate_lr)
-        self.kld_weight, self.server_batch_size = float(kld_weight), int(server_batch_size)
-        if dilate_init not in ("delta", "warm"):
-            raise ValueError(f"dilate_init must be 'delta' or 'warm', got {dilate_init!r}")
-        if dilate_base not in ("zeros", "global"):
-            raise ValueError(f"dilate_base must be 'zeros' or 'global', got {dilate_base!r}")
-        if dilate_what not in ("model", "update", "pullback"):
-            raise ValueError(f"dilate_what must be 'model', 'update' or 'pullback', got {dilate_what!r}")
-        self.dilate_init, self.dilate_base, self.aggregation = dilate_init, dilate_base, aggregation
-        self.dilate_what = dilate_what
-        if compress_init not in ("delta", "warm"):
-            raise ValueError(f"compress_init must be 'delta' or 'warm', got {compress_init!r}")
-        self.compress_init = compress_init
-        self.tier_map = {str(k): str(v) for k, v in (tier_map or {}).items()}
-        self.tier_ratios = {str(k): float(v) for k, v in (tier_ratios or {}).items()}
-        self.seed = int(seed)
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(static_bn(global_spec), recipe, **options)
+        o = self.options
+        if not 0 < o.server_fraction < 1:
+            raise ValueError(f"server_fraction must be in (0, 1), got {o.server_fraction}")
+        self.server_fraction = o.server_fraction
+        self.pretrain_epochs, self.server_train_epochs = o.pretrain_epochs, o.server_train_epochs
+        self.block = BlockConfig(expand_channels=o.expand_channels, mlr=o.mlr, weight_norm=o.weight_norm,
+                                 init=o.init, keep_norm=o.keep_norm)
+        schedule = {"lr_max": o.lr_max, "lr_min": o.lr_min, "t_max": o.t_max, "cosine": o.cosine,
+                    "batch_size": o.server_batch_size}
+        self.compress_schedule = Schedule(epochs=o.compress_epochs, **schedule)
+        self.dilate_schedule = Schedule(epochs=o.dilate_epochs, **schedule)
+        self.aggregate_epochs, self.aggregate_lr = o.aggregate_epochs, o.aggregate_lr
+        self.kld_weight, self.server_batch_size = o.kld_weight, o.server_batch_size
+        self.dilate_init, self.dilate_base, self.aggregation = o.dilate_init, o.dilate_base, o.aggregation
+        self.dilate_what, self.compress_init = o.dilate_what, o.compress_init
+        self.tier_ratios = dict(o.tier_ratios)
+        self.seed = o.seed
         self.compressors: dict[float, WeightTransform] = {}  # per SR, kept across rounds
         self.dilators: dict[str, WeightTransform] = {}  # per "device@SR", kept with dilate_init="warm"
         self.layout = width_layout(self.global_spec)  # the tiers' shapes and where they sit
@@ -177,7 +143,7 @@ class FedConv(Method):
     # -- tiers -----------------------------------------------------------------------------
     def ratio_of(self, device: DeviceInfo) -> float:
         """The shrinkage ratio of ``device`` (``methods/tiers.py``)."""
-        return tier_ratio(device, self.tier_map, self.tier_ratios)
+        return tier_ratio(device, self.tier_ratios)
 
     def plan(self, ratio: float) -> WidthPlan:
         """The width sub-model of ``ratio``: the tier's shapes and its top-left block."""

@@ -6,6 +6,8 @@ exchange anything. In a homogeneous fleet this is plain FedAvg. BatchNorm runnin
 statistics stay on the device (only parameters are averaged and sent). A device's
 personal model is its group's model. Global weights = every group's parameters, as
 ``<architecture>/<name>``.
+Options: the client recipe (``PersonalOptions``, ``methods.hypernet.personalized``;
+``fedsdk-server methods show fedavg-groups``).
 """
 
 from __future__ import annotations

@@ -22,9 +22,12 @@ weights": its tensors (``hn.<name>``) go into the run's safetensors checkpoints;
 table goes into ``state.json``. Adam's moments are not saved: after ``--resume`` they
 start again from zero.
 
-Options (``--method-option key=value``): ``embed_dim`` (64), ``hidden`` (128), ``hn_layers``
-(3), ``chunk`` (3072, MH heads), ``hn_lr`` (1e-2), ``max_norm`` (50), ``embed_std``
-(0.002), plus the client recipe and ``tier_map`` of ``methods.hypernet.personalized``.
+Options (``--method-option key=value``, ``HypernetOptions``; ``fedsdk-server methods show
+mh-pfedhn`` prints the table): ``embed_dim`` (64), ``hidden`` (128), ``hn_layers`` (3),
+``chunk`` (3072, MH heads), ``hn_lr`` (1e-2), ``max_norm`` (50), ``embed_std`` (0.002),
+plus the client recipe of ``methods.hypernet.personalized``. A device's architecture comes
+from its tier (``DeviceInfo.tier``). The shape options (embed_dim, hidden, hn_layers,
+embed_std, chunk) are checkpointed and a resumed run takes them from its checkpoint.
 
 ``hn_lr``: the paper's 2e-4 goes with its client lr 1e-3; with the user's recipe (SGD lr
 0.05, 5 epochs by default) devices move their weights ~50x further per round and the
@@ -34,6 +37,7 @@ rounds on digits (4 devices), 1e-2 (the pFedHN authors' released default) gave 0
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from abc import abstractmethod
 from collections.abc import Callable
@@ -47,8 +51,9 @@ from fedcore.recipe import Recipe
 from ...models.architectures import Architecture
 from ...reconstruct.hypernet_step import hypernet_step
 from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ..options import option
 from .personal_hypernet import CHUNK, EMBED_DIM, EMBED_INIT_STD, HIDDEN, PersonalHypernet
-from .personalized import PersonalizedMethod
+from .personalized import PersonalizedMethod, PersonalOptions
 
 PREFIX = "hn."
 
@@ -64,18 +69,38 @@ class HnClient:
     num_params: int
 
 
+@dataclass(frozen=True)
+class HypernetOptions(PersonalOptions):
+    """The hypernetwork's shape and update step (see the module docstring)."""
+
+    embed_dim: int = option(EMBED_DIM, "Length of each client embedding vector (values).", minimum=1)
+    hidden: int = option(HIDDEN, "Width of the shared feature extractor's layers (units).", minimum=1)
+    hn_layers: int = option(3, "Linear+ReLU layers in the shared feature extractor.", minimum=1)
+    chunk: int = option(CHUNK, "Parameters per chunk of an MH head: a client of K parameters gets "
+                        "ceil(K / chunk) embedding rows (mh-pfedhn, mh-pfedhngd; pfedhn ignores it).",
+                        minimum=1)
+    hn_lr: float = option(1e-2, "Adam learning rate (> 0) of the server's hypernetwork step per update.",
+                          minimum=0.0)
+    max_norm: float = option(50.0, "Clip of the total gradient norm (> 0) of each hypernetwork step.",
+                             minimum=0.0)
+    embed_std: float = option(EMBED_INIT_STD, "Standard deviation of the N(0, std) initial client "
+                              "embeddings.", minimum=0.0)
+
+
 class HypernetMethod(PersonalizedMethod):
     """Base of pFedHN and MH-pFedHN; subclasses choose the heads."""
 
-    def __init__(self, global_spec: dict, recipe: Recipe, embed_dim: int = EMBED_DIM, hidden: int = HIDDEN,
-                 hn_layers: int = 3, chunk: int = CHUNK, hn_lr: float = 1e-2, max_norm: float = 50.0,
-                 embed_std: float = EMBED_INIT_STD, **options) -> None:
+    Options = HypernetOptions
+    options: HypernetOptions
+
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)
-        if chunk < 1 or hn_lr <= 0 or max_norm <= 0:
-            raise ValueError(f"need chunk >= 1, hn_lr > 0, max_norm > 0 (got {chunk}, {hn_lr}, {max_norm})")
-        self.settings = {"embed_dim": int(embed_dim), "hidden": int(hidden), "layers": int(hn_layers),
-                         "init_std": float(embed_std)}
-        self.chunk, self.hn_lr, self.max_norm = int(chunk), float(hn_lr), float(max_norm)
+        o = self.options
+        if not (o.hn_lr > 0 and o.max_norm > 0):
+            raise ValueError(f"{self.name} needs hn_lr > 0 and max_norm > 0 (got {o.hn_lr}, {o.max_norm})")
+        self.settings = {"embed_dim": o.embed_dim, "hidden": o.hidden, "layers": o.hn_layers,
+                         "init_std": o.embed_std}
+        self.chunk, self.hn_lr, self.max_norm = o.chunk, o.hn_lr, o.max_norm
         self.clients: dict[str, HnClient] = {}
         self.seed = 0
         self._build(seed=0)
@@ -282,5 +307,9 @@ class HypernetMethod(PersonalizedMethod):
                  "layers": saved.get("hn_layers"), "init_std": saved.get("embed_std")}
         self.settings.update({k: v for k, v in shape.items() if v is not None})
         self.chunk = int(saved.get("chunk", self.chunk))
+        settings = self.settings  # the options now name what the method runs with
+        self.options = dataclasses.replace(
+            self.options, embed_dim=int(settings["embed_dim"]), hidden=int(settings["hidden"]),
+            hn_layers=int(settings["layers"]), embed_std=float(settings["init_std"]), chunk=self.chunk)
         self.clients = {c["device_id"]: HnClient(**c) for c in state.get("clients", [])}
         self._build(int(state.get("seed", self.seed)))

@@ -5,6 +5,8 @@ from its own seeded initialisation and gets back exactly what it returned last r
 nothing is shared. The server only relays (a real deployment would keep the model on the
 device). BatchNorm running statistics stay on the device, as for the hypernetworks.
 Global weights = every device's parameters, as ``<device id>/<name>``.
+Options: the client recipe (``PersonalOptions``, ``methods.hypernet.personalized``;
+``fedsdk-server methods show local``).
 """
 
 from __future__ import annotations

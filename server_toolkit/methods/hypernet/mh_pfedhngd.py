@@ -24,11 +24,15 @@ tau, the smallest client's head when K_g = min K_i. ``distill=false`` gives the 
 MH-pFedHNG ablation (stage 2 with CE and no teacher). w_g is checkpointed with the
 hypernetwork (``global_model/<name>``). Evaluation adds ``global_accuracy``: w_g on the
 server's test set (BatchNorm statistics re-estimated, ``models.personal_eval``).
+
+Options: ``GDOptions`` (``kd_alpha``, ``kd_temperature``, ``global_arch``, ``distill``) on top
+of MH-pFedHN's; ``fedsdk-server methods show mh-pfedhngd`` prints the whole table.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,11 +41,27 @@ from fedcore.recipe import Recipe
 from ...models.architectures import Architecture
 from ...models.personal_eval import label_weighted_accuracy
 from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ..options import option
 from ..records import with_teacher
-from .hypernetwork import HnClient
+from .hypernetwork import HnClient, HypernetOptions
 from .mh_pfedhn import MHPFedHN
 
 GLOBAL_MODEL = "global_model/"
+SMALLEST = "smallest"
+
+
+@dataclass(frozen=True)
+class GDOptions(HypernetOptions):
+    """MH-pFedHNGD's global model and distillation (see the module docstring)."""
+
+    kd_alpha: float = option(0.01, "Weight a in [0, 1] of the KD term in stage 2: (1 - a) CE + a T^2 KL.",
+                             minimum=0.0)
+    kd_temperature: float = option(15.0, "Softmax temperature T (> 0) of the stage-2 KD loss.", minimum=0.0)
+    global_arch: str = option(SMALLEST, "Architecture of the global model: 'smallest' (the fewest "
+                              "parameters among the devices known at the first stage-1 round) or a tier "
+                              "name (lenet, mlp, ...).")
+    distill: bool = option(True, "false: stage 2 trains with CE and no teacher (the paper's MH-pFedHNG "
+                           "ablation).")
 
 
 class MHPFedHNGD(MHPFedHN):
@@ -49,14 +69,20 @@ class MHPFedHNGD(MHPFedHN):
     family = "personalised"
     example = "--model lenet --tiers lenet,vgg8,resnet10,resnet12,resnet18"
     global_client: HnClient | None = None
+    Options = GDOptions
+    options: GDOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, kd_alpha: float = 0.01,
-                 kd_temperature: float = 15.0, global_arch: str = "smallest", distill: bool = True,
-                 **options) -> None:
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)
-        self.kd_recipe = dataclasses.replace(self.client_recipe, loss="kd", alpha=float(kd_alpha),
-                                             temperature=float(kd_temperature))
-        self.global_arch, self.distill = str(global_arch), bool(distill)
+        o = self.options
+        if not (o.kd_alpha <= 1 and o.kd_temperature > 0):  # the options check kd_alpha >= 0
+            raise ValueError(f"{self.name} needs kd_alpha <= 1 and kd_temperature > 0 "
+                             f"(got {o.kd_alpha}, {o.kd_temperature})")
+        self.kd_recipe = dataclasses.replace(self.client_recipe, loss="kd", alpha=o.kd_alpha,
+                                             temperature=o.kd_temperature)
+        self.global_arch, self.distill = o.global_arch, o.distill
+        if self.global_arch != SMALLEST:
+            self.architecture_named(self.global_arch)  # an unknown tier fails here, not at round 1
         self.teacher_weights: Weights = {}
 
     @staticmethod
@@ -74,7 +100,7 @@ class MHPFedHNGD(MHPFedHN):
         """The global model's table entry (created at the first stage-1 round) and architecture."""
         if self.global_client is None:
             tier = self.global_arch
-            if tier == "smallest":
+            if tier == SMALLEST:
                 tier = min(self.architectures.values(), key=lambda t: self.architecture_named(t).num_params)
             arch = self.architecture_named(tier)
             self.global_client = HnClient("", tier, "global", self.head_key(arch), arch.num_params)

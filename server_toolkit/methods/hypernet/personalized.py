@@ -2,8 +2,13 @@
 MH-pFedHN, MH-pFedHNGD and their baselines Local and FedAvg per architecture).
 
 Every device has its own model; its architecture comes from its tier (``models.architectures``):
-in order the ``tier_map`` option (device id -> tier), the device's fleet tier (``--tiers``
-in simulate), the ``tier`` key of its profile; none of these: the server's ``--model``.
+the device's tier (``DeviceInfo.tier``: its fleet tier, ``--tiers`` in simulate, else its
+profile's ``tier``, with the run's ``tier_map`` overrides applied by the round loop;
+``methods/tiers.py``); none: the server's ``--model``. A device keeps the architecture of
+its first round.
+
+Options (``--method-option``; ``fedsdk-server methods show NAME`` lists them with types and
+defaults): ``PersonalOptions`` here, the hypernetworks add theirs (``hypernetwork``).
 
 Client recipe: the user's (``--lr``, ``--local-epochs``, ``--batch-size``, ``--optimizer``),
 as for every other method. ``user_recipe=false`` hands out the paper's instead: SGD lr
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,7 +45,7 @@ from fedcore.recipe import Recipe
 from ...models.architectures import Architecture, architecture, from_spec
 from ...models.personal_eval import label_weighted_accuracy
 from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
-from ..tiers import device_tier
+from ..options import MethodOptions, option
 
 
 def paper_recipe(recipe: Recipe, lr: float, momentum: float, weight_decay: float, epochs: int,
@@ -77,6 +83,25 @@ def fresh_parameters(arch: Architecture, seed: int, key: str) -> Weights:
     return {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
 
 
+@dataclass(frozen=True)
+class PersonalOptions(MethodOptions):
+    """The client recipe of every personalised method (see the module docstring)."""
+
+    client_lr: float = option(1e-3, "SGD learning rate per step of the paper's client recipe "
+                              "(used only with user_recipe=false).", minimum=0.0)
+    client_momentum: float = option(0.9, "SGD momentum of the paper's client recipe "
+                                    "(used only with user_recipe=false).", minimum=0.0)
+    client_weight_decay: float = option(1e-4, "L2 weight decay of the paper's client recipe "
+                                        "(used only with user_recipe=false).", minimum=0.0)
+    client_epochs: int = option(2, "Local epochs per round of the paper's client recipe "
+                                "(used only with user_recipe=false).", minimum=1)
+    client_batch_size: int = option(64, "Batch size in samples of the paper's client recipe "
+                                    "(used only with user_recipe=false).", minimum=1)
+    user_recipe: bool = option(True, "true: devices train with the user's recipe (--lr, --local-epochs, "
+                               "--batch-size, --optimizer); false: with the paper's SGD (the client_* "
+                               "options).")
+
+
 class PersonalizedMethod(Method):
     """Base of the methods with one model per device; see the module docstring.
 
@@ -84,15 +109,14 @@ class PersonalizedMethod(Method):
     """
 
     asks = {"label_counts": {}}  # each device's label distribution weights its evaluation
+    Options = PersonalOptions
+    options: PersonalOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, tier_map: dict | None = None,
-                 client_lr: float = 1e-3, client_momentum: float = 0.9, client_weight_decay: float = 1e-4,
-                 client_epochs: int = 2, client_batch_size: int = 64, user_recipe: bool = True,
-                 **options) -> None:
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)
-        self.tier_map = {str(k): str(v) for k, v in (tier_map or {}).items()}
-        self.client_recipe = paper_recipe(recipe, client_lr, client_momentum, client_weight_decay,
-                                          client_epochs, client_batch_size, user_recipe)
+        o = self.options
+        self.client_recipe = paper_recipe(recipe, o.client_lr, o.client_momentum, o.client_weight_decay,
+                                          o.client_epochs, o.client_batch_size, o.user_recipe)
         self.default_architecture = from_spec("model", global_spec)
         self.label_counts: dict[str, list[int]] = {}
         self.architectures: dict[str, str] = {}  # device id -> tier of every device seen
@@ -105,8 +129,9 @@ class PersonalizedMethod(Method):
         return int(self.global_spec["num_classes"])
 
     def tier_of(self, device: DeviceInfo) -> str | None:
-        """The tier naming ``device``'s architecture (see the module docstring), or None."""
-        return device_tier(device, self.tier_map)
+        """The tier naming ``device``'s architecture (``DeviceInfo.tier``, final; see the module
+        docstring), or None."""
+        return device.tier
 
     def architecture_of(self, device: DeviceInfo) -> Architecture:
         """``device``'s architecture, remembered from its first round on (ValueError for an

@@ -2,8 +2,9 @@
 
 The global model is the small architecture (see ``strong_weak``); strong devices train it
 like weak ones, so they never benefit from their capacity (and their "target model" is
-the small one). Options: ``small_model`` (default "width:0.25"), ``strong_tiers``
-("strong"; only says which devices count as strong in ``accuracy_strong``). Central
+the small one). Options (``StrongWeakOptions``, ``fedsdk-server methods show allsmall``):
+``small_model`` (default "width:0.25"), ``strong_tiers`` ("strong"; here it only says which
+devices count as strong in ``accuracy_strong``). Central
 evaluation: the global model's ``accuracy``, and ``accuracy_strong`` / ``accuracy_weak``
 (``target_accuracy``).
 """
@@ -17,7 +18,7 @@ from fedcore.recipe import Recipe
 from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
 from ..fedavg import FedAvg
 from ..target_accuracy import TargetAccuracy
-from .strong_weak import strong_weak
+from .strong_weak import StrongWeakOptions, strong_weak
 
 
 class AllSmall(FedAvg):
@@ -26,11 +27,13 @@ class AllSmall(FedAvg):
     family = "resource-skew"
     example = ("--model lenet5 --devices 6 --partition quantity-skew --num-strong 1 "
                "--tiers strong,weak,weak,weak,weak,weak --method-option small_model=width:0.3")
+    Options = StrongWeakOptions
+    options: StrongWeakOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str | dict = "width:0.25",
-                 strong_tiers: str | list[str] = "strong") -> None:
-        self.fleet = strong_weak(global_spec, small_model, strong_tiers)
-        super().__init__(self.fleet.small, recipe)
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        self.fleet = strong_weak(global_spec, self.options.small_model, self.options.strong_tiers)
+        self.global_spec = self.fleet.small  # the global model is the small one
         self.targets = TargetAccuracy(int(global_spec["num_classes"]))
 
     def configure_train(self, round_number: int, global_weights: Weights,

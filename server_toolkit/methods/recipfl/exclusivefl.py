@@ -6,8 +6,9 @@ themselves. The global weights hold both models, their tensor names prefixed ``l
 and ``small.``; a group that sends nothing in a round keeps its weights. Central
 evaluation reports ``accuracy_large``/``accuracy_small`` (``accuracy`` is the large
 model's) and ``accuracy_strong``/``accuracy_weak`` (each device's own model, see
-``target_accuracy``). Options: ``small_model`` (default "width:0.25"), ``strong_tiers`` ("strong");
-see ``strong_weak``.
+``target_accuracy``). Options (``StrongWeakOptions``, ``fedsdk-server methods show
+exclusivefl``): ``small_model`` (default "width:0.25"), ``strong_tiers`` ("strong"); see
+``strong_weak``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fedcore.recipe import Recipe
 from ...reconstruct.average import weighted_average
 from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..target_accuracy import TargetAccuracy
-from .strong_weak import STRONG, evaluate_spec, strong_weak
+from .strong_weak import STRONG, StrongWeakOptions, evaluate_spec, strong_weak
 
 LARGE, SMALL = "large", "small"
 
@@ -39,11 +40,12 @@ class ExclusiveFL(Method):
     family = "resource-skew"
     example = ("--model lenet5 --devices 6 --partition quantity-skew --num-strong 1 "
                "--tiers strong,weak,weak,weak,weak,weak --method-option small_model=width:0.3")
+    Options = StrongWeakOptions
+    options: StrongWeakOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str | dict = "width:0.25",
-                 strong_tiers: str | list[str] = "strong") -> None:
-        super().__init__(global_spec, recipe)
-        self.fleet = strong_weak(global_spec, small_model, strong_tiers)
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        self.fleet = strong_weak(global_spec, self.options.small_model, self.options.strong_tiers)
         self.specs = {LARGE: self.fleet.large, SMALL: self.fleet.small}
         self.targets = TargetAccuracy(int(global_spec["num_classes"]))
 

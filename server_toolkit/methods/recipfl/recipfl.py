@@ -20,13 +20,13 @@ pooled to at most 128 scalars per operator (what the GHN's weight encoder reads)
 A device only ever receives its own architectures and generated weights. The "global
 weights" the round loop keeps and checkpoints are the GHN's parameters.
 
-Options (``--method-option key=value``): ``small_model`` ("width:0.25"), ``strong_tiers``
-("strong") (see ``strong_weak``); ``kt`` (true; false: the strong device's small model is
-trained with plain CE, RecipFL "w/o KT"); ``hidden`` (64, node state), ``weight_dim`` (32),
-``decoder_hidden`` (128), ``steps`` (τ = 1), ``max_dim`` (256, decoder block cap); ``hn_lr``
-(1e-3, the authors' code), ``max_norm`` (50), ``server_step`` ("client": one Adam step per
-returned model set, clients in shuffled order, as pFedHN; "round": one step on the sum over
-the round, Eq. 4 as printed); ``seed`` (0); ``label_counts`` ({device: counts}, a
+Options (``--method-option key=value``; types, defaults and units: ``fedsdk-server methods
+show recipfl``): ``small_model``, ``strong_tiers`` (see ``strong_weak``); ``kt`` (false: the
+strong device's small model is trained with plain CE, RecipFL "w/o KT"); the GHN's sizes
+``hidden``, ``weight_dim``, ``decoder_hidden``, ``steps`` (τ), ``max_dim``; its update
+``hn_lr`` (1e-3, the authors' code), ``max_norm`` and ``server_step`` ("client": one Adam
+step per returned model set, clients in shuffled order, as pFedHN; "round": one step on the
+sum over the round, Eq. 4 as printed); ``seed``; ``label_counts`` ({device: counts}, a
 descriptor known before the device first reports).
 
 Decisions where the paper is silent: the descriptor of a device that has not reported yet is
@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -64,13 +65,35 @@ from ..base import (
     Weights,
     label_histogram,
 )
+from ..options import option
 from ..records import TEACHER, with_teacher
 from ..target_accuracy import TargetAccuracy
 from .graph_hypernet import GraphHypernet
 from .op_graph import extract_graph, pooled_weights
-from .strong_weak import STRONG, evaluate_spec, strong_weak
+from .strong_weak import STRONG, StrongWeakOptions, evaluate_spec, strong_weak
 
 LARGE, SMALL = "large", "small"
+
+
+@dataclass(frozen=True)
+class RecipFLOptions(StrongWeakOptions):
+    kt: bool = option(True, "Strong devices train their small model with the KT loss (CE + the large "
+                      "model's probabilities + features); false: plain CE (RecipFL w/o KT).")
+    hidden: int = option(64, "GHN node state size.", minimum=1)
+    weight_dim: int = option(32, "Size of the GHN's weight-encoder embedding (even, a multiple of its 4 "
+                             "heads).", minimum=4)
+    decoder_hidden: int = option(128, "Hidden units of each GHN decoder MLP.", minimum=1)
+    steps: int = option(1, "GNN propagation steps τ (each a forward and a backward traversal).", minimum=0)
+    max_dim: int = option(256, "Cap on every dim of a decoder's output block (larger layers are tiled).",
+                          minimum=1)
+    hn_lr: float = option(1e-3, "The GHN's Adam learning rate.", minimum=0.0)
+    max_norm: float = option(50.0, "Clip on the total norm of each GHN update's gradient.", minimum=0.0)
+    server_step: str = option("client", "GHN steps per round: one per returned model set (clients "
+                              "shuffled, as pFedHN) or one on the round's sum (Eq. 4).",
+                              choices=("client", "round"))
+    seed: int = option(0, "Seed of the GHN, the models' initial pooled weights and the client order.")
+    label_counts: dict[str, list[float]] = option({}, "Descriptors known before a device first reports: "
+                                                  "{device id: label counts}.")
 
 
 class RecipFL(Method):
@@ -79,16 +102,16 @@ class RecipFL(Method):
     family = "resource-skew"
     example = ("--model lenet5 --devices 6 --partition quantity-skew --num-strong 1 "
                "--tiers strong,weak,weak,weak,weak,weak --method-option small_model=width:0.3")
+    Options = RecipFLOptions
+    options: RecipFLOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, small_model: str | dict = "width:0.25",
-                 strong_tiers: str | list[str] = "strong", kt: bool = True, hidden: int = 64,
-                 weight_dim: int = 32, decoder_hidden: int = 128, steps: int = 1, max_dim: int = 256,
-                 hn_lr: float = 1e-3, max_norm: float = 50.0, server_step: str = "client", seed: int = 0,
-                 label_counts: dict | None = None) -> None:
-        super().__init__(global_spec, recipe)
-        if server_step not in ("client", "round"):
-            raise ValueError(f"server_step must be 'client' or 'round', got {server_step!r}")
-        self.fleet = strong_weak(global_spec, small_model, strong_tiers)
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
+        super().__init__(global_spec, recipe, **options)
+        o = self.options
+        if o.weight_dim % 4:
+            raise ValueError(f"recipfl option weight_dim must be a multiple of 4 (the encoder's heads), "
+                             f"got {o.weight_dim}")
+        self.fleet = strong_weak(global_spec, o.small_model, o.strong_tiers)
         self.specs = {LARGE: self.fleet.large, SMALL: self.fleet.small}
         self.graphs = {model: extract_graph(spec) for model, spec in self.specs.items()}
         self.shapes = {model: graph.param_shapes() for model, graph in self.graphs.items()}
@@ -96,18 +119,18 @@ class RecipFL(Method):
             raise ValueError("the small model has the large model's shapes: a strong device's two models "
                              "could not be told apart (choose a smaller small_model)")
         self.num_classes = int(global_spec["num_classes"])
-        self.hn_options = {"hidden": hidden, "weight_dim": weight_dim, "decoder_hidden": decoder_hidden,
-                           "steps": steps, "max_dim": max_dim}
-        self.hypernet = self._new_hypernet(seed)
-        self.optimizer = torch.optim.Adam(self.hypernet.parameters(), lr=hn_lr)
+        self.hn_options = {"hidden": o.hidden, "weight_dim": o.weight_dim, "decoder_hidden": o.decoder_hidden,
+                           "steps": o.steps, "max_dim": o.max_dim}
+        self.hypernet = self._new_hypernet(o.seed)
+        self.optimizer = torch.optim.Adam(self.hypernet.parameters(), lr=o.hn_lr)
         self._loaded: Weights | None = None  # the weights the GHN holds now, when known
-        self.max_norm, self.server_step, self.seed = max_norm, server_step, seed
-        self.student_recipe = dataclasses.replace(recipe, loss="recipfl_kt") if kt else recipe
-        self.initial_pooled = {model: self._init_pooled(model, seed) for model in self.specs}
+        self.max_norm, self.server_step, self.seed = o.max_norm, o.server_step, o.seed
+        self.student_recipe = dataclasses.replace(recipe, loss="recipfl_kt") if o.kt else recipe
+        self.initial_pooled = {model: self._init_pooled(model, o.seed) for model in self.specs}
         self.pooled: dict[str, dict[str, list[np.ndarray]]] = {}  # device -> model -> per-node pooled
         self.descriptors: dict[str, np.ndarray] = {}
-        for device_id, counts in (label_counts or {}).items():
-            self.set_label_counts(str(device_id), counts)
+        for device_id, counts in o.label_counts.items():
+            self.set_label_counts(device_id, counts)
         self.last_round: dict = {}
         self.targets = TargetAccuracy(self.num_classes)
 

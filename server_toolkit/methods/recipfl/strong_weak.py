@@ -13,6 +13,9 @@ Architectures. A strong device can run the *large* model, the method's global sp
   so width-scaled baselines train the same small architecture;
 * a zoo model name (``small_cnn``, ``lenet5``, ...), built for the same input and classes;
 * a torchspec/1 spec (a dict, from Python), with the global model's input and classes.
+
+Both are options of every method of the family (``StrongWeakOptions``; ``fedsdk-server
+methods show recipfl`` lists them with the rest).
 """
 
 from __future__ import annotations
@@ -27,9 +30,20 @@ from fedcore import modelspec
 from ...models.zoo import model_spec
 from ...submodels.width import width_layout
 from ..base import DeviceInfo
-from ..tiers import device_tier
+from ..options import MethodOptions, option
 
 STRONG, WEAK = "strong", "weak"
+
+
+@dataclass(frozen=True)
+class StrongWeakOptions(MethodOptions):
+    """The options of every resource-skew method (RecipFL, AllSmall, ExclusiveFL)."""
+
+    small_model: str | dict = option("width:0.25", "The weak devices' model: \"width:<r>\" (every hidden "
+                                     "layer cut to ceil(r*C) channels), a zoo model name, or a spec "
+                                     "(Python).")
+    strong_tiers: str | list[str] = option(STRONG, "Tiers whose devices are strong (run the large model): "
+                                           "a name, comma-separated names or a list.")
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,7 @@ class StrongWeak:
     strong_tiers: frozenset[str]
 
     def is_strong(self, device: DeviceInfo) -> bool:
-        return device_tier(device) in self.strong_tiers
+        return device.tier in self.strong_tiers
 
     def role(self, device: DeviceInfo) -> str:
         return STRONG if self.is_strong(device) else WEAK
@@ -93,8 +107,8 @@ def small_spec(global_spec: dict, small_model: str | dict) -> dict:
 
 def strong_weak(global_spec: dict, small_model: str | dict = "width:0.25",
                 strong_tiers: str | list[str] = STRONG) -> StrongWeak:
-    """Build the fleet description from a method's options (``strong_tiers``: a name, a
-    comma-separated list or a list)."""
+    """Build the fleet description from a method's options (``StrongWeakOptions``;
+    ``strong_tiers``: a name, a comma-separated list or a list)."""
     names = strong_tiers.split(",") if isinstance(strong_tiers, str) else list(strong_tiers)
     return StrongWeak(global_spec, small_spec(global_spec, small_model),
                       frozenset(n.strip() for n in names if n.strip()))

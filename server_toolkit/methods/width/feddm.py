@@ -28,10 +28,10 @@ some device has none, the label term is left out. The reference batch is the ``r
 option (an .npz path with an array ``x``, or an array); without one, ``reference_size``
 seeded uniform-noise inputs, a weak stand-in (a warning is logged).
 
-Options: ``tree`` (true), ``lam`` (1.0, weight of the output term), ``tree_levels`` (2),
-``reference``, ``reference_size`` (64), ``label_counts``, ``seed`` (0, for the hash
-phases and the noise batch), ``rule`` ("balanced"; "four_corner" = the paper's
-intermediate scheme, for comparison), plus ``tier_map`` / ``tier_ratios`` (``width_shared``).
+Options (``fedsdk-server methods show feddm``): ``tree``, ``lam`` (the output term's
+weight), ``tree_levels``, ``reference``, ``reference_size``, ``label_counts``, ``seed`` (for
+the hash phases and the noise batch), ``rule`` ("four_corner" = the paper's intermediate
+scheme, for comparison), plus ``tier_ratios`` (``width_shared``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from fedcore.recipe import Recipe
 
 from ...submodels.offsets import balanced_offsets, four_corner_offsets
 from ..base import ClientUpdate, DeviceInfo, Weights, label_histogram
+from ..options import OptionError, option
 from .coverage import coverage_average
 from .similarity_tree import (
     build_tree,
@@ -55,11 +57,31 @@ from .similarity_tree import (
     label_distributions,
     subtree_labels,
 )
-from .width_shared import WidthSharedMethod
+from .width_shared import WidthOptions, WidthSharedMethod
 
 log = logging.getLogger(__name__)
 
 RULES = {"balanced": balanced_offsets, "four_corner": four_corner_offsets}
+
+
+@dataclass(frozen=True)
+class FedDMOptions(WidthOptions):
+    tree: bool = option(
+        True, "Similarity-tree cooperation on the deeper layers (false: plain dynamic sharing).")
+    lam: float = option(1.0, "Weight of the output term (vs the label term) of the client similarity.",
+                        minimum=0.0)
+    tree_levels: int = option(2, "Tree levels below the global one; each shares a deeper group of layers.",
+                              minimum=0)
+    reference: object = option(
+        None, "Reference inputs of the output term: an .npz path with an array x (from Python also an "
+        "(N, C, H, W) array); none: reference_size noise inputs.")
+    reference_size: int = option(
+        64, "Noise inputs in the reference batch when no reference is given.", minimum=1)
+    label_counts: dict[str, list[float]] = option(
+        {}, "Label counts {device id: list of counts per class} of devices that do not report them.")
+    seed: int = option(0, "Seed of the first-round phases (hashed with the device id) and the noise batch.")
+    rule: str = option("balanced", "Window rule: balanced moving windows, or the paper's four-corner scheme.",
+                       choices=tuple(RULES))
 
 
 class FedDM(WidthSharedMethod):
@@ -67,24 +89,20 @@ class FedDM(WidthSharedMethod):
     asks = {"label_counts": {}}  # the label distributions of the similarity tree
     family = "width"
     example = "--tiers 1.0,0.75,0.5,0.25"
+    Options = FedDMOptions
+    options: FedDMOptions
 
-    def __init__(self, global_spec: dict, recipe: Recipe, tree: bool = True, lam: float = 1.0,
-                 tree_levels: int = 2, reference: str | np.ndarray | None = None,
-                 reference_size: int = 64, label_counts: dict | None = None, seed: int = 0,
-                 rule: str = "balanced", **options) -> None:
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)
-        if tree_levels < 0 or lam < 0:
-            raise ValueError("tree_levels and lam must be >= 0")
-        if rule not in RULES:
-            raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule!r}")
-        self.rule = RULES[rule]
-        self.tree = bool(tree)
-        self.lam = float(lam)
-        self.tree_levels = int(tree_levels)
-        self.reference = reference
-        self.reference_size = int(reference_size)
-        self.label_counts = {str(k): np.asarray(v, np.float64) for k, v in (label_counts or {}).items()}
-        self.seed = int(seed)
+        o = self.options
+        if o.reference is not None and not isinstance(o.reference, str | np.ndarray):
+            raise OptionError(f"method 'feddm' option reference: expected an .npz path or an array, "
+                              f"got {o.reference!r}")
+        self.rule = RULES[o.rule]
+        self.tree, self.lam, self.tree_levels = o.tree, o.lam, o.tree_levels
+        self.reference, self.reference_size = o.reference, o.reference_size
+        self.label_counts = {k: np.asarray(v, np.float64) for k, v in o.label_counts.items()}
+        self.seed = o.seed
         self.slots: dict[str, list[str]] = {}  # ratio -> device ids, in slot order
         self.personal: dict[str, Weights] = {}  # device id -> its subtree's deeper layers
         self.clusters: dict[str, dict[str, int]] = {}  # tree level -> {device id: subtree} (last round)

@@ -37,7 +37,7 @@ class HeteroFL(WidthSharedMethod):
         return heterofl_offsets(self.layout, ratio, round_number)
 
     def role_of(self, device: DeviceInfo) -> str | None:
-        return role_by_tier_name(device, self.tier_map)
+        return role_by_tier_name(device)
 
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:

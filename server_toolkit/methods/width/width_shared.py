@@ -6,8 +6,9 @@ A device of tier ratio r trains a width-r sub-model cut from the global model (s
 (``offsets``). The program a device receives is the sub-model's own spec: it never sees
 the global shape.
 
-Tiers: a device's ratio comes from the ``tier_map`` option, its fleet tier or its profile,
-a tier being a ratio ("0.5") or a name in the ``tier_ratios`` option (``methods/tiers.py``).
+Tiers: a device's ratio comes from its tier (``DeviceInfo.tier``, resolved before the
+method sees the device), a tier being a ratio ("0.5") or a name in the ``tier_ratios``
+option (``methods/tiers.py``; ``fedsdk-server methods show heterofl`` lists the options).
 
 The global spec's BatchNorm layers are made static (``track: false``), so sub-models and
 the global model have the same tensors (see ``static_bn``).
@@ -16,25 +17,35 @@ the global model have the same tensors (see ``static_bn``).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from fedcore.recipe import Recipe
 
 from ...submodels.width import IndexMap, WidthPlan, extract, plan_args, static_bn, width_layout
 from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..options import MethodOptions, option
 from ..tiers import tier_ratio
 from .coverage import coverage_average
 
 
-class WidthSharedMethod(Method):
-    """Base of the width methods. Options: ``tier_map`` {device id: tier}, ``tier_ratios``
-    {tier name: ratio}."""
+@dataclass(frozen=True)
+class WidthOptions(MethodOptions):
+    """The options every width method takes (HeteroFL and FedRolex take only these)."""
 
-    def __init__(self, global_spec: dict, recipe: Recipe, tier_map: dict | None = None,
-                 tier_ratios: dict | None = None, **options) -> None:
+    tier_ratios: dict[str, float] = option(
+        {}, "Width ratio in (0, 1] of each named tier, e.g. {\"phone\": 0.75}; other tiers are ratios.")
+
+
+class WidthSharedMethod(Method):
+    """Base of the width methods (options: ``WidthOptions``)."""
+
+    Options = WidthOptions
+    options: WidthOptions
+
+    def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(static_bn(global_spec), recipe, **options)
         self.layout = width_layout(self.global_spec)
-        self.tier_map = {str(k): str(v) for k, v in (tier_map or {}).items()}
-        self.tier_ratios = {str(k): float(v) for k, v in (tier_ratios or {}).items()}
+        self.tier_ratios = dict(self.options.tier_ratios)
         self._index_maps: dict[str, IndexMap] = {}  # context (as JSON) -> its plan's index map
 
     # -- what subclasses decide ----------------------------------------------------------
@@ -49,7 +60,7 @@ class WidthSharedMethod(Method):
     # -- the Method interface ------------------------------------------------------------
     def ratio_of(self, device: DeviceInfo) -> float:
         """The width ratio of ``device`` (see ``methods/tiers.py``); ValueError if unknown."""
-        return tier_ratio(device, self.tier_map, self.tier_ratios)
+        return tier_ratio(device, self.tier_ratios)
 
     def tier_plan(self, tier: str | None) -> tuple[dict, Recipe]:
         ratio = self.ratio_of(DeviceInfo("tier", 0, tier=tier))
