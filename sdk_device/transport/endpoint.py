@@ -3,7 +3,8 @@
 The server has one ``Endpoint`` for its whole fleet (peers are device ids); a device has
 one whose only peer is ``"server"``. The endpoint
 
-* routes incoming traffic: control messages go to ``inbox`` (already validated), chunk
+* routes incoming traffic: control messages go to ``inbox`` (already validated; results
+  first, see ``inbox.py``), chunk
   frames go to the transfer waiting for them, blob requests go to a serving thread;
 * answers every malformed or refused message with an ``Error`` to its sender and logs it;
 * moves blobs by *pull*: the receiver asks for a window of chunks (``BlobRequest``), the
@@ -40,6 +41,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.pair_topics import PairTopics
 from ..protocol.topics import FleetTopics
 from .blob_store import BlobStore
+from .inbox import Inbox, Strangers
 from .mqtt_link import BrokerAddress, MqttLink
 
 log = logging.getLogger(__name__)
@@ -89,7 +91,8 @@ class Endpoint:
         self.chunk_bytes = chunk_bytes
         self.window = max(1, window)
         self.max_blob_bytes = max_blob_bytes
-        self.inbox: queue.Queue[Incoming] = queue.Queue()
+        self.inbox: Inbox = Inbox()  # results first (inbox.py)
+        self.strangers = Strangers()  # traffic from ids outside the fleet: counted, rate-limited
         self.bytes_sent = 0
         self.bytes_received = 0
         self.corrupt_chunks = 0
@@ -300,8 +303,12 @@ class Endpoint:
                 self.inbox.put(Incoming(peer, status=payload.decode("utf-8", "replace")))
             return
         if not self.is_known_peer(peer):
+            dropped = self.strangers.admit(peer)  # one message per id a minute goes on
+            if dropped is None:
+                return
             err = ProtocolError("unknown_device", f"device {peer!r} is not in this fleet")
-            log.warning("rejected %s traffic from %s", kind, err.detail)
+            log.warning("rejected %s traffic from %s (%d more dropped in the last minute; further "
+                        "traffic from it is only counted for a minute)", kind, err.detail, dropped)
             if kind == "control":
                 self._reply_error(peer, err)
                 self.inbox.put(Incoming(peer, rejected=err))

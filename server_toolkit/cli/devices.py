@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -17,21 +18,45 @@ def devices() -> None:
 
 @devices.command("add")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--tier", default=None)
-@click.argument("device_ids", nargs=-1, required=True)
-def devices_add(run_dir, tier, device_ids) -> None:
-    """Register devices by hand so the server accepts them (`pair-code` + `fedsdk pair` do it for you)."""
-    from sdk_device.protocol.topics import check_name
+@click.option("--tier", default=None, help="Tier of every device added (a line's ,TIER wins).")
+@click.option("--count", type=int, default=None, help="Add N devices named PREFIX + zero-padded index.")
+@click.option("--prefix", default="device-", show_default=True, help="Id prefix for --count.")
+@click.option("--start", type=int, default=0, show_default=True, help="First index for --count.")
+@click.option("--from-file", "id_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="One device id per line, optionally ID,TIER.")
+@click.argument("device_ids", nargs=-1)
+def devices_add(run_dir, tier, count, prefix, start, id_file, device_ids) -> None:
+    """Register devices by hand so the server accepts them (`pair-code` + `fedsdk pair` do it for you).
 
+    All ids (arguments, --count, --from-file) are added in one transaction, or none: an
+    invalid id, an id given twice or one already registered is refused."""
+    from ..fleet.device_ids import numbered_ids, read_id_file
+    from ..fleet.fleet_info import FleetInfo
     from ..fleet.registry import FleetRegistry
 
-    registry = FleetRegistry(run_dir / "registry.sqlite")
-    for dev in device_ids:
-        try:
-            registry.add_device(check_name("device id", dev), tier=tier)
-        except ValueError as exc:
-            raise click.ClickException(str(exc)) from None
-        console.print(f"registered {dev}")
+    if not device_ids and count is None and id_file is None:
+        raise click.UsageError("give device ids, --count N (with --prefix) or --from-file FILE")
+    started = time.perf_counter()
+    try:
+        entries = [(dev, tier) for dev in device_ids]
+        entries += [(dev, tier) for dev in numbered_ids(prefix, count, start)] if count is not None else []
+        entries += read_id_file(id_file, tier) if id_file is not None else []
+        info = FleetInfo.load(run_dir)
+        unknown = sorted({t for _, t in entries if t is not None} - set(info.tiers)) \
+            if info is not None and info.tiers else []
+        if unknown:
+            raise ValueError(f"tier {unknown[0]!r} is not one of the fleet's tiers: {', '.join(info.tiers)}")
+        registry = FleetRegistry(run_dir / "registry.sqlite")
+        added = registry.add_devices(entries)
+        registry.close()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if added <= 10:
+        for dev, _ in entries:
+            console.print(f"registered {dev}")
+    else:
+        console.print(f"registered {added} devices ({entries[0][0]} .. {entries[-1][0]}) "
+                      f"in {time.perf_counter() - started:.2f} s")
 
 
 @devices.command("list")

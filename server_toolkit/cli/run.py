@@ -196,6 +196,7 @@ def run(
             pairing.close()
         grid.close()
         endpoint.close()
+        registry.close()  # writes the devices' last hello/status bookkeeping
         if broker:
             broker.stop()
     report.write_plot()

@@ -1,75 +1,65 @@
-"""The fleet registry (SQLite): devices, rounds, tasks sent, accepted updates, rejections,
-pairing codes.
+"""The fleet registry (SQLite, WAL): devices, rounds, tasks sent, accepted updates,
+rejections, pairing codes.
 
 Never holds device data; accepted update weights live in the server's blob store and are
-referenced here by blob id. Every write commits before returning, so an update recorded
-here survives a server crash (the MQTT grid acknowledges only after that).
+referenced here by blob id.
 
-Several processes share one registry file (``fedsdk-server run`` and the ``pair-code`` /
-``devices`` commands): pairing codes are stored hashed (``fleet/pair_codes.py``), and a
-revocation written by another process reaches ``is_known`` within ``KNOWN_REFRESH_S``.
+What is durable when:
+
+* committed before the call returns: registering (``add_device``, ``add_devices``,
+  ``register_paired``), ``revoke``, ``set_tier``, rounds, tasks, accepted updates (the MQTT
+  grid acknowledges an update only after ``add_update`` returned), rejections, pairing codes;
+* written behind, in one transaction every ``WRITE_INTERVAL_S`` or ``BATCH_ROWS`` devices:
+  the server's bookkeeping of devices (``record_hello``, ``set_status``: profile, runtimes,
+  samples, status, last seen). ``flush``, ``close``, ``device``/``devices`` and
+  ``open_round`` write it first; a crash loses at most the last interval of it, which the
+  devices' next hello or status restores.
+
+Every device's tier, revocation and bookkeeping is also held in memory (``DeviceState``), so
+the server's message path (``is_known``, ``tier_of``, ``state``, ``record_hello``,
+``set_status``) runs no query. Several processes share one registry file (``fedsdk-server
+run`` and the ``pair-code`` / ``devices`` commands): every change of a device's row by those
+commands bumps its ``rev``; at most every ``KNOWN_REFRESH_S`` the server checks SQLite's
+``data_version`` and, if another process wrote, re-reads the rows with a newer ``rev``.
+Pairing codes are stored hashed (``fleet/pair_codes.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS devices (
-    device_id TEXT PRIMARY KEY, name TEXT, tier TEXT, profile TEXT, runtimes TEXT,
-    num_samples INTEGER, registered_at REAL, last_seen REAL, status TEXT DEFAULT 'registered',
-    revoked INTEGER DEFAULT 0);
-CREATE TABLE IF NOT EXISTS rounds (
-    round INTEGER PRIMARY KEY, started_at REAL, closed_at REAL, status TEXT,
-    selected TEXT, global_blob TEXT, metrics TEXT);
-CREATE TABLE IF NOT EXISTS updates (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER, device_id TEXT, task_id TEXT UNIQUE,
-    blob_id TEXT, num_samples INTEGER, metrics TEXT, received_at REAL);
-CREATE TABLE IF NOT EXISTS tasks (
-    task_id TEXT PRIMARY KEY, round INTEGER, device_id TEXT, record TEXT, sent_at REAL);
-CREATE TABLE IF NOT EXISTS rejections (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER, device_id TEXT, task_id TEXT,
-    code TEXT, detail TEXT, at REAL);
-CREATE TABLE IF NOT EXISTS pair_codes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, code_hash TEXT, tier TEXT, created_at REAL,
-    expires_at REAL, used_at REAL, used_by TEXT, session_hash TEXT, session_expires REAL,
-    device_id TEXT);
-CREATE TABLE IF NOT EXISTS pair_failures (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL, client_id TEXT, detail TEXT);
-"""
-# Columns added after the first release; old registries gain them on open.
-DEVICE_COLUMNS = {"pair_profile": "TEXT", "tier_reason": "TEXT", "password_hash": "TEXT",
-                  "paired_at": "REAL", "revoked_at": "REAL"}
-KNOWN_REFRESH_S = 2.0  # how stale ``is_known`` may be about other processes' writes
+from sdk_device.protocol.topics import check_name
+
+from .device_state import BOOKKEEPING_SQL, STATE_COLUMNS, DeviceState, WriteBehind
+from .registry_schema import open_registry
+
+KNOWN_REFRESH_S = 1.0  # how stale the in-memory states may be about other processes' writes
+WRITE_INTERVAL_S = 0.1  # the writer commits pending device bookkeeping this often (seconds)
+BATCH_ROWS = 1000  # ... or as soon as this many devices have pending bookkeeping
+NEXT_REV = "(SELECT COALESCE(MAX(rev), 0) + 1 FROM devices)"
 
 
 class FleetRegistry:
     """Thread-safe access to the registry database at ``path`` (``:memory:`` for tests)."""
 
     def __init__(self, path: str | Path) -> None:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
+        self._db = open_registry(path)
+        self._lock = threading.Lock()  # the connection; taken before _state_lock, never after
+        self._state_lock = threading.Lock()  # _states and _dirty
         with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(SCHEMA)
-            have = {r["name"] for r in self._db.execute("PRAGMA table_info(devices)")}
-            for column, kind in DEVICE_COLUMNS.items():
-                if column not in have:
-                    self._db.execute(f"ALTER TABLE devices ADD COLUMN {column} {kind}")
-        self._known: set[str] = set()
-        self._known_at = 0.0
-        self._refresh_known()
-
-    def _refresh_known(self) -> None:
-        self._known = {r["device_id"] for r in self._query("SELECT device_id FROM devices WHERE revoked=0")}
-        self._known_at = time.monotonic()
+            self._data_version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            rows = self._db.execute(f"SELECT {STATE_COLUMNS} FROM devices").fetchall()
+        self._states: dict[str, DeviceState] = {r["device_id"]: DeviceState.from_row(r) for r in rows}
+        self._rev = max((r["rev"] or 0 for r in rows), default=0)  # newest rev read
+        self._polled_at = time.monotonic()
+        self._dirty: set[str] = set()  # devices whose bookkeeping is not written yet
+        self._writer = WriteBehind(self.flush, WRITE_INTERVAL_S)
+        self._closed = False
 
     def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -85,57 +75,171 @@ class FleetRegistry:
         with self._lock:
             return self._db.execute(sql, args).rowcount
 
+    def flush(self) -> None:
+        """Commit every pending device bookkeeping row now (one transaction)."""
+        with self._lock:
+            with self._state_lock:
+                ids, self._dirty = self._dirty, set()
+                rows = [self._states[d].bookkeeping_row(d) for d in ids if d in self._states]
+            if not rows:
+                return
+            try:
+                self._db.execute("BEGIN")
+                self._db.executemany(BOOKKEEPING_SQL, rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                with self._state_lock:
+                    self._dirty |= ids
+                raise
+
     def close(self) -> None:
+        """Write what is pending and close the file (idempotent)."""
+        if self._closed:
+            return
+        self._writer.stop()
+        self.flush()
+        self._closed = True
         with self._lock:
             self._db.close()
 
+    # -- the in-memory device states ---------------------------------------------------------
+    def _refresh(self) -> None:
+        """Re-read the devices other processes changed, at most every KNOWN_REFRESH_S."""
+        if time.monotonic() - self._polled_at < KNOWN_REFRESH_S:
+            return
+        with self._lock:
+            self._polled_at = time.monotonic()
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if version == self._data_version:
+                return
+            self._data_version = version
+            rows = self._db.execute(f"SELECT {STATE_COLUMNS} FROM devices WHERE rev > ?",
+                                    (self._rev,)).fetchall()
+            with self._state_lock:
+                for row in rows:
+                    self._rev = max(self._rev, row["rev"] or 0)
+                    state = self._states.get(row["device_id"])
+                    if state is None:
+                        self._states[row["device_id"]] = DeviceState.from_row(row)
+                        continue
+                    state.tier, state.revoked = row["tier"], bool(row["revoked"])  # ours: bookkeeping
+                    if state.revoked:
+                        state.status = "revoked"
+
+    def _set_state(self, device_id: str, **fields) -> None:
+        """Change a device's in-memory state (a device not held yet gets a fresh one)."""
+        with self._state_lock:
+            state = self._states.setdefault(device_id, DeviceState(fields.get("tier")))
+            for key, value in fields.items():
+                setattr(state, key, value)
+
+    def state(self, device_id: str) -> DeviceState | None:
+        """A copy of the in-memory state of ``device_id`` (None: not registered). No query."""
+        self._refresh()
+        with self._state_lock:
+            state = self._states.get(device_id)
+            return dataclasses.replace(state) if state is not None else None
+
+    def _record(self, device_id: str, **fields) -> None:
+        """Change the bookkeeping of a registered, non-revoked device; written behind."""
+        with self._state_lock:
+            state = self._states.get(device_id)
+            if state is None or state.revoked:
+                return
+            for key, value in fields.items():
+                setattr(state, key, value)
+            self._dirty.add(device_id)
+            many = len(self._dirty) >= BATCH_ROWS
+        self._writer.nudge(now=many)
+
     # -- devices ---------------------------------------------------------------------------
     def add_device(self, device_id: str, name: str | None = None, tier: str | None = None) -> None:
-        """Register a device (idempotent); only registered devices may take part."""
-        self._write(
-            "INSERT OR IGNORE INTO devices (device_id, name, tier, registered_at) VALUES (?,?,?,?)",
+        """Register a device (idempotent; a revoked id stays revoked); only registered devices
+        may take part."""
+        added = self._write_count(
+            "INSERT OR IGNORE INTO devices (device_id, name, tier, registered_at, rev) "
+            f"VALUES (?,?,?,?,{NEXT_REV})",
             (device_id, name or device_id, tier, time.time()),
         )
-        self._refresh_known()  # a revoked id stays revoked
+        if added:
+            self._set_state(device_id, tier=tier)
+
+    def add_devices(self, entries: list[tuple[str, str | None]]) -> int:
+        """Register many new devices in one transaction: ``entries`` = (device id, tier or
+        None). All or nothing: raises ValueError (one line) for an invalid id, an id given
+        twice or one already registered. Returns how many were added."""
+        seen: set[str] = set()
+        for device_id, _tier in entries:
+            check_name("device id", device_id)
+            if device_id in seen:
+                raise ValueError(f"device id {device_id!r} is given twice (nothing was registered)")
+            seen.add(device_id)
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                taken = [r[0] for r in self._db.execute("SELECT device_id FROM devices") if r[0] in seen]
+                if taken:
+                    raise ValueError(f"{len(taken)} device id(s) already registered, e.g. "
+                                     f"{sorted(taken)[0]!r} (nothing was registered)")
+                base = self._db.execute("SELECT COALESCE(MAX(rev), 0) FROM devices").fetchone()[0]
+                self._db.executemany(
+                    "INSERT INTO devices (device_id, name, tier, registered_at, rev) VALUES (?,?,?,?,?)",
+                    [(d, d, tier, now, base + 1 + i) for i, (d, tier) in enumerate(entries)])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            with self._state_lock:
+                for device_id, tier in entries:
+                    self._states[device_id] = DeviceState(tier)
+        return len(entries)
 
     def is_known(self, device_id: str) -> bool:
-        """True for a registered, non-revoked device. Cheap (safe on the network thread): the
-        set is re-read from the file at most every KNOWN_REFRESH_S seconds, so devices paired
-        or revoked by another process count soon."""
-        if time.monotonic() - self._known_at > KNOWN_REFRESH_S:
-            self._refresh_known()
-        return device_id in self._known
+        """True for a registered, non-revoked device. No query (safe on the network thread);
+        other processes' pairings and revocations count within KNOWN_REFRESH_S."""
+        self._refresh()
+        state = self._states.get(device_id)
+        return state is not None and not state.revoked
 
     def register_paired(self, device_id: str, name: str, tier: str | None, pair_profile: dict,
                         tier_reason: dict, password_hash: str) -> None:
         """Register a device that just paired (its id must be new)."""
         self._write(
             "INSERT INTO devices (device_id, name, tier, registered_at, paired_at, pair_profile, "
-            "tier_reason, password_hash, status) VALUES (?,?,?,?,?,?,?,?, 'paired')",
+            f"tier_reason, password_hash, status, rev) VALUES (?,?,?,?,?,?,?,?, 'paired', {NEXT_REV})",
             (device_id, name, tier, time.time(), time.time(), json.dumps(pair_profile),
              json.dumps(tier_reason), password_hash),
         )
-        self._known.add(device_id)
+        self._set_state(device_id, tier=tier, status="paired")
 
     def revoke(self, device_id: str) -> bool:
         """Mark a device revoked (it may no longer take part); False if it is unknown."""
         changed = self._write_count(
-            "UPDATE devices SET revoked=1, status='revoked', revoked_at=? WHERE device_id=?",
+            f"UPDATE devices SET revoked=1, status='revoked', revoked_at=?, rev={NEXT_REV} WHERE device_id=?",
             (time.time(), device_id),
         )
-        self._known.discard(device_id)
+        if changed:
+            self._set_state(device_id, revoked=True, status="revoked")
         return changed > 0
 
     def set_tier(self, device_id: str, tier: str | None, tier_reason: dict) -> bool:
         """Change a device's tier (used from its next round on); False if it is unknown."""
-        return self._write_count(
-            "UPDATE devices SET tier=?, tier_reason=? WHERE device_id=?",
+        changed = self._write_count(
+            f"UPDATE devices SET tier=?, tier_reason=?, rev={NEXT_REV} WHERE device_id=?",
             (tier, json.dumps(tier_reason), device_id),
-        ) > 0
+        )
+        if changed:
+            self._set_state(device_id, tier=tier)
+        return changed > 0
 
     def tier_of(self, device_id: str) -> str | None:
-        rows = self._query("SELECT tier FROM devices WHERE device_id=?", (device_id,))
-        return rows[0]["tier"] if rows else None
+        """The registered tier of ``device_id`` (None: none or unknown). No query."""
+        self._refresh()
+        state = self._states.get(device_id)
+        return state.tier if state is not None else None
 
     def password_hash(self, device_id: str) -> str | None:
         """The sha256 of the broker password issued at pairing (None: not paired or revoked)."""
@@ -146,27 +250,26 @@ class FleetRegistry:
         return bool(self._query("SELECT 1 FROM devices WHERE device_id=?", (device_id,)))
 
     def record_hello(self, device_id: str, profile: dict, runtimes: list[str], num_samples: int) -> None:
-        self._write(
-            "UPDATE devices SET profile=?, runtimes=?, num_samples=?, last_seen=?, status='online' "
-            "WHERE device_id=? AND revoked=0",
-            (json.dumps(profile), json.dumps(runtimes), num_samples, time.time(), device_id),
-        )
+        """Keep what a device said in its hello (written behind; ignored for unknown or revoked ids)."""
+        self._record(device_id, profile=profile, runtimes=list(runtimes), num_samples=num_samples,
+                     last_seen=time.time(), status="online")
 
     def set_status(self, device_id: str, status: str) -> None:
-        self._write(
-            "UPDATE devices SET status=?, last_seen=? WHERE device_id=? AND revoked=0",
-            (status, time.time(), device_id),
-        )
+        """Keep a device's status (written behind; ignored for unknown or revoked ids)."""
+        self._record(device_id, status=status, last_seen=time.time())
 
     def device(self, device_id: str) -> dict | None:
+        self.flush()
         rows = self._query("SELECT * FROM devices WHERE device_id=?", (device_id,))
         return _device_row(rows[0]) if rows else None
 
     def devices(self) -> list[dict]:
+        self.flush()
         return [_device_row(r) for r in self._query("SELECT * FROM devices ORDER BY device_id")]
 
     # -- rounds ----------------------------------------------------------------------------
     def open_round(self, rnd: int, selected: list[str], global_blob: str) -> None:
+        self.flush()  # the selected devices' hellos are on file before their round is
         self._write(
             "INSERT OR REPLACE INTO rounds (round, started_at, status, selected, global_blob) "
             "VALUES (?,?,?,?,?)",
@@ -280,6 +383,7 @@ class FleetRegistry:
 def _device_row(row: sqlite3.Row) -> dict:
     d = dict(row)
     d.pop("password_hash", None)  # never leaves the registry
+    d.pop("rev", None)  # change counter, internal
     for key in ("profile", "runtimes", "pair_profile", "tier_reason"):
         d[key] = json.loads(d[key]) if d.get(key) else None
     return d
