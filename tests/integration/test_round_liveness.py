@@ -22,7 +22,7 @@ from sdk_device.protocol.topics import FleetTopics
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import SERVER, Endpoint
 from server_toolkit.fleet.registry import FleetRegistry
-from server_toolkit.sim.simulate import stop_processes
+from server_toolkit.sim.simulate import start_device_process, stop_processes
 
 from .harness import Fleet
 
@@ -63,38 +63,46 @@ def test_a_broker_restart_mid_run_makes_rounds_wait_for_the_fleet_and_then_finis
 def test_a_fleet_that_never_comes_back_fails_the_run_after_the_fleet_timeout(mosquitto, tmp_path):
     run_dir = tmp_path / "run"
     registry = FleetRegistry(run_dir / "registry.sqlite")
-    fleet = Fleet(mosquitto.address, tmp_path / "devices")
+    fleet = Fleet(mosquitto.address, tmp_path / "devices", fleet="harness")  # for its data; idle server
     paths = fleet.write_data(["a", "b"], "iid")
+    procs = []
     for dev in paths:
         registry.add_device(dev)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "server_toolkit.cli", "run", "--broker", mosquitto.url, "--fleet", fleet.fleet,
+        [sys.executable, "-m", "server_toolkit.cli", "run", "--broker", mosquitto.url, "--fleet", "cli",
          "--run-dir", str(run_dir), "--rounds", "3", "--min-devices", "2", "--fleet-timeout", "8",
          "--round-timeout", "60", "--local-epochs", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         for dev, path in paths.items():
-            fleet.start_process(dev, path, register=False)
+            procs.append(start_device_process(mosquitto.url, "cli", dev, path, tmp_path / dev,
+                                              tmp_path / f"{dev}.log"))
         metrics = run_dir / "metrics.jsonl"
         deadline = time.monotonic() + 180
         while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
             assert server.poll() is None, server.communicate()
             time.sleep(0.2)
         assert metrics.exists(), "round 1 never finished"
-        stop_processes(fleet.procs)  # every device leaves for good
         started = time.monotonic()
+        stop_processes(procs)  # every device leaves for good
         out, err = server.communicate(timeout=120)
         waited = time.monotonic() - started
     finally:
         if server.poll() is None:
             server.kill()
+        stop_processes(procs)
         fleet.close()
     assert server.returncode != 0, out
     assert "(--min-devices) came back within 8 s (--fleet-timeout)" in err, err
     assert "waits: 0 devices online, need 2 (--min-devices)" in err, err
     assert waited >= 8
-    assert [json.loads(line)["round"] for line in metrics.read_text().splitlines()] == [1]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert rows[0]["accepted"] == 2
+    if len(rows) == 2:  # round 2 had started: its devices left mid-training
+        assert rows[1]["accepted"] == 0
+        assert "all 2 selected devices went offline or refused" in err, err
+    assert len(rows) <= 2  # round 3 never ran
 
 
 class Spy(Endpoint):
