@@ -62,7 +62,8 @@ class MqttGrid(Grid):
         self._open_round: int | None = None
         self._lock = threading.RLock()  # _accept rejects while holding it
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
-        self._resolved: set[str] = set()  # devices of the open round accepted, refused or rejected
+        self._resolved: set[str] = set()  # devices of the open round accepted, refused or gone
+        self._left: set[str] = set()  # devices of the open round gone offline with their task open
         self._accepted: list[str] = []  # task ids accepted in the open exchange, in order
         self._rejections: dict[str, int] = {}  # code -> count in the open exchange
         self._pulls: dict[tuple, tuple[str, msgs.Result, Future]] = {}  # result_key -> running pull
@@ -108,10 +109,13 @@ class MqttGrid(Grid):
         self.registry.open_round(round_number, sorted({*earlier, *(i.device_id for i in instructions)}), "")
         with self._lock:
             self._open_round, self._resolved, self._accepted, self._rejections = round_number, set(), [], {}
+            self._left = set()
         asked = {i.device_id for i in instructions}
         for instruction in instructions:
             self._send_task(round_number, instruction, deadline)
-        while len(self._accepted) < quorum and not asked <= self._resolved and time.time() < deadline:
+        # every device gone at once (a broker restart): wait for them to come back until the deadline
+        while (len(self._accepted) < quorum and not (asked <= self._resolved and not asked <= self._left)
+               and time.time() < deadline):
             self._pump(timeout_s=0.1)
         with self._lock:
             self._open_round = None  # late results are now rejected as round_closed
@@ -215,6 +219,7 @@ class MqttGrid(Grid):
             log.warning("device %s went offline", dev)
             self.devices.pop(dev, None)
             self._resolved.add(dev)  # do not hold the round for it
+            self._left.add(dev)
             self.registry.set_status(dev, "offline")
         elif status == "online" and dev not in self.devices:
             known = self.registry.device(dev)
@@ -223,7 +228,15 @@ class MqttGrid(Grid):
                                                resolve_tier(known["tier"], known["profile"]),
                                                tuple(known["runtimes"] or ()), known["profile"] or {})
                 self.registry.set_status(dev, "online")
+                self._await_again(dev)
                 log.info("device %s is back online", dev)
+
+    def _await_again(self, dev: str) -> None:
+        """A device back online may still deliver its open task's result: wait for it again."""
+        if dev in self._left and any(p.instruction.device_id == dev and p.round == self._open_round
+                                     and not p.answered for p in self._pending.values()):
+            self._left.discard(dev)
+            self._resolved.discard(dev)
 
     def _on_hello(self, dev: str, hello: msgs.Hello) -> None:
         if hello.device_id != dev:
@@ -233,6 +246,7 @@ class MqttGrid(Grid):
         self.registry.record_hello(dev, hello.profile, hello.runtimes, hello.num_samples)
         tier = resolve_tier((self.registry.device(dev) or {}).get("tier"), hello.profile)
         self.devices[dev] = DeviceInfo(dev, hello.num_samples, tier, tuple(hello.runtimes), hello.profile)
+        self._await_again(dev)
         log.info("device %s online: %d samples, runtimes %s", dev, hello.num_samples, hello.runtimes)
 
     def _on_result(self, dev: str, result: msgs.Result) -> None:

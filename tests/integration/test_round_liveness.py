@@ -72,7 +72,7 @@ def test_a_fleet_that_never_comes_back_fails_the_run_after_the_fleet_timeout(mos
     server = subprocess.Popen(
         [sys.executable, "-m", "server_toolkit.cli", "run", "--broker", mosquitto.url, "--fleet", "cli",
          "--run-dir", str(run_dir), "--rounds", "3", "--min-devices", "2", "--fleet-timeout", "8",
-         "--round-timeout", "60", "--local-epochs", "1"],
+         "--round-timeout", "20", "--local-epochs", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         for dev, path in paths.items():
