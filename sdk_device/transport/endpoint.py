@@ -212,6 +212,13 @@ class Endpoint:
             with self._lock:
                 self._transfers.pop(key, None)
 
+    def cancel_fetch(self, peer: str, blob_id: str, reason: str) -> None:
+        """Make a running ``fetch`` of ``blob_id`` from ``peer`` raise ProtocolError("cancelled")."""
+        with self._lock:
+            arrivals = self._transfers.get((peer, blob_id))
+        if arrivals is not None:
+            arrivals.put(ProtocolError("cancelled", reason))
+
     def _pull(self, peer, ref, part, arrivals, deadline: float, idle_s: float) -> None:
         """Request and receive every missing chunk of ``ref`` into ``part``."""
         missing = deque(part.missing())

@@ -61,7 +61,12 @@ from .pairing import pairing_options, parse_tiers
 )
 @method_option
 @click.option("--rounds", default=20, show_default=True)
-@click.option("--min-devices", default=1, show_default=True, help="Wait for this many devices first.")
+@click.option("--min-devices", default=1, show_default=True,
+              help="Devices online before any round starts; fewer: the round waits.")
+@click.option("--fleet-timeout", default=600.0, show_default=True,
+              help="Seconds a round waits for --min-devices to come back before the run fails.")
+@click.option("--norm-bound", default=10.0, show_default=True,
+              help="Clip an update's change to this many times the round's median change (0: off).")
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
 @click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
 @click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
@@ -88,6 +93,8 @@ def run(
     method_options,
     rounds,
     min_devices,
+    fleet_timeout,
+    norm_bound,
     clients_per_round,
     fraction,
     over_select,
@@ -121,7 +128,7 @@ def run(
     from ..fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
     from ..fleet.registry import FleetRegistry
     from ..report.run_report import RunReport
-    from ..rounds.loop import LoopConfig, RoundLoop
+    from ..rounds.loop import FleetLost, LoopConfig, NoUpdates, RoundLoop
     from ..rounds.mqtt_grid import MqttGrid
 
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
@@ -173,7 +180,8 @@ def run(
         the_method, grid,
         LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
                    over_select=over_select, round_timeout_s=round_timeout, seed=seed,
-                   tier_map=setup.tier_map),
+                   tier_map=setup.tier_map, min_devices=min_devices, fleet_timeout_s=fleet_timeout,
+                   norm_bound=norm_bound or None),
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
         on_round=lambda row: (report.add_round(row), console.print(row)),
@@ -191,6 +199,8 @@ def run(
         while grid.wait_for_devices(min_devices, timeout_s=30) < min_devices:
             console.print(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
         loop.run()
+    except (FleetLost, NoUpdates) as exc:
+        raise click.ClickException(str(exc)) from None
     finally:
         if pairing:
             pairing.close()

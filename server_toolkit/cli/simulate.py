@@ -75,6 +75,10 @@ from .options import console, method_option, parse_options, recipe_options
 @recipe_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--round-timeout", default=120.0, show_default=True, help="Seconds per round at most.")
+@click.option("--fleet-timeout", default=180.0, show_default=True,
+              help="Seconds a round waits for every device to be online before the run fails.")
+@click.option("--norm-bound", default=10.0, show_default=True,
+              help="Clip an update's change to this many times the round's median change (0: off).")
 @click.option(
     "--broker",
     "broker_url",
@@ -115,9 +119,12 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
         recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
         tiers, formats = options.pop("tiers"), options.pop("program_formats")
         config = SimulationConfig(
-            **{k: v for k, v in options.items() if k not in ("method_options", "round_timeout")},
+            **{k: v for k, v in options.items()
+               if k not in ("method_options", "round_timeout", "fleet_timeout", "norm_bound")},
             recipe=recipe.to_dict(),
             round_timeout_s=options["round_timeout"],
+            fleet_timeout_s=options["fleet_timeout"],
+            norm_bound=options["norm_bound"] or None,
             tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
             method_options=parse_options(options["method_options"]),
             program_formats=[f.strip() for f in formats.split(",")],

@@ -302,6 +302,11 @@ class FleetRegistry:
         rows = self._query("SELECT record FROM tasks WHERE task_id=?", (task_id,))
         return json.loads(rows[0]["record"]) if rows else None
 
+    def task_round(self, task_id: str, device_id: str) -> int | None:
+        """The round of ``device_id``'s task ``task_id``, or None (no such task of that device)."""
+        rows = self._query("SELECT round FROM tasks WHERE task_id=? AND device_id=?", (task_id, device_id))
+        return rows[0]["round"] if rows else None
+
     # -- updates and rejections ------------------------------------------------------------
     def add_update(
         self, rnd: int, device_id: str, task_id: str, blob_id: str, num_samples: int, metrics: dict

@@ -142,6 +142,7 @@ class Method(ABC):
     example: str = ""  # `fedsdk-server simulate --method NAME <example>`: arguments it is shown with
     asks: dict[str, dict] = {}  # outputs every task asks devices for (``sdk_device.outputs``)
     server_fraction: float = 0.0  # share of the training data the server keeps (0: none)
+    bounds_updates: bool = True  # the round loop clips outsized update deltas (rounds/norm_bound.py)
     server_data: tuple[np.ndarray, np.ndarray] | None = None
     Options: type[MethodOptions] = MethodOptions  # the method's options (a frozen dataclass)
 

@@ -26,10 +26,12 @@ from ..methods.base import ClientUpdate, DeviceInfo, TrainInstruction
 @dataclass
 class Exchange:
     """What one round's exchange brought back: the accepted updates (in arrival order) and
-    how many results or refusals were rejected, by reason code."""
+    how many results or refusals were rejected, by reason code; ``left``: the exchange ended
+    early because every device asked went offline or refused its task."""
 
     updates: list[ClientUpdate] = field(default_factory=list)
     rejections: dict[str, int] = field(default_factory=dict)
+    left: bool = False
 
     @property
     def rejected(self) -> int:

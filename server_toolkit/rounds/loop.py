@@ -10,6 +10,11 @@ one metrics row (with the seconds the method spent in each step: ``time_configur
 ``fedsdk-server run``, ``simulate`` (either grid), edge aggregators and
 every benchmark drive their rounds through this class.
 
+Fleet: ``run`` starts a round only with at least ``min_devices`` online; until then it waits,
+logging why every ``status_every_s``, and raises ``FleetLost`` after ``fleet_timeout_s``. A
+run in which no round accepted any update raises ``NoUpdates``: never a silent success.
+Before ``aggregate_train`` outsized update deltas are clipped (``rounds/norm_bound.py``).
+
 Seeds: the selection draws from ``random.Random(seed)`` (its state is checkpointed); each
 task trains with ``task_seed(seed, round, device)``, so a device shuffles its data alike on
 the in-process and the MQTT grid, and differently in every round.
@@ -33,6 +38,7 @@ from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, W
 from ..methods.tiers import with_tier_overrides
 from .checkpoint import load_checkpoint, save_checkpoint
 from .grid import Grid
+from .norm_bound import DEFAULT_FACTOR, bound_updates
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,10 @@ Evaluator = Callable[[int, Weights], dict]  # (round, global weights) -> metrics
 class LoopConfig:
     """Round settings. ``clients_per_round`` = quorum (else ``fraction`` of the online
     devices; neither: every online device); ``over_select`` = extra fraction of devices
-    asked, to absorb dropouts; ``round_timeout_s`` = the devices' time per round."""
+    asked, to absorb dropouts; ``round_timeout_s`` = the devices' time per round;
+    ``min_devices`` = devices online before ``run`` starts a round, waiting at most
+    ``fleet_timeout_s``; ``norm_bound`` = an update's delta may be at most this times the
+    round's median delta (None: no bound)."""
 
     rounds: int = 20
     clients_per_round: int | None = None
@@ -54,6 +63,18 @@ class LoopConfig:
     seed: int = 0
     keep_checkpoints: int = 3  # the newest checkpoints kept in the run directory (>= 1)
     tier_map: dict[str, str] = dataclasses.field(default_factory=dict)  # device id -> tier, overrides
+    min_devices: int = 1
+    fleet_timeout_s: float = 600.0
+    status_every_s: float = 30.0
+    norm_bound: float | None = DEFAULT_FACTOR
+
+
+class FleetLost(RuntimeError):
+    """Fewer than ``min_devices`` devices came back within ``fleet_timeout_s``."""
+
+
+class NoUpdates(RuntimeError):
+    """Rounds ran, and not one of them accepted an update."""
 
 
 def task_seed(run_seed: int, round_number: int, device_id: str) -> int:
@@ -100,8 +121,38 @@ class RoundLoop:
 
     # -- rounds ------------------------------------------------------------------------------
     def run(self) -> list[dict]:
-        """Run rounds ``completed_round + 1 .. config.rounds``; their metric rows."""
-        return [self.run_round(rnd) for rnd in range(self.completed_round + 1, self.config.rounds + 1)]
+        """Run rounds ``completed_round + 1 .. config.rounds``, each once ``min_devices`` are
+        online; their metric rows. Raises ``FleetLost`` or ``NoUpdates`` (module docstring)."""
+        rows = []
+        for rnd in range(self.completed_round + 1, self.config.rounds + 1):
+            self.wait_for_fleet(rnd)
+            rows.append(self.run_round(rnd))
+        if rows and not any(r["accepted"] for r in rows):
+            raise NoUpdates(f"rounds {rows[0]['round']}-{rows[-1]['round']} accepted no update; "
+                            "the global model never changed")
+        return rows
+
+    def wait_for_fleet(self, rnd: int) -> None:
+        """Return once ``min_devices`` are online; ``FleetLost`` after ``fleet_timeout_s``."""
+        need, timeout = self.config.min_devices, self.config.fleet_timeout_s
+        online = len(self.grid.online())
+        if online >= need:
+            return
+        started = time.monotonic()
+        last_status = -math.inf
+        while online < need:
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                raise FleetLost(f"round {rnd}: only {online}/{need} devices (--min-devices) came back "
+                                f"within {timeout:.0f} s (--fleet-timeout); stopping")
+            if waited - last_status >= self.config.status_every_s:
+                log.warning("round %d waits: %d devices online, need %d (--min-devices); %.0f s "
+                            "left of --fleet-timeout", rnd, online, need, timeout - waited)
+                last_status = waited
+            self.grid.wait_for_devices(need, timeout_s=min(1.0, timeout - waited))
+            online = len(self.grid.online())
+        log.info("round %d: %d devices online after %.0f s; going on", rnd, online,
+                 time.monotonic() - started)
 
     def run_round(self, rnd: int) -> dict:
         """One round (see the module docstring); returns its metrics row."""
@@ -124,11 +175,14 @@ class RoundLoop:
         row: dict = {"round": rnd, "selected": len(selected) + len(already), "accepted": len(updates),
                      "rejected": exchange.rejected}
         clock = time.perf_counter()
+        if updates and self.config.norm_bound is not None and self.method.bounds_updates:
+            updates, row["clipped"] = bound_updates(rnd, updates, self.config.norm_bound)
         if updates:
             self.global_weights = self.method.aggregate_train(rnd, self.global_weights, updates)
             row.update(self.method.aggregate_evaluate(rnd, updates))
         else:
-            log.warning("round %d: no update arrived before the deadline; global model unchanged", rnd)
+            log.warning("round %d: no update accepted (%s); global model unchanged", rnd,
+                        _why_empty(selected, exchange, deadline))
         aggregate_s = time.perf_counter() - clock
         clock = time.perf_counter()
         if self.test_data is not None:
@@ -175,6 +229,17 @@ class RoundLoop:
         if self.config.fraction is not None:
             return max(1, math.ceil(self.config.fraction * len(self.grid.online())))
         return None
+
+
+def _why_empty(selected: list[DeviceInfo], exchange, deadline: float) -> str:
+    """Why a round closed with no update, in words."""
+    if not selected:
+        return "no device was selected"
+    if exchange.left:
+        return f"all {len(selected)} selected devices went offline or refused"
+    if time.time() >= deadline:
+        return "no update arrived before the deadline"
+    return "every result was rejected"
 
 
 def _tuple_state(state):

@@ -5,9 +5,12 @@ devices) -> persist the task record -> offer its blobs and send the task -> hand
 traffic until quorum, every device asked resolved, or the deadline -> pull each result,
 validate it, persist it, and only then acknowledge it. Invalid input (bad messages,
 unknown devices or tasks, wrong shapes, NaN, oversized or corrupt blobs, late results) is
-rejected, recorded in the registry, logged and answered with an ``error``; the round goes
-on. The registry (devices, tiers, revocations, tasks, updates) survives server restarts:
-``accepted_before`` returns a restarted round's updates with the instructions they answered.
+rejected, recorded in the registry under its task's round, logged and answered with an
+``error``; the round goes on, and the device's task stays open: only an accepted result, a
+refusal or the device going offline resolves it (``rounds/results.py``). When the exchange
+ends, its result pulls still running are cancelled. The registry (devices, tiers,
+revocations, tasks, updates) survives server restarts: ``accepted_before`` returns a
+restarted round's updates with the instructions they answered.
 """
 
 from __future__ import annotations
@@ -16,51 +19,26 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from export.programs import ProgramCache
 from fedcore import modelspec
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol.blobs import check_update, decode_tensors, encode_tensors
+from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from sdk_device.protocol.errors import ProtocolError
-from sdk_device.protocol.smashed import SmashedRequest, check_smashed
 from sdk_device.protocol.task_plan import plan_config
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
 from ..fleet.registry import FleetRegistry
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction
-from ..methods.records import FEATURES
 from ..methods.tiers import resolve_tier
 from .grid import Exchange, Grid
+from .results import PendingTask, check_record, check_records, features_request, result_key
 from .task_records import instruction_from_record, task_record
 
 log = logging.getLogger(__name__)
 
 ARRAYS_KEY = "arrays"  # in a stored update's metrics: {record name: blob id} of its other array records
-
-
-def features_request(instruction: TrainInstruction) -> SmashedRequest | None:
-    """What a ``features`` output asked by ``instruction`` must look like, or None."""
-    params = instruction.reports.get(FEATURES)
-    if params is None:
-        return None
-    spec = instruction.all_models()[params.get("model", MODEL)].spec
-    features, classes = modelspec.last_linear(spec)
-    return SmashedRequest(int(params["samples"]), features, classes)
-
-
-@dataclass
-class _Pending:
-    """A task of the open round: what it asked, and what its result must look like."""
-
-    task_id: str
-    round: int
-    instruction: TrainInstruction
-    sent_bytes: dict[str, int]  # returned model -> bytes of the weights sent
-    references: dict[str, dict]  # returned model -> {tensor name: (shape, dtype)} it must have
-    features: SmashedRequest | None  # the features output asked for, if any
-    answered: bool = False
 
 
 class MqttGrid(Grid):
@@ -79,14 +57,16 @@ class MqttGrid(Grid):
         self.max_update_factor = max_update_factor
         self.fetch_timeout_s = fetch_timeout_s
         self.devices: dict[str, DeviceInfo] = {}  # online devices, by id
-        self._pending: dict[str, _Pending] = {}  # tasks of the open round
+        self._pending: dict[str, PendingTask] = {}  # tasks of the open round
         self._closed_tasks: dict[str, int] = {}  # task id -> round, for tasks of recent closed rounds
         self._open_round: int | None = None
         self._lock = threading.RLock()  # _accept rejects while holding it
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
-        self._resolved: set[str] = set()  # devices of the open round accepted, refused or rejected
+        self._resolved: set[str] = set()  # devices of the open round accepted, refused or gone
+        self._left: set[str] = set()  # devices of the open round gone offline with their task open
         self._accepted: list[str] = []  # task ids accepted in the open exchange, in order
         self._rejections: dict[str, int] = {}  # code -> count in the open exchange
+        self._pulls: dict[tuple, tuple[str, msgs.Result, Future]] = {}  # result_key -> running pull
         self.progress: dict[str, float] = {}  # device -> last reported training progress (0..1)
 
     # -- the Grid interface --------------------------------------------------------------------
@@ -111,6 +91,7 @@ class MqttGrid(Grid):
         return self.endpoint.bytes_sent, self.endpoint.bytes_received
 
     def close(self) -> None:
+        self._cancel_pulls("the server is stopping")
         self._fetchers.shutdown(wait=False, cancel_futures=True)
         self.registry.flush()  # the devices' hello bookkeeping, written behind
 
@@ -129,16 +110,30 @@ class MqttGrid(Grid):
         self.registry.open_round(round_number, sorted({*earlier, *(i.device_id for i in instructions)}), "")
         with self._lock:
             self._open_round, self._resolved, self._accepted, self._rejections = round_number, set(), [], {}
+            self._left = set()
         asked = {i.device_id for i in instructions}
         for instruction in instructions:
             self._send_task(round_number, instruction, deadline)
-        while len(self._accepted) < quorum and not asked <= self._resolved and time.time() < deadline:
+        # every device gone at once (a broker restart): wait for them to come back until the deadline
+        while (len(self._accepted) < quorum and not (asked <= self._resolved and not asked <= self._left)
+               and time.time() < deadline):
             self._pump(timeout_s=0.1)
         with self._lock:
             self._open_round = None  # late results are now rejected as round_closed
             accepted, rejections = list(self._accepted), dict(self._rejections)
+            left = bool(asked) and asked <= self._resolved
+        self._cancel_pulls(f"round {round_number} closed")
         rows = {u["task_id"]: u for u in self.registry.updates(round_number)}
-        return Exchange([self._load_update(rows[t]) for t in accepted if t in rows], rejections)
+        return Exchange([self._load_update(rows[t]) for t in accepted if t in rows], rejections, left)
+
+    def _cancel_pulls(self, reason: str) -> None:
+        """Stop every result pull still queued or running (they end rejected as round_closed)."""
+        with self._lock:
+            pulls = list(self._pulls.values())
+        for dev, result, future in pulls:
+            future.cancel()
+            for ref in result.arrays.values():
+                self.endpoint.cancel_fetch(dev, ref.id, reason)
 
     def close_round(self, round_number: int, row: dict) -> None:
         self.registry.close_round(round_number, row)
@@ -167,7 +162,7 @@ class MqttGrid(Grid):
                          config=plan_config(instruction.plan()), deadline=deadline)
         self.registry.add_task(task.task_id, rnd, dev, task_record(
             instruction, {name: ref.id for name, ref in arrays.items()}, program_blobs))
-        self._pending[task.task_id] = _Pending(task.task_id, rnd, instruction, sent_bytes, references,
+        self._pending[task.task_id] = PendingTask(task.task_id, rnd, instruction, sent_bytes, references,
                                                features_request(instruction))
         self.endpoint.send(dev, task)
 
@@ -182,8 +177,7 @@ class MqttGrid(Grid):
 
     def _handle(self, incoming: Incoming) -> None:
         dev, message = incoming.peer, incoming.message
-        if incoming.rejected is not None:
-            self._resolved.add(dev)  # nothing more is expected from a device sending garbage
+        if incoming.rejected is not None:  # garbage on its topic: not a reason to stop waiting for it
             rejected = incoming.rejected
             self._record_rejection(self._open_round, dev, None, rejected.code, rejected.detail)
         elif incoming.status is not None:
@@ -196,10 +190,22 @@ class MqttGrid(Grid):
             self.progress[dev] = message.progress
         elif isinstance(message, msgs.Error):
             log.warning("device %s reports %s: %s", dev, message.code, message.detail)
-            if message.ref in self._pending:
+            task = self._pending.get(message.ref or "")
+            if task is not None and task.instruction.device_id == dev and not task.answered:
                 self._resolved.add(dev)  # it refused its task
-            self._record_rejection(self._open_round, dev, message.ref, f"device:{message.code}",
-                                   message.detail)
+            self._record_rejection(self._round_of(dev, message.ref), dev, message.ref,
+                                   f"device:{message.code}", message.detail)
+
+    def _round_of(self, dev: str, task_id: str | None) -> int | None:
+        """The round of ``dev``'s task ``task_id`` (also of closed rounds and before a restart);
+        the open round when there is no such task."""
+        task = self._pending.get(task_id or "")
+        if task is not None and task.instruction.device_id == dev:
+            return task.round
+        if task_id and task_id in self._closed_tasks:
+            return self._closed_tasks[task_id]
+        known = self.registry.task_round(task_id, dev) if task_id else None
+        return known if known is not None else self._open_round
 
     def _record_rejection(self, rnd: int | None, dev: str, task_id: str | None, code: str,
                           detail: str) -> None:
@@ -214,6 +220,7 @@ class MqttGrid(Grid):
             log.warning("device %s went offline", dev)
             self.devices.pop(dev, None)
             self._resolved.add(dev)  # do not hold the round for it
+            self._left.add(dev)
             self.registry.set_status(dev, "offline")
         elif status == "online" and dev not in self.devices:
             known = self.registry.state(dev)  # in memory: no query
@@ -222,81 +229,78 @@ class MqttGrid(Grid):
                 self.devices[dev] = DeviceInfo(dev, known.num_samples, tier, tuple(known.runtimes or ()),
                                                known.profile or {})
                 self.registry.set_status(dev, "online")
+                self._await_again(dev)
                 log.info("device %s is back online", dev)
+
+    def _await_again(self, dev: str) -> None:
+        """A device back online may still deliver its open task's result: wait for it again."""
+        if dev in self._left and any(p.instruction.device_id == dev and p.round == self._open_round
+                                     and not p.answered for p in self._pending.values()):
+            self._left.discard(dev)
+            self._resolved.discard(dev)
 
     def _on_hello(self, dev: str, hello: msgs.Hello) -> None:
         if hello.device_id != dev:
-            self._reject(dev, None, ProtocolError("invalid_field", "hello names another device"))
+            err = ProtocolError("invalid_field", "hello names another device")
+            self._reject(dev, None, err, self._open_round)
             return
         self.registry.record_hello(dev, hello.profile, hello.runtimes, hello.num_samples)
         tier = resolve_tier(self.registry.tier_of(dev), hello.profile)  # in memory: no query
         self.devices[dev] = DeviceInfo(dev, hello.num_samples, tier, tuple(hello.runtimes), hello.profile)
+        self._await_again(dev)
         log.info("device %s online: %d samples, runtimes %s", dev, hello.num_samples, hello.runtimes)
 
     def _on_result(self, dev: str, result: msgs.Result) -> None:
+        """Check a result and start pulling it; a rejected one leaves its task open."""
         pending = self._pending.get(result.task_id)
         with self._lock:
             open_round = self._open_round
-        if result.task_id in self._closed_tasks:
-            rnd = self._closed_tasks[result.task_id]
-            self._reject(dev, result.task_id, ProtocolError("round_closed", f"round {rnd} is over"), rnd)
-            return
         if pending is None or pending.instruction.device_id != dev:
-            self._reject(dev, result.task_id, ProtocolError("unknown_task", "no such task for this device"))
+            own = pending is None and (result.task_id in self._closed_tasks
+                                       or self.registry.task_round(result.task_id, dev) is not None)
+            if own:  # a task of a closed round, or sent before the server restarted
+                rnd = self._round_of(dev, result.task_id)
+                self._reject(dev, result.task_id, ProtocolError("round_closed", f"round {rnd} is over"), rnd)
+            else:
+                err = ProtocolError("unknown_task", "no such task for this device")
+                self._reject(dev, result.task_id, err, open_round)
             return
-        if pending.answered:  # QoS 1 may deliver a message twice: the first one counts
+        key = result_key(result)
+        with self._lock:
+            duplicate = pending.answered or key in self._pulls
+        if duplicate:  # QoS 1 may deliver a message twice: the first one counts
             log.info("ignoring a second result for task %s from %s", result.task_id[:8], dev)
             return
-        if result.round != pending.round or pending.round != open_round:
-            err = ProtocolError("invalid_field", f"task is of round {pending.round}")
-            self._reject(dev, result.task_id, err)
-            return
-        problem = self._check_records(result, pending)
-        if problem is not None:
-            self._reject(dev, result.task_id, problem)
-            return
-        samples = result.metrics.get("samples")
-        if type(samples) is not int or samples <= 0:
-            self._reject(dev, result.task_id, ProtocolError("invalid_field", "metrics.samples must be > 0"))
-            return
-        pending.answered = True  # one result per task
-        self._fetchers.submit(self._accept, dev, result, pending)
-
-    def _check_records(self, result: msgs.Result, pending: _Pending) -> ProtocolError | None:
-        """Which array records a result may carry, and how large they may be (before pulling)."""
-        names = set(result.arrays)
-        missing = sorted(set(pending.references) - names)
-        if missing:
-            return ProtocolError("missing_record", f"the result lacks the array records {missing}")
-        allowed = set(pending.references) | ({FEATURES} if pending.features else set())
-        if names - allowed:
-            extra = sorted(names - allowed)
-            return ProtocolError("unexpected_record", f"the task asked for no array records {extra}")
-        for name, ref in result.arrays.items():
-            limit = (pending.features.max_bytes() if name == FEATURES else
-                     int(pending.sent_bytes[name] * self.max_update_factor) + 65536)
-            if ref.size > limit:
-                return ProtocolError("too_large", f"{name} of {ref.size} bytes; at most {limit} expected")
-        return None
-
-    def _accept(self, dev: str, result: msgs.Result, pending: _Pending) -> None:
-        """Pull, validate and persist one result's array records, then acknowledge it (fetch thread)."""
         try:
-            for name, ref in sorted(result.arrays.items()):
-                data = self.endpoint.fetch(dev, ref, durable=True, timeout_s=self.fetch_timeout_s)
-                tensors = decode_tensors(data)
-                if name == FEATURES:
-                    check_smashed(tensors, pending.features)
-                else:
-                    check_update(tensors, pending.references[name])
-        except (ProtocolError, TimeoutError) as exc:
-            err = exc if isinstance(exc, ProtocolError) else ProtocolError("timeout", str(exc))
-            self._reject(dev, result.task_id, err)
+            if result.round != pending.round or pending.round != open_round:
+                raise ProtocolError("invalid_field", f"task is of round {pending.round}")
+            check_records(result, pending, self.max_update_factor)
+        except ProtocolError as err:
+            self._reject(dev, result.task_id, err, pending.round)
             return
         with self._lock:
+            self._pulls[key] = (dev, result, self._fetchers.submit(self._accept, dev, result, pending, key))
+
+    def _accept(self, dev: str, result: msgs.Result, pending: PendingTask, key: tuple) -> None:
+        """Pull, validate and persist one result's array records, then acknowledge it (fetch thread)."""
+        try:
+            self._pull_result(dev, result, pending)
+        except ProtocolError as err:
+            self._reject(dev, result.task_id, err, pending.round,
+                         tell=err.code != "not_offered")  # the device never sent it: not its fault
+            return
+        finally:
+            with self._lock:
+                self._pulls.pop(key, None)
+        with self._lock:
             if self._open_round != pending.round:
-                self._reject(dev, result.task_id, ProtocolError("round_closed", "the round closed meanwhile"))
+                self._reject(dev, result.task_id, ProtocolError("round_closed", "the round closed meanwhile"),
+                             pending.round)
                 return
+            if pending.answered:
+                log.info("task %s of %s already has an accepted result", result.task_id[:8], dev)
+                return
+            pending.answered = True  # one result per task
             metrics = {k: v for k, v in result.metrics.items() if k != ARRAYS_KEY}  # the server's key
             metrics[ARRAYS_KEY] = {name: ref.id for name, ref in result.arrays.items() if name != MODEL}
             self.registry.add_update(pending.round, dev, result.task_id, result.arrays[MODEL].id,
@@ -308,15 +312,29 @@ class MqttGrid(Grid):
         log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
                  result.metrics["samples"])
 
-    def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None = None) -> None:
-        """Record, log and tell the device (an Error with the reason's code, ``ref`` = task id)."""
-        log.warning("rejected result from %s: %s", dev, err)
-        task = self._pending.get(task_id or "")
-        if task is not None:
-            self._resolved.add(dev)
-        rnd = rnd if rnd is not None else task.round if task else self._open_round
+    def _pull_result(self, dev: str, result: msgs.Result, pending: PendingTask) -> None:
+        """Pull and check every array record of ``result`` (raises ProtocolError)."""
+        for name, ref in sorted(result.arrays.items()):
+            if self._open_round != pending.round:
+                raise ProtocolError("round_closed", f"round {pending.round} closed during the pull")
+            try:
+                data = self.endpoint.fetch(dev, ref, durable=True, timeout_s=self.fetch_timeout_s)
+            except TimeoutError as exc:
+                raise ProtocolError("timeout", str(exc)) from None
+            except ProtocolError as err:
+                if err.code != "cancelled":
+                    raise
+                raise ProtocolError("round_closed", f"round {pending.round} closed during the pull") from None
+            check_record(name, decode_tensors(data), pending)
+
+    def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None,
+                tell: bool = True) -> None:
+        """Record (under round ``rnd``), log and (``tell``) tell the device: an Error with the
+        reason's code, ``ref`` = task id. The task stays open."""
+        log.warning("rejected result from %s (round %s): %s", dev, rnd, err)
         self._record_rejection(rnd, dev, task_id, err.code, err.detail)
-        self.endpoint.send(dev, msgs.Error(code=err.code, detail=err.detail[:500], ref=task_id))
+        if tell:
+            self.endpoint.send(dev, msgs.Error(code=err.code, detail=err.detail[:500], ref=task_id))
 
     def _load_update(self, row: dict) -> ClientUpdate:
         """An accepted update (a registry row) with the instruction it answered."""

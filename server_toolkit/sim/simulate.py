@@ -77,6 +77,8 @@ class SimulationConfig:
     recipe: dict = field(default_factory=lambda: DEFAULT_RECIPE.to_dict())
     seed: int = 0
     round_timeout_s: float = 120.0
+    fleet_timeout_s: float = 180.0  # how long a round waits for every device to be back online
+    norm_bound: float | None = 10.0  # clip update changes to this x the round's median (None: off)
     broker_url: str | None = None
     fleet: str = ""
     tiers: list[str] | None = None  # tier names given to devices round-robin (dev000 -> tiers[0], ...)
@@ -221,7 +223,7 @@ class Simulation:
         c = self.config
         return LoopConfig(rounds=c.rounds, clients_per_round=c.clients_per_round, fraction=c.fraction,
                           over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed,
-                          tier_map=tier_map)
+                          tier_map=tier_map, fleet_timeout_s=c.fleet_timeout_s, norm_bound=c.norm_bound)
 
     def run(self) -> RunReport:
         c = self.config
@@ -288,6 +290,7 @@ class Simulation:
                              on_round=on_round)
             loop.start(resume=self.resume)
             expected = len(self.direct_devices) + len(self.edges)
+            loop.config.min_devices = expected  # every round waits for the whole simulated fleet
             online = self.wait_for_fleet(grid, expected, timeout_s=180)
             self.on_event("devices", {"online": online, "expected": expected})
             if online == 0:

@@ -1,0 +1,83 @@
+"""The norm bound: no single update may move the global model much further than its peers.
+
+Per array record (``"model"``, a returned teacher, ...) that was sent with the task, an
+update's delta is ``w_i - w_sent`` over its floating-point tensors (integer tensors such
+as BatchNorm's ``num_batches_tracked`` are left alone). With ``m`` the round's lower
+median of those delta norms (of one record, over the round's updates), a delta longer
+than ``factor * m`` is scaled down to that length. The lower median keeps a single huge
+update out of the reference even when only two devices answered; with one update there is
+no reference and nothing is clipped.
+
+BatchNorm running statistics (``running_mean``, ``running_var``) are float tensors and
+count as part of the delta, scaled with it: a forged running variance is as harmful as a
+forged weight, and scaling by s <= 1 keeps a variance between the sent and the returned
+(positive) value. Records the task never sent (``features``) are not model deltas and are
+left alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+
+import numpy as np
+
+from ..methods.base import MODEL, ClientUpdate, Weights
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FACTOR = 10.0
+
+
+def _float_names(sent: Weights, returned: Weights) -> list[str]:
+    """Tensors of both with the same shape and a floating-point dtype, sorted."""
+    return sorted(k for k, v in returned.items() if k in sent and v.dtype.kind == "f"
+                  and np.shape(sent[k]) == v.shape)
+
+
+def delta_norm(sent: Weights, returned: Weights) -> float:
+    """‖returned - sent‖ over the floating-point tensors both hold (float64 sums)."""
+    total = 0.0
+    for k in _float_names(sent, returned):
+        d = returned[k].astype(np.float64) - np.asarray(sent[k], np.float64)
+        total += float(np.dot(d.ravel(), d.ravel()))
+    return math.sqrt(total)
+
+
+def _scaled(sent: Weights, returned: Weights, scale: float) -> Weights:
+    """``returned`` with its float delta from ``sent`` multiplied by ``scale``."""
+    out = dict(returned)
+    for k in _float_names(sent, returned):
+        base = np.asarray(sent[k], np.float64)
+        out[k] = (base + scale * (returned[k].astype(np.float64) - base)).astype(returned[k].dtype)
+    return out
+
+
+def bound_updates(rnd: int, updates: list[ClientUpdate], factor: float) -> tuple[list[ClientUpdate], int]:
+    """``updates`` with every delta longer than ``factor`` x the round's lower median norm
+    (per record) scaled to that length; and how many updates were clipped."""
+    clipped: set[int] = set()
+    records = sorted({name for u in updates for name in u.arrays if name in u.instruction.all_models()})
+    out = list(updates)
+    for name in records:
+        have = [i for i, u in enumerate(out) if name in u.arrays and name in u.instruction.all_models()]
+        if len(have) < 2:
+            continue
+        sent = {i: out[i].instruction.all_models()[name].weights for i in have}
+        norms = {i: delta_norm(sent[i], out[i].arrays[name]) for i in have}
+        bound = factor * statistics.median_low(norms.values())
+        for i in have:
+            if norms[i] <= bound:
+                continue
+            scale = bound / norms[i]
+            log.warning("round %d: update of %s moves %s by %.3g, more than %.3g (%g x the median); "
+                        "scaled by %.3g", rnd, out[i].device_id, name, norms[i], bound, factor, scale)
+            weights = _scaled(sent[i], out[i].arrays[name], scale)
+            if name == MODEL:
+                out[i] = dataclasses.replace(out[i], weights=weights)
+            else:
+                out[i] = dataclasses.replace(out[i], others={**out[i].others, name: weights})
+            clipped.add(i)
+    return out, len(clipped)

@@ -1,0 +1,80 @@
+"""What a result must look like: the pending task it answers, and the checks before and
+after its blobs are pulled (used by ``MqttGrid``).
+
+A result that fails a check is rejected; it does not end its task: only an accepted result
+does (or the device refusing, or going offline), so garbage or a forged result on a
+device's topics cannot cost the device its round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedcore import modelspec
+from sdk_device.protocol import messages as msgs
+from sdk_device.protocol.blobs import check_update
+from sdk_device.protocol.errors import ProtocolError
+from sdk_device.protocol.smashed import SmashedRequest, check_smashed
+
+from ..methods.base import MODEL, TrainInstruction
+from ..methods.records import FEATURES
+
+
+def features_request(instruction: TrainInstruction) -> SmashedRequest | None:
+    """What a ``features`` output asked by ``instruction`` must look like, or None."""
+    params = instruction.reports.get(FEATURES)
+    if params is None:
+        return None
+    spec = instruction.all_models()[params.get("model", MODEL)].spec
+    features, classes = modelspec.last_linear(spec)
+    return SmashedRequest(int(params["samples"]), features, classes)
+
+
+@dataclass
+class PendingTask:
+    """A task of the open round: what it asked, and what its result must look like.
+    ``answered``: a result of it was accepted (the first one wins)."""
+
+    task_id: str
+    round: int
+    instruction: TrainInstruction
+    sent_bytes: dict[str, int]  # returned model -> bytes of the weights sent
+    references: dict[str, dict]  # returned model -> {tensor name: (shape, dtype)} it must have
+    features: SmashedRequest | None  # the features output asked for, if any
+    answered: bool = False
+
+
+def check_records(result: msgs.Result, pending: PendingTask, max_update_factor: float) -> None:
+    """Which array records a result may carry, and how large they may be (before pulling);
+    and its sample count. Raises ProtocolError."""
+    names = set(result.arrays)
+    missing = sorted(set(pending.references) - names)
+    if missing:
+        raise ProtocolError("missing_record", f"the result lacks the array records {missing}")
+    allowed = set(pending.references) | ({FEATURES} if pending.features else set())
+    if names - allowed:
+        extra = sorted(names - allowed)
+        raise ProtocolError("unexpected_record", f"the task asked for no array records {extra}")
+    for name, ref in result.arrays.items():
+        limit = (pending.features.max_bytes() if name == FEATURES else
+                 int(pending.sent_bytes[name] * max_update_factor) + 65536)
+        if ref.size > limit:
+            raise ProtocolError("too_large", f"{name} of {ref.size} bytes; at most {limit} expected")
+    samples = result.metrics.get("samples")
+    if type(samples) is not int or samples <= 0:
+        raise ProtocolError("invalid_field", "metrics.samples must be > 0")
+
+
+def check_record(name: str, tensors: dict[str, np.ndarray], pending: PendingTask) -> None:
+    """One pulled array record: shapes, dtypes, finite values (raises ProtocolError)."""
+    if name == FEATURES:
+        check_smashed(tensors, pending.features)
+    else:
+        check_update(tensors, pending.references[name])
+
+
+def result_key(result: msgs.Result) -> tuple:
+    """A result's identity: its task and the blobs it names (a QoS 1 duplicate has the same)."""
+    return result.task_id, tuple(sorted((name, ref.id) for name, ref in result.arrays.items()))
