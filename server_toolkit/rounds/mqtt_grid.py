@@ -23,6 +23,7 @@ from export.programs import ProgramCache
 from fedcore import modelspec
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.blobs import check_update, decode_tensors, encode_tensors
+from sdk_device.protocol.epoch import ServerEpoch, announce_window
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.smashed import SmashedRequest, check_smashed
 from sdk_device.protocol.task_plan import plan_config
@@ -88,6 +89,14 @@ class MqttGrid(Grid):
         self._accepted: list[str] = []  # task ids accepted in the open exchange, in order
         self._rejections: dict[str, int] = {}  # code -> count in the open exchange
         self.progress: dict[str, float] = {}  # device -> last reported training progress (0..1)
+        self._answers: dict[str, tuple[str, msgs.Message]] = {}  # task id -> (device, the ack/error sent)
+        # A new server instance, a new epoch: every connected device says hello again, spread
+        # over the announce window (docs/protocol.md §3.1).
+        self.epoch = ServerEpoch.new(announce_window(len(registry.devices())))
+        if endpoint is not None:  # (unit tests build a grid without one)
+            endpoint.announce_epoch(self.epoch)
+        log.info("server epoch %s: devices re-announce within %.1f s", self.epoch.epoch[:8],
+                 self.epoch.announce_window_s)
 
     # -- the Grid interface --------------------------------------------------------------------
     def online(self) -> list[DeviceInfo]:
@@ -233,6 +242,10 @@ class MqttGrid(Grid):
         log.info("device %s online: %d samples, runtimes %s", dev, hello.num_samples, hello.runtimes)
 
     def _on_result(self, dev: str, result: msgs.Result) -> None:
+        # Re-offer (protocol §9.5): a result answered before gets the same answer again and is
+        # never counted twice. Keep this first; the validation below is separate.
+        if self._answer_again(dev, result):
+            return
         pending = self._pending.get(result.task_id)
         with self._lock:
             open_round = self._open_round
@@ -260,6 +273,30 @@ class MqttGrid(Grid):
             return
         pending.answered = True  # one result per task
         self._fetchers.submit(self._accept, dev, result, pending)
+
+    def _answer_again(self, dev: str, result: msgs.Result) -> bool:
+        """Re-send the ack/error a result of ``dev``'s task already got (this server instance, or
+        an ack for an update an earlier instance persisted); False when it got none yet."""
+        dev_answer = self._answers.get(result.task_id)
+        if dev_answer is None and result.task_id not in self._pending and any(
+                u["task_id"] == result.task_id and u["device_id"] == dev
+                for u in self.registry.updates(result.round)):
+            dev_answer = (dev, msgs.Ack(ref=result.task_id, detail="persisted"))
+        if dev_answer is None or dev_answer[0] != dev:
+            return False
+        log.info("result of task %s from %s again: answering %s again", result.task_id[:8], dev,
+                 dev_answer[1].TYPE)
+        self.endpoint.send(dev, dev_answer[1])
+        return True
+
+    def _answer(self, dev: str, task_id: str | None, answer: msgs.Message) -> None:
+        """Send the ack/error of a result, remembered for re-offers of a task of ``dev``."""
+        pending = self._pending.get(task_id or "")
+        if pending is not None and pending.instruction.device_id == dev:
+            self._answers[pending.task_id] = (dev, answer)
+            while len(self._answers) > 100_000:
+                self._answers.pop(next(iter(self._answers)))
+        self.endpoint.send(dev, answer)
 
     def _check_records(self, result: msgs.Result, pending: _Pending) -> ProtocolError | None:
         """Which array records a result may carry, and how large they may be (before pulling)."""
@@ -302,7 +339,7 @@ class MqttGrid(Grid):
                                      result.metrics["samples"], metrics)
             self._accepted.append(result.task_id)
             self._resolved.add(dev)
-        self.endpoint.send(dev, msgs.Ack(ref=result.task_id, detail="persisted"))
+        self._answer(dev, result.task_id, msgs.Ack(ref=result.task_id, detail="persisted"))
         self.endpoint.withdraw(dev)
         log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
                  result.metrics["samples"])
@@ -315,7 +352,7 @@ class MqttGrid(Grid):
             self._resolved.add(dev)
         rnd = rnd if rnd is not None else task.round if task else self._open_round
         self._record_rejection(rnd, dev, task_id, err.code, err.detail)
-        self.endpoint.send(dev, msgs.Error(code=err.code, detail=err.detail[:500], ref=task_id))
+        self._answer(dev, task_id, msgs.Error(code=err.code, detail=err.detail[:500], ref=task_id))
 
     def _load_update(self, row: dict) -> ClientUpdate:
         """An accepted update (a registry row) with the instruction it answered."""
