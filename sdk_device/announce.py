@@ -7,8 +7,9 @@ thread, so a device busy training still answers a server restart:
 * **hello**: the agent sends one at start. A server epoch different from the one this device
   last said hello to (a restarted server) -> hello again after a uniformly random delay in
   ``[0, window]``: ``window`` is the device's own setting if given, else the epoch's
-  ``announce_window_s``. The first epoch seen after start needs none (the start hello went
-  to that server, or waits in its session). A server publishing no epoch (before this
+  ``announce_window_s``. The first epoch seen after start needs none when it is a retained
+  copy (the start hello went to that server, or waits in its session); arriving live, it is a
+  server that started after the start hello, which it may never have received: hello again. A server publishing no epoch (before this
   protocol addition): hello when its status turns ``online`` live (not a retained copy).
 * **result re-offer**: the result waiting for the server's ``ack``/``error`` is sent again
   after the device's own reconnect, after the server's status turns ``online`` live (it
@@ -69,7 +70,7 @@ class Announcer:
     # -- events (paho's thread) -------------------------------------------------------------
     def on_event(self, kind: str, value: object, retained: bool) -> None:
         if kind == "epoch" and isinstance(value, ServerEpoch):
-            self._on_epoch(value)
+            self._on_epoch(value, retained)
         elif kind == "status":
             self.server_online = value == "online"
             if value == "online" and not retained:  # the server (re)connected just now
@@ -81,11 +82,11 @@ class Announcer:
         elif kind == "connected" and value:
             self._reoffer("reconnected to the broker")
 
-    def _on_epoch(self, epoch: ServerEpoch) -> None:
+    def _on_epoch(self, epoch: ServerEpoch, retained: bool) -> None:
         with self._lock:
             if self._closed or epoch.epoch in (self._announced, self._target):
                 return
-            if self._announced is None and self._target is None:
+            if self._announced is None and self._target is None and retained:
                 self._announced = epoch.epoch  # the start hello went to this server
                 log.info("server epoch %s", epoch.epoch[:8])
                 return

@@ -67,6 +67,15 @@ def test_a_new_epoch_makes_the_device_say_hello_again_within_the_window():
     assert sent.types() == ["hello", "hello"]
 
 
+def test_a_server_starting_after_the_device_gets_a_hello_of_its_own():
+    announcer, sent = started()  # its start hello went to no server (or a lost one)
+    announcer.on_event("epoch", epoch("aa", window=0.1), False)  # live: the server starts now
+    deadline = time.monotonic() + 2
+    while len(sent.messages) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sent.types() == ["hello", "hello"]
+
+
 def test_the_hello_delays_spread_uniformly_over_the_servers_window():
     delays = []
     for seed in range(200):
