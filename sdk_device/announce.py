@@ -9,8 +9,9 @@ thread, so a device busy training still answers a server restart:
   ``[0, window]``: ``window`` is the device's own setting if given, else the epoch's
   ``announce_window_s``. The first epoch seen after start needs none when it is a retained
   copy (the start hello went to that server, or waits in its session); arriving live, it is a
-  server that started after the start hello, which it may never have received: hello again. A server publishing no epoch (before this
-  protocol addition): hello when its status turns ``online`` live (not a retained copy).
+  server that started after the start hello, which it may never have received: hello again.
+  A server publishing no epoch (before this protocol addition): hello when its status turns
+  ``online`` live (not a retained copy).
 * **result re-offer**: the result waiting for the server's ``ack``/``error`` is sent again
   after the device's own reconnect, after the server's status turns ``online`` live (it
   reconnected: a broker restart may have lost what was in flight) and after the hello to a

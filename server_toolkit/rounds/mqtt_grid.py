@@ -275,9 +275,13 @@ class MqttGrid(Grid):
         self._fetchers.submit(self._accept, dev, result, pending)
 
     def _answer_again(self, dev: str, result: msgs.Result) -> bool:
-        """Re-send the ack/error a result of ``dev``'s task already got (this server instance, or
-        an ack for an update an earlier instance persisted); False when it got none yet."""
+        """Re-send the ack a result of ``dev``'s task got (from this server instance, or for an
+        update an earlier instance persisted), or the error its pulled copy got while its round
+        is open; False otherwise (then the usual checks answer it, e.g. round_closed)."""
         dev_answer = self._answers.get(result.task_id)
+        if dev_answer is not None and isinstance(dev_answer[1], msgs.Error) \
+                and result.task_id not in self._pending:
+            dev_answer = None  # its round closed: the usual round_closed
         if dev_answer is None and result.task_id not in self._pending and any(
                 u["task_id"] == result.task_id and u["device_id"] == dev
                 for u in self.registry.updates(result.round)):
@@ -290,9 +294,11 @@ class MqttGrid(Grid):
         return True
 
     def _answer(self, dev: str, task_id: str | None, answer: msgs.Message) -> None:
-        """Send the ack/error of a result, remembered for re-offers of a task of ``dev``."""
+        """Send the ack/error of a result; an ack, or the error of a pulled result, is remembered
+        for repeats (a result refused before the pull is checked again when repeated)."""
         pending = self._pending.get(task_id or "")
-        if pending is not None and pending.instruction.device_id == dev:
+        if pending is not None and pending.instruction.device_id == dev and (
+                isinstance(answer, msgs.Ack) or pending.answered):
             self._answers[pending.task_id] = (dev, answer)
             while len(self._answers) > 100_000:
                 self._answers.pop(next(iter(self._answers)))
