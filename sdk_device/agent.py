@@ -17,6 +17,7 @@ import numpy as np
 
 from fedcore import modelspec
 
+from .announce import Announcer
 from .data.npz import load_npz
 from .local_tensors import LocalTensors
 from .outputs import OUTPUTS, check_reports
@@ -52,7 +53,8 @@ class AgentConfig:
     insecure: bool = False  # allow plain mqtt:// to a non-loopback broker
     client_id: str | None = None  # MQTT client id (None: fedsdk-dev-<fleet>-<device id>)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    heartbeat_s: float = 10.0
+    heartbeat_s: float = 10.0  # QoS 0, and none while the server's status is "offline"
+    announce_window_s: float | None = None  # hello spread after a server restart; None: the server's
     extra_profile: dict = field(default_factory=dict)
     share_smashed: bool = True  # send the "features" output (last-layer inputs) when a task asks
 
@@ -82,6 +84,7 @@ class DeviceAgent:
         self._loaded_program: dict[tuple[str, str], str] = {}  # (model name, runtime) -> program blob id
         self._last_beat = 0.0
         self._awaiting: str | None = None  # task whose result waits for the server's ack or error
+        self.announcer: Announcer | None = None  # made by run(): hellos and result re-offers
         self.tasks_done = 0
 
     def stop(self) -> None:
@@ -95,6 +98,15 @@ class DeviceAgent:
         if not runtimes:
             raise RuntimeError("no training runtime is installed here: pip install 'fedsdk[torch]'")
         self._runtimes[("model", runtimes[0])] = create_runtime(runtimes[0])  # import the engine now
+        hello = msgs.Hello(
+            device_id=self.config.device_id,
+            runtimes=runtimes,
+            num_samples=len(self.y),
+            profile={**device_profile(runtimes), **self.config.extra_profile},
+        )
+        self.announcer = Announcer(lambda m: self.endpoint.send(SERVER, m), hello,
+                                   self.config.announce_window_s)
+        self.endpoint.on_server_event = self.announcer.on_event  # before connecting: retained copies
         self.endpoint.start()
         log.info(
             "device %s connected to %s (runtimes: %s, %d samples)",
@@ -103,13 +115,7 @@ class DeviceAgent:
             ", ".join(runtimes),
             len(self.y),
         )
-        self._hello = msgs.Hello(
-            device_id=self.config.device_id,
-            runtimes=runtimes,
-            num_samples=len(self.y),
-            profile={**device_profile(runtimes), **self.config.extra_profile},
-        )
-        self.endpoint.send(SERVER, self._hello)
+        self.announcer.say_hello()
         try:
             while not self._stop.is_set() and (max_tasks is None or self.tasks_done < max_tasks):
                 try:
@@ -119,15 +125,14 @@ class DeviceAgent:
                     continue
                 self._handle(incoming)
         finally:
+            self.announcer.close()
             self.endpoint.close()
 
     # -- messages --------------------------------------------------------------------------
     def _handle(self, incoming) -> None:
         message = incoming.message
-        if incoming.status is not None:
+        if incoming.status is not None:  # hellos after a server restart: the announcer's job
             log.info("server is %s", incoming.status)
-            if incoming.status == "online":  # a (re)started server learns who is here
-                self.endpoint.send(SERVER, self._hello)
         elif isinstance(message, msgs.Task):
             try:
                 self._run_task(message)
@@ -179,8 +184,9 @@ class DeviceAgent:
         metrics = {**output.metrics, "wall_time_s": train_s, "fetch_s": fetch_s, "peak_rss_mb": peak_rss_mb(),
                    "runtime": placement[main][0]}
         self._awaiting = task.task_id
-        self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, arrays=refs,
-                                               metrics=metrics))
+        result = msgs.Result(task_id=task.task_id, round=task.round, arrays=refs, metrics=metrics)
+        self.announcer.awaiting(result)  # offered again after a reconnect or a server restart
+        self.endpoint.send(SERVER, result)
         log.info("round %d: trained %d samples in %.2f s, loss %s, acc %.3f", task.round, metrics["samples"],
                  train_s, metrics["loss"], metrics["accuracy"])
 
@@ -228,6 +234,7 @@ class DeviceAgent:
 
     def _finish_task(self) -> None:
         self._awaiting = None
+        self.announcer.awaiting(None)
         self.endpoint.withdraw(SERVER)  # the server has what it wanted (or refused it)
         self.tasks_done += 1
 
@@ -239,8 +246,10 @@ class DeviceAgent:
         now = time.monotonic()
         if now - self._last_beat < self.config.heartbeat_s and progress < 1.0:
             return
+        if self.announcer is not None and not self.announcer.server_online:
+            return  # nobody listens; QoS 0 would not queue it anyway
         self._last_beat = now
-        try:
-            self.endpoint.send(SERVER, msgs.Heartbeat(state=state, task_id=task_id, progress=progress))
+        try:  # QoS 0: never queued in an offline server's session
+            self.endpoint.send(SERVER, msgs.Heartbeat(state=state, task_id=task_id, progress=progress), qos=0)
         except Exception:  # a heartbeat is never worth dying for
             log.debug("heartbeat not sent", exc_info=True)

@@ -49,9 +49,12 @@ def main(verbose: int) -> None:
 @click.option("--max-tasks", type=int, default=None, help="Exit after this many finished tasks.")
 @click.option("--no-smashed", is_flag=True,
               help="Never send last-layer inputs of local samples, even when a task asks.")
+@click.option("--announce-window", type=click.FloatRange(0, 300), default=None,
+              help="Say hello to a restarted server within this many seconds, at random (default: the "
+                   "window the server's epoch asks for, about 1 s per 333 registered devices).")
 def run(
     broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, insecure,
-    max_tasks, no_smashed,
+    max_tasks, no_smashed, announce_window,
 ) -> None:
     """Connect to the fleet and train whatever tasks the server sends, until stopped.
 
@@ -98,6 +101,7 @@ def run(
         insecure=insecure,
         client_id=client_id,
         share_smashed=not no_smashed,
+        announce_window_s=announce_window,
     )
     try:
         agent = DeviceAgent(config)

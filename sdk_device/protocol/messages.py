@@ -361,3 +361,15 @@ def _check(hint: Any, value: Any, where: str) -> Any:
     if not ok:
         raise ProtocolError("invalid_field", f"{where}: expected {hint.__name__}, got {value!r:.80}")
     return float(value) if hint is float else value
+
+
+def says_error(payload: bytes) -> bool:
+    """True when an (otherwise invalid) control message claims to be an ``error``, e.g. one
+    of another schema version."""
+    if len(payload) > MAX_CONTROL_BYTES:
+        return False
+    try:
+        body = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(body, dict) and body.get("type") == "error"

@@ -3,6 +3,7 @@
 Everything lives under ``fedsdk/v1/<fleet>/``::
 
     fedsdk/v1/<fleet>/server/status          retained "online"/"offline" (last will)
+    fedsdk/v1/<fleet>/broadcast/epoch        retained server epoch (JSON, ``protocol.epoch``)
     fedsdk/v1/<fleet>/dev/<id>/status        retained "online"/"offline" (last will)
     fedsdk/v1/<fleet>/dev/<id>/up            device -> server control messages (JSON)
     fedsdk/v1/<fleet>/dev/<id>/down          server -> device control messages (JSON)
@@ -50,6 +51,12 @@ class FleetTopics:
     def server_status(self) -> str:
         return f"{self.base}/server/status"
 
+    @property
+    def server_epoch(self) -> str:
+        """Retained JSON naming the running server instance (``protocol.epoch``). Under
+        ``broadcast/``, which device accounts may already read (broker ACL)."""
+        return f"{self.base}/broadcast/epoch"
+
     def device_base(self, device_id: str) -> str:
         return f"{self.base}/dev/{check_name('device id', device_id)}"
 
@@ -78,7 +85,8 @@ class FleetTopics:
         ]
 
     def device_subscriptions(self, device_id: str) -> list[str]:
-        return [self.down(device_id), self.down_chunk(device_id), self.server_status]
+        # the epoch before the status: its retained copy then arrives first (§3.1)
+        return [self.down(device_id), self.down_chunk(device_id), self.server_epoch, self.server_status]
 
     def parse_device_topic(self, topic: str) -> tuple[str, str]:
         """Split ``…/dev/<id>/<rest>`` into ``(device_id, rest)``; ValueError otherwise."""

@@ -12,13 +12,15 @@ one whose only peer is ``"server"``. The endpoint
   and checks the whole blob's sha256 at the end. Interrupted fetches resume from disk.
   A peer may only pull blobs that were offered to it.
 
+A device endpoint reports ``on_server_event(kind, value, retained)`` on paho's thread: kinds
+"status" (str), "epoch" (ServerEpoch), "connected" (True on a reconnect). See ``announce_epoch``.
+
 With ``PairTopics`` the same machinery runs pairing (peers are pairing client ids);
 ``ephemeral`` then makes a one-off client: clean session and no retained status.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -37,6 +39,7 @@ from ..protocol.blobs import (
     encode_chunk,
     sha256_hex,
 )
+from ..protocol.epoch import ServerEpoch
 from ..protocol.errors import ProtocolError
 from ..protocol.pair_topics import PairTopics
 from ..protocol.topics import FleetTopics
@@ -102,6 +105,7 @@ class Endpoint:
         self._chunk_shas: dict[tuple[str, int], list[str]] = {}  # (blob, chunk_bytes) -> sha per chunk
         self._serve_queue: queue.Queue[tuple[str, msgs.BlobRequest] | None] = queue.Queue()
         self._server_thread = threading.Thread(target=self._serve_loop, daemon=True)
+        self.on_server_event: Callable[[str, object, bool], None] | None = None  # device side, see above
         if device_id is None:
             status_topic, subscriptions = topics.server_status, topics.server_subscriptions
             client_id = client_id or f"fedsdk-server-{topics.fleet}"
@@ -124,6 +128,8 @@ class Endpoint:
             clean_session=ephemeral,
             max_payload=max(MAX_CHUNK_BYTES + 4096, msgs.MAX_CONTROL_BYTES),
             insecure=insecure,
+            pass_retain=True,
+            on_connected=lambda reconnect: self._server_event("connected", reconnect, False),
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -137,9 +143,14 @@ class Endpoint:
         self.link.close()
 
     # -- sending -------------------------------------------------------------------------
-    def send(self, peer: str, message: msgs.Message) -> None:
-        """Publish a control message to ``peer`` (a device id, or SERVER on a device)."""
-        self.link.publish(self._control_topic(peer), msgs.encode(message))
+    def send(self, peer: str, message: msgs.Message, *, qos: int = 1) -> None:
+        """Publish a control message to ``peer`` (a device id, or SERVER on a device). QoS 0
+        (heartbeats) is never queued for an offline peer, and dropped while we are offline."""
+        self.link.publish(self._control_topic(peer), msgs.encode(message), qos=qos)
+
+    def announce_epoch(self, epoch: ServerEpoch) -> None:
+        """Server side: publish ``epoch`` retained now and on every reconnect, before "online"."""
+        self.link.keep_retained(self.topics.server_epoch, epoch.encode())
 
     def offer(self, peer: str, data: bytes, kind: str, fmt: str) -> msgs.BlobRef:
         """Store ``data`` and allow ``peer`` to pull it; returns the reference to send."""
@@ -299,7 +310,11 @@ class Endpoint:
         return encode_chunk(blob, index, size, chunk_bytes, data, sha)
 
     # -- routing (paho's network thread: parse and enqueue only) -------------------------
-    def _on_message(self, topic: str, payload: bytes) -> None:
+    def _server_event(self, kind: str, value: object, retained: bool) -> None:
+        if self.device_id is not None and self.on_server_event is not None:
+            self.on_server_event(kind, value, retained)
+
+    def _on_message(self, topic: str, payload: bytes, retained: bool = False) -> None:
         try:
             peer, kind = self._classify(topic)
         except ValueError:
@@ -307,7 +322,16 @@ class Endpoint:
             return
         if kind == "status":
             if peer == SERVER or self.is_known_peer(peer):
-                self.inbox.put(Incoming(peer, status=payload.decode("utf-8", "replace")))
+                status = payload.decode("utf-8", "replace")
+                self.inbox.put(Incoming(peer, status=status))
+                if peer == SERVER:
+                    self._server_event("status", status, retained)
+            return
+        if kind == "epoch":
+            try:
+                self._server_event("epoch", ServerEpoch.decode(payload), retained)
+            except ProtocolError as err:
+                log.warning("ignoring the server epoch: %s", err)
             return
         if not self.is_known_peer(peer):
             dropped = self.strangers.admit(peer)  # one message per id a minute goes on
@@ -327,7 +351,7 @@ class Endpoint:
             message = msgs.decode(payload)
         except ProtocolError as err:
             log.warning("rejected message from %s: %s", peer, err)
-            if not _says_error(payload):  # never answer an error with an error: two peers could loop
+            if not msgs.says_error(payload):  # never answer an error with an error: two peers could loop
                 self._reply_error(peer, err)
             self.inbox.put(Incoming(peer, rejected=err))
             return
@@ -361,6 +385,8 @@ class Endpoint:
                 t.down_chunk(self.device_id): "chunk",
                 t.server_status: "status",
             }
+            if isinstance(t, FleetTopics):  # pairing topics have no epoch
+                kinds[t.server_epoch] = "epoch"
             if topic not in kinds:
                 raise ValueError(topic)
             return SERVER, kinds[topic]
@@ -386,14 +412,3 @@ class Endpoint:
         except Exception:
             log.exception("could not send error to %s", peer)
 
-
-def _says_error(payload: bytes) -> bool:
-    """True when an (otherwise invalid) control message claims to be an ``error``, e.g. one
-    of another schema version."""
-    if len(payload) > msgs.MAX_CONTROL_BYTES:
-        return False
-    try:
-        body = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return isinstance(body, dict) and body.get("type") == "error"

@@ -3,8 +3,9 @@
 * MQTT 3.1.1 with ``clean_session=False`` and a stable client id, so QoS-1 messages
   queue on the broker while a device is offline (the embedded broker speaks only 3.1.1;
   with MQTT 5 a session expiry would be needed instead, paho's default 0 loses them).
-* QoS 1 everywhere, a small in-flight window, reconnect with exponential backoff
-  (1 s .. 30 s), a retained "online"/"offline" status topic with a last will.
+* QoS 1 everywhere (heartbeats: QoS 0, never queued for an offline peer), a small
+  in-flight window, reconnect with exponential backoff (1 s .. 30 s), a retained
+  "online"/"offline" status topic with a last will.
 * Payload sizes are checked *before* publishing: paho ignores the broker's maximum packet
   size and would otherwise re-send an oversized message forever.
 * ``on_message`` runs on paho's network thread and must return quickly (paho acknowledges
@@ -70,13 +71,17 @@ def _disable_nagle(client: mqtt.Client) -> None:
             pass
 
 
-MessageHandler = Callable[[str, bytes], None]
+MessageHandler = Callable[..., None]  # (topic, payload) or, with pass_retain, (topic, payload, retained)
 
 
 class MqttLink:
     """A connected paho client: ``publish``, ``subscribe``, ``close``.
 
-    ``handler(topic, payload)`` is called on paho's thread for every message received.
+    ``handler(topic, payload)`` is called on paho's thread for every message received
+    (``handler(topic, payload, retained)`` with ``pass_retain``: ``retained`` is True for a
+    retained copy delivered because we subscribed, False for a live message).
+    ``on_connected(reconnect)`` runs on paho's thread after every successful CONNACK, once the
+    subscriptions, the kept retained messages and the status ``online`` are queued.
     Plain ``mqtt://`` to a non-loopback broker raises ``InsecureTransportError`` unless
     ``insecure``.
     """
@@ -98,6 +103,8 @@ class MqttLink:
         max_inflight: int = 16,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         insecure: bool = False,
+        pass_retain: bool = False,
+        on_connected: Callable[[bool], None] | None = None,
     ) -> None:
         check_plain_tcp(broker.host, broker.tls, insecure)
         self.broker = broker
@@ -109,6 +116,10 @@ class MqttLink:
         self._connected = threading.Event()
         self._refused: str | None = None
         self._closing = False
+        self._pass_retain = pass_retain
+        self._on_connected = on_connected
+        self._kept: dict[str, bytes] = {}  # topic -> retained payload re-published on every connect
+        self._connects = 0
 
         client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
@@ -165,13 +176,26 @@ class MqttLink:
         return self._connected.is_set()
 
     # -- traffic -------------------------------------------------------------------------
-    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> mqtt.MQTTMessageInfo:
-        """Queue a QoS-1 publish; ValueError if ``payload`` exceeds ``max_payload`` bytes."""
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False,
+                qos: int = 1) -> mqtt.MQTTMessageInfo:
+        """Queue a publish (QoS 1 unless told); ValueError if ``payload`` exceeds ``max_payload``
+        bytes. A QoS-0 publish made while disconnected is dropped, not queued."""
         if len(payload) > self.max_payload:
             raise ValueError(
                 f"refusing to publish {len(payload)} bytes to {topic}: limit is {self.max_payload}"
             )
-        return self._client.publish(topic, payload, qos=1, retain=retain)
+        if qos == 0 and not self._connected.is_set():
+            dropped = mqtt.MQTTMessageInfo(0)
+            dropped.rc = mqtt.MQTT_ERR_NO_CONN
+            return dropped
+        return self._client.publish(topic, payload, qos=qos, retain=retain)
+
+    def keep_retained(self, topic: str, payload: bytes) -> None:
+        """Publish ``payload`` retained (QoS 1) now if connected, and again after every
+        (re)connect, before the status ``online`` (the server's epoch, §3.1)."""
+        self._kept[topic] = payload
+        if self._connected.is_set():
+            self._client.publish(topic, payload, qos=1, retain=True)
 
     def subscribe(self, topics: list[str]) -> None:
         """Add subscriptions (QoS 1); they are renewed after every reconnect."""
@@ -188,10 +212,18 @@ class MqttLink:
         _disable_nagle(client)
         if self._subscriptions:
             client.subscribe([(t, 1) for t in self._subscriptions])
+        for topic, payload in list(self._kept.items()):
+            client.publish(topic, payload, qos=1, retain=True)
         if self._status_topic:
             client.publish(self._status_topic, b"online", qos=1, retain=True)
         log.debug("%s connected to %s", self.client_id, self.broker.url)
         self._connected.set()
+        self._connects += 1
+        if self._on_connected is not None:
+            try:
+                self._on_connected(self._connects > 1)
+            except Exception:  # a hook bug must never kill paho's thread
+                log.exception("on_connected hook failed")
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         self._connected.clear()
@@ -200,7 +232,10 @@ class MqttLink:
 
     def _on_message(self, client, userdata, message) -> None:
         try:
-            self._handler(message.topic, message.payload)
+            if self._pass_retain:
+                self._handler(message.topic, message.payload, bool(message.retain))
+            else:
+                self._handler(message.topic, message.payload)
         except Exception:  # a handler bug must never kill paho's thread
             log.exception("handler failed for a message on %s", message.topic)
 

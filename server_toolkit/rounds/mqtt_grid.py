@@ -25,6 +25,7 @@ from export.programs import ProgramCache
 from fedcore import modelspec
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
+from sdk_device.protocol.epoch import ServerEpoch, announce_window
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.task_plan import plan_config
 from sdk_device.transport.endpoint import Endpoint, Incoming
@@ -68,6 +69,14 @@ class MqttGrid(Grid):
         self._rejections: dict[str, int] = {}  # code -> count in the open exchange
         self._pulls: dict[tuple, tuple[str, msgs.Result, Future]] = {}  # result_key -> running pull
         self.progress: dict[str, float] = {}  # device -> last reported training progress (0..1)
+        self._answers: dict[str, tuple[str, msgs.Message]] = {}  # task id -> (device, the ack sent)
+        # A new server instance, a new epoch: every connected device says hello again, spread
+        # over the announce window (docs/protocol.md §3.1).
+        self.epoch = ServerEpoch.new(announce_window(len(registry.devices())))
+        if endpoint is not None:  # (unit tests build a grid without one)
+            endpoint.announce_epoch(self.epoch)
+        log.info("server epoch %s: devices re-announce within %.1f s", self.epoch.epoch[:8],
+                 self.epoch.announce_window_s)
 
     # -- the Grid interface --------------------------------------------------------------------
     def online(self) -> list[DeviceInfo]:
@@ -252,6 +261,10 @@ class MqttGrid(Grid):
 
     def _on_result(self, dev: str, result: msgs.Result) -> None:
         """Check a result and start pulling it; a rejected one leaves its task open."""
+        # Re-offer (protocol §9.5): a result acknowledged before gets its ack again and is never
+        # counted twice. Keep this first; the validation below is separate.
+        if self._answer_again(dev, result):
+            return
         pending = self._pending.get(result.task_id)
         with self._lock:
             open_round = self._open_round
@@ -307,7 +320,7 @@ class MqttGrid(Grid):
                                      result.metrics["samples"], metrics)
             self._accepted.append(result.task_id)
             self._resolved.add(dev)
-        self.endpoint.send(dev, msgs.Ack(ref=result.task_id, detail="persisted"))
+        self._acknowledge(dev, result.task_id)
         self.endpoint.withdraw(dev)
         log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
                  result.metrics["samples"])
@@ -335,6 +348,30 @@ class MqttGrid(Grid):
         self._record_rejection(rnd, dev, task_id, err.code, err.detail)
         if tell:
             self.endpoint.send(dev, msgs.Error(code=err.code, detail=err.detail[:500], ref=task_id))
+
+    def _answer_again(self, dev: str, result: msgs.Result) -> bool:
+        """Re-send the ack of a result of ``dev``'s task accepted before (by this server instance,
+        or an update an earlier instance persisted); False otherwise (then the usual checks
+        answer it: a result whose pull failed is pulled again while its task is open, one of a
+        closed round gets round_closed)."""
+        dev_answer = self._answers.get(result.task_id)
+        if dev_answer is None and result.task_id not in self._pending and any(
+                u["task_id"] == result.task_id and u["device_id"] == dev
+                for u in self.registry.updates(result.round)):
+            dev_answer = (dev, msgs.Ack(ref=result.task_id, detail="persisted"))
+        if dev_answer is None or dev_answer[0] != dev:
+            return False
+        log.info("result of task %s from %s again: acknowledging it again", result.task_id[:8], dev)
+        self.endpoint.send(dev, dev_answer[1])
+        return True
+
+    def _acknowledge(self, dev: str, task_id: str) -> None:
+        """Send the ack of an accepted result and remember it for repeats (protocol §9.5)."""
+        ack = msgs.Ack(ref=task_id, detail="persisted")
+        self._answers[task_id] = (dev, ack)
+        while len(self._answers) > 100_000:
+            self._answers.pop(next(iter(self._answers)))
+        self.endpoint.send(dev, ack)
 
     def _load_update(self, row: dict) -> ClientUpdate:
         """An accepted update (a registry row) with the instruction it answered."""

@@ -36,6 +36,7 @@ def test_subscriptions():
     assert T.device_subscriptions("d1") == [
         "fedsdk/v1/lab/dev/d1/down",
         "fedsdk/v1/lab/dev/d1/down/chunk",
+        "fedsdk/v1/lab/broadcast/epoch",
         "fedsdk/v1/lab/server/status",
     ]
     # a device never subscribes to another device's subtree or to wildcards

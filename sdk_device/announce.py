@@ -1,0 +1,130 @@
+"""When a device says hello again and re-offers its result (docs/protocol.md §3.1, §9.5).
+
+The ``Announcer`` watches the server's retained epoch and status and the device's own MQTT
+connection (``Endpoint.on_server_event``, paho's thread) and sends from its own timer
+thread, so a device busy training still answers a server restart:
+
+* **hello**: the agent sends one at start. A server epoch different from the one this device
+  last said hello to (a restarted server) -> hello again after a uniformly random delay in
+  ``[0, window]``: ``window`` is the device's own setting if given, else the epoch's
+  ``announce_window_s``. The first epoch seen after start needs none when it is a retained
+  copy (the start hello went to that server, or waits in its session); arriving live, it is a
+  server that started after the start hello, which it may never have received: hello again.
+  A server publishing no epoch (before this protocol addition): hello when its status turns
+  ``online`` live (not a retained copy).
+* **result re-offer**: the result waiting for the server's ``ack``/``error`` is sent again
+  after the device's own reconnect, after the server's status turns ``online`` live (it
+  reconnected: a broker restart may have lost what was in flight) and after the hello to a
+  new epoch.
+* **server_online**: False while the server's status is ``offline`` (the agent then sends
+  no heartbeats).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+
+from .protocol import messages as msgs
+from .protocol.epoch import ServerEpoch
+
+log = logging.getLogger(__name__)
+
+
+class Announcer:
+    """Hello and result re-offer on server restarts and reconnects (module docstring)."""
+
+    def __init__(self, send: Callable[[msgs.Message], None], hello: msgs.Hello,
+                 window_s: float | None = None, rng: random.Random | None = None) -> None:
+        self._send = send
+        self.hello = hello
+        self.window_s = window_s  # None: the server's announce_window_s
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._announced: str | None = None  # epoch of the server the last hello went to
+        self._target: str | None = None  # epoch a scheduled hello is for
+        self._timer: threading.Timer | None = None
+        self._result: msgs.Result | None = None
+        self._closed = False
+        self.server_online = True  # until the server's status says otherwise
+        self.hellos = 0
+        self.reoffers = 0
+
+    # -- the agent's side -------------------------------------------------------------------
+    def say_hello(self) -> None:
+        """Send the hello now (the agent's start hello)."""
+        self._send_hello()
+
+    def awaiting(self, result: msgs.Result | None) -> None:
+        """The result to re-offer until the server answers it (None: nothing waits)."""
+        with self._lock:
+            self._result = result
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+    # -- events (paho's thread) -------------------------------------------------------------
+    def on_event(self, kind: str, value: object, retained: bool) -> None:
+        if kind == "epoch" and isinstance(value, ServerEpoch):
+            self._on_epoch(value, retained)
+        elif kind == "status":
+            self.server_online = value == "online"
+            if value == "online" and not retained:  # the server (re)connected just now
+                legacy = self._announced is None and self._target is None
+                log.info("server is online again%s", " (no epoch: hello now)" if legacy else "")
+                if legacy:  # a server without epochs: hello as protocol v2 always did
+                    self._send_hello()
+                self._reoffer("the server reconnected")
+        elif kind == "connected" and value:
+            self._reoffer("reconnected to the broker")
+
+    def _on_epoch(self, epoch: ServerEpoch, retained: bool) -> None:
+        with self._lock:
+            if self._closed or epoch.epoch in (self._announced, self._target):
+                return
+            if self._announced is None and self._target is None and retained:
+                self._announced = epoch.epoch  # the start hello went to this server
+                log.info("server epoch %s", epoch.epoch[:8])
+                return
+            window = epoch.announce_window_s if self.window_s is None else self.window_s
+            delay = self._rng.uniform(0.0, max(0.0, window))
+            self._target = epoch.epoch
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(delay, self._announce, args=(epoch.epoch,))
+            self._timer.daemon = True
+            self._timer.start()
+        log.info("new server epoch %s: hello in %.2f s (window %.1f s)", epoch.epoch[:8], delay, window)
+
+    def _announce(self, epoch: str) -> None:
+        with self._lock:
+            if self._closed or self._target != epoch:
+                return
+            self._target, self._announced = None, epoch
+        self._send_hello()
+        self._reoffer("the server restarted")
+
+    # -- sending ----------------------------------------------------------------------------
+    def _send_hello(self) -> None:
+        try:
+            self._send(self.hello)
+            self.hellos += 1
+        except Exception:  # the link retries; never kill paho's or the timer's thread
+            log.warning("hello not sent", exc_info=True)
+
+    def _reoffer(self, why: str) -> None:
+        with self._lock:
+            result = self._result
+        if result is None:
+            return
+        log.info("offering the result of task %s again (%s)", result.task_id[:8], why)
+        try:
+            self._send(result)
+            self.reoffers += 1
+        except Exception:
+            log.warning("result not re-sent", exc_info=True)
