@@ -46,10 +46,10 @@ from ..protocol.topics import FleetTopics
 from .blob_store import BlobStore
 from .inbox import Inbox, Strangers
 from .mqtt_link import BrokerAddress, MqttLink
+from .routes import SERVER, Routes
 
 log = logging.getLogger(__name__)
 
-SERVER = "server"  # the peer name a device uses for the server
 DEFAULT_MAX_BLOB_BYTES = 512 * 1024 * 1024
 
 
@@ -88,6 +88,7 @@ class Endpoint:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
         self.topics = topics
+        self.routes = Routes(topics, device_id)
         self.store = store
         self.device_id = device_id
         self.is_known_peer = is_known_peer
@@ -146,7 +147,7 @@ class Endpoint:
     def send(self, peer: str, message: msgs.Message, *, qos: int = 1) -> None:
         """Publish a control message to ``peer`` (a device id, or SERVER on a device). QoS 0
         (heartbeats) is never queued for an offline peer, and dropped while we are offline."""
-        self.link.publish(self._control_topic(peer), msgs.encode(message), qos=qos)
+        self.link.publish(self.routes.control_topic(peer), msgs.encode(message), qos=qos)
 
     def announce_epoch(self, epoch: ServerEpoch) -> None:
         """Server side: publish ``epoch`` retained now and on every reconnect, before "online"."""
@@ -291,7 +292,7 @@ class Endpoint:
             raise ProtocolError("invalid_field", f"chunk_bytes {request.chunk_bytes} out of range")
         size = self.store.size(request.blob)
         count = chunk_count(size, request.chunk_bytes)
-        topic = self._chunk_topic(peer)
+        topic = self.routes.chunk_topic(peer)
         shas = self._chunk_shas.get((request.blob, request.chunk_bytes))
         for index in request.indices:
             if not 0 <= index < count:
@@ -316,7 +317,7 @@ class Endpoint:
 
     def _on_message(self, topic: str, payload: bytes, retained: bool = False) -> None:
         try:
-            peer, kind = self._classify(topic)
+            peer, kind = self.routes.classify(topic)
         except ValueError:
             log.debug("ignoring message on unexpected topic %s", topic)
             return
@@ -375,36 +376,6 @@ class Endpoint:
             arrivals = self._transfers.get((peer, chunk.blob))
         if arrivals is not None:
             arrivals.put(chunk)
-
-    def _classify(self, topic: str) -> tuple[str, str]:
-        """Return (peer, "control" | "chunk" | "status") for an incoming topic."""
-        t = self.topics
-        if self.device_id is not None:
-            kinds = {
-                t.down(self.device_id): "control",
-                t.down_chunk(self.device_id): "chunk",
-                t.server_status: "status",
-            }
-            if isinstance(t, FleetTopics):  # pairing topics have no epoch
-                kinds[t.server_epoch] = "epoch"
-            if topic not in kinds:
-                raise ValueError(topic)
-            return SERVER, kinds[topic]
-        peer, rest = t.parse_device_topic(topic)
-        kind = {"up": "control", "up/chunk": "chunk", "status": "status"}.get(rest)
-        if kind is None:
-            raise ValueError(topic)
-        return peer, kind
-
-    def _control_topic(self, peer: str) -> str:
-        if self.device_id is not None:
-            return self.topics.up(self.device_id)
-        return self.topics.down(peer)
-
-    def _chunk_topic(self, peer: str) -> str:
-        if self.device_id is not None:
-            return self.topics.up_chunk(self.device_id)
-        return self.topics.down_chunk(peer)
 
     def _reply_error(self, peer: str, err: ProtocolError, ref: str | None = None) -> None:
         try:
