@@ -14,6 +14,7 @@ module          commands
 ``methods``     methods list | show
 ``report``      report (an HTML page comparing runs)
 ``hn``          hn adapt (a new device into a hypernetwork run)
+``swarm``       swarm (thousands of simulated devices for load tests)
 ==============  ===============================================================
 """
 
@@ -34,6 +35,7 @@ from .report import report
 from .run import run
 from .security import certs, security
 from .simulate import simulate
+from .swarm import swarm
 
 
 @click.group()
@@ -45,5 +47,5 @@ def main(verbose: int) -> None:
 
 
 for command in (simulate, run, edge, devices, pair_code, broker, certs, security, datasets, methods, report,
-                hn):
+                hn, swarm):
     main.add_command(command)

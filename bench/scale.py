@@ -1,0 +1,216 @@
+"""Fleet scale: a real ``fedsdk-server run`` against a real mosquitto and a device swarm of N.
+
+For each N of ``--sizes`` (default 1000 5000 10000), in a fresh directory:
+
+1. **register** N swarm ids with ``FleetRegistry.add_device`` (one call each, as
+   ``fedsdk-server devices add`` does);
+2. start mosquitto (fedsdk's test configuration plus ``sys_interval 1``; the open-file limit
+   raised to the hard limit, which children inherit: one descriptor per connection), then
+   ``fedsdk-server run --model small_cnn --dataset digits --min-devices N
+   --clients-per-round 100 --rounds 2``, then the swarm (``--processes``, ``--connect-rate``);
+3. measure: **connected** (swarm start -> every device has its CONNACK), **hellos** (swarm start
+   -> the registry has a hello of every device), **round 100** (the ``seconds`` of round 2, the
+   first round carries the program export), then ``--resume --rounds 3 --clients-per-round
+   min(1000, N)``: **round 1000** (round 3's ``seconds``);
+4. then ``--resume --rounds 5``, SIGKILL once round 4's tasks went out, ``--resume`` again:
+   **resume** = restart -> the first task a swarm device receives (all devices stay connected;
+   the server must learn them again from their re-hellos);
+5. server peak RSS and CPU seconds (over all its processes' lives), mosquitto peak RSS, the
+   swarm's memory per device, and the broker's dropped publishes (``$SYS``).
+
+A wait that times out (``--timeout``) prints ``timeout`` in its cell and the bench goes on
+with the next N. Run from the repository root::
+
+    .venv/bin/python bench/scale.py [--sizes 1000 5000] [--processes 4] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from scale_probes import BrokerWatch, ProcessSampler, hellos_recorded, round_rows, rss_mb  # noqa: E402
+
+from server_toolkit.broker.mosquitto import MosquittoBroker  # noqa: E402
+from server_toolkit.fleet.registry import FleetRegistry  # noqa: E402
+from server_toolkit.swarm import Swarm, SwarmConfig, swarm_ids  # noqa: E402
+from server_toolkit.swarm.shard import raise_fd_limit  # noqa: E402
+
+FLEET = "scale"
+COLUMNS = ["N", "register s", "connected s", "hellos s", "round 100 s", "round 1000 s", "resume s",
+           "server RSS MiB", "server CPU s", "mosquitto RSS MiB", "swarm KiB/dev", "dropped"]
+
+
+class Timeout(Exception):
+    """A wait of the bench ran out of time."""
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.2) -> float:
+    """Seconds until ``condition()`` held; Timeout after ``timeout_s``."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout_s:
+            raise Timeout(what)
+        time.sleep(poll_s)
+    return time.monotonic() - started
+
+
+class Server:
+    """One ``fedsdk-server run`` process of the bench (output in ``<run dir>/server-<n>.log``)."""
+
+    def __init__(self, run_dir: Path, broker_url: str, devices: int, rounds: int, per_round: int,
+                 resume: bool, round_timeout_s: float, index: int) -> None:
+        args = [sys.executable, "-m", "server_toolkit.cli", "run", "--broker", broker_url, "--fleet", FLEET,
+                "--run-dir", str(run_dir), "--model", "small_cnn", "--dataset", "digits",
+                "--rounds", str(rounds), "--clients-per-round", str(per_round), "--min-devices", str(devices),
+                "--round-timeout", str(round_timeout_s), "--local-epochs", "1"]
+        args += ["--resume"] if resume else []
+        self.log = run_dir / f"server-{index}.log"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.sampler = ProcessSampler(self.proc.pid)
+
+    def finished(self) -> bool:
+        if self.proc.poll() is None:
+            return False
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"the server exited with {self.proc.returncode}; see {self.log}")
+        return True
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.sampler.stop()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.sampler.stop()
+
+
+def measure(n: int, workdir: Path, args) -> dict:
+    """One row of the table for a fleet of ``n`` devices (cells left out when a wait timed out)."""
+    row: dict = {"N": n}
+    run_dir = workdir / "server"
+    started = time.monotonic()
+    registry = FleetRegistry(run_dir / "registry.sqlite")
+    for device_id in swarm_ids("swarm-", n):
+        registry.add_device(device_id)
+    registry.close()
+    row["register s"] = time.monotonic() - started
+    servers: list[Server] = []
+    swarm = watch = None
+    broker = MosquittoBroker(workdir=workdir / "mosquitto", extra_config="sys_interval 1").start()
+    broker_sampler = ProcessSampler(broker.proc.pid)
+    try:
+        watch = BrokerWatch(broker.host, broker.port, FLEET)
+
+        def server(rounds: int, per_round: int, resume: bool) -> Server:
+            servers.append(Server(run_dir, broker.url, n, rounds, per_round, resume, args.round_timeout,
+                                  len(servers)))
+            return servers[-1]
+
+        launched = time.monotonic()
+        first = server(rounds=2, per_round=min(100, n), resume=False)
+        if not watch.wait_server_online(launched, args.timeout):
+            raise Timeout("server start")
+        hello_since, swarm_started = time.time(), time.monotonic()
+        swarm = Swarm(SwarmConfig(broker.url, FLEET, devices=n, processes=args.processes,
+                                  connect_rate=args.connect_rate)).start()
+        wait_for(lambda: swarm.counters().connected == n, args.timeout, "connected")
+        row["connected s"] = time.monotonic() - swarm_started
+        registry_path = run_dir / "registry.sqlite"
+        wait_for(lambda: hellos_recorded(registry_path, hello_since) >= n, args.timeout, "hellos")
+        row["hellos s"] = time.monotonic() - swarm_started
+        row["swarm KiB/dev"] = rss_mb(swarm.pids) * 1024 / n
+        wait_for(first.finished, args.timeout, "rounds 1-2")
+        row["round 100 s"] = round_rows(run_dir)[2]["seconds"]
+        second = server(rounds=3, per_round=min(1000, n), resume=True)
+        wait_for(second.finished, args.timeout, "round 3")
+        row["round 1000 s"] = round_rows(run_dir)[3]["seconds"]
+        third = server(rounds=5, per_round=min(100, n), resume=True)
+        tasks = swarm.counters().tasks
+        wait_for(lambda: swarm.counters().tasks > tasks, args.timeout, "round 4 tasks")
+        third.kill()
+        time.sleep(2.5)  # the swarm reports its counters once a second: let round 4's tasks settle
+        tasks = swarm.counters().tasks
+        restarted = time.monotonic()
+        fourth = server(rounds=5, per_round=min(100, n), resume=True)
+        wait_for(lambda: swarm.counters().tasks > tasks, args.timeout, "the next round after the restart")
+        row["resume s"] = time.monotonic() - restarted
+        wait_for(fourth.finished, args.timeout, "rounds 4-5")
+    except Timeout as exc:
+        row["timeout"] = str(exc)
+        print(f"N={n}: timed out waiting for {exc}", file=sys.stderr)
+    finally:
+        for s in servers:
+            s.stop()
+        if swarm is not None:
+            row["swarm at the end"] = swarm.counters().status_line(n)
+            swarm.stop()
+        time.sleep(1.5)  # one more $SYS interval
+        if watch is not None:
+            row["dropped"] = watch.dropped
+            watch.close()
+        broker_sampler.stop()
+        broker.stop()
+    row["server RSS MiB"] = max((s.sampler.peak_rss_mb for s in servers), default=None)
+    row["server CPU s"] = sum(s.sampler.cpu_s for s in servers)
+    row["mosquitto RSS MiB"] = broker_sampler.peak_rss_mb
+    return row
+
+
+def cell(value) -> str:
+    if value is None:
+        return "timeout"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000, 10000])
+    parser.add_argument("--processes", type=int, default=4, help="swarm processes")
+    parser.add_argument("--connect-rate", type=float, default=500.0, help="devices per second")
+    parser.add_argument("--round-timeout", type=float, default=300.0, help="the server's --round-timeout")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds any one wait may take")
+    parser.add_argument("--keep", type=Path, default=None, help="keep run directories and logs here")
+    args = parser.parse_args()
+    limit = raise_fd_limit()
+    print(f"open-file limit {limit} (mosquitto needs one per device, each swarm process one per device)")
+    rows = []
+    for n in args.sizes:
+        workdir = Path(tempfile.mkdtemp(prefix=f"fedsdk-scale-{n}-", dir=args.keep))
+        started = time.monotonic()
+        rows.append(measure(n, workdir, args))
+        print(f"N={n} done in {time.monotonic() - started:.0f} s: {rows[-1]}", flush=True)
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for row in rows:
+        print("| " + " | ".join(cell(row.get(c)) for c in COLUMNS) + " |")
+
+
+if __name__ == "__main__":
+    main()

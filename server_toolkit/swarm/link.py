@@ -1,0 +1,152 @@
+"""Many device MQTT connections on one thread: ``MqttLink`` driven by an epoll loop.
+
+Each simulated device has its own connection, configured exactly as a real device's
+(``sdk_device.transport.mqtt_link.MqttLink``: client id ``fedsdk-dev-<fleet>-<id>``,
+persistent session, last will ``offline`` on its status topic, ``online`` after every
+CONNACK, QoS 1, 16 in flight, TCP_NODELAY, TLS and credentials). Only the network loop
+differs: a real device runs paho's own thread, which ``select()``s on one socket; here one
+``selectors`` loop (epoll: no 1,024-descriptor limit) serves thousands of sockets through
+paho's external-loop hooks, and reconnects with the same backoff (1 s doubling to 30 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import selectors
+import ssl
+import time
+from collections.abc import Callable
+
+from sdk_device.transport.mqtt_link import MqttLink
+
+log = logging.getLogger(__name__)
+
+
+class EventLoop:
+    """An epoll loop over paho sockets, with reconnect timers (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+        self._reconnects: dict[SwarmLink, float] = {}  # link -> when to try again
+
+    def watch(self, sock, link: SwarmLink) -> None:
+        try:
+            self.selector.register(sock, selectors.EVENT_READ, link)
+        except (KeyError, ValueError):  # already watched, or closed meanwhile
+            pass
+
+    def unwatch(self, sock) -> None:
+        try:
+            self.selector.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+
+    def want_write(self, sock, link: SwarmLink, on: bool) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
+        try:
+            self.selector.modify(sock, events, link)
+        except (KeyError, ValueError):
+            pass
+
+    def reconnect_later(self, link: SwarmLink, delay_s: float) -> None:
+        self._reconnects[link] = time.monotonic() + delay_s
+
+    def run_once(self, timeout_s: float) -> None:
+        """Serve the sockets that are ready (waiting at most ``timeout_s``), then due reconnects."""
+        for key, mask in self.selector.select(timeout_s):
+            link: SwarmLink = key.data
+            if mask & selectors.EVENT_READ:
+                link.read()
+            if mask & selectors.EVENT_WRITE:
+                link.client.loop_write()
+        now = time.monotonic()
+        due = [link for link, at in self._reconnects.items() if at <= now]
+        for link in due:
+            del self._reconnects[link]
+            link.start()
+
+
+class SwarmLink(MqttLink):
+    """A device's ``MqttLink`` without paho's thread: ``start()`` connects without waiting;
+    the ``EventLoop`` moves the bytes; ``on_connected(first)`` follows each CONNACK."""
+
+    def __init__(self, loop: EventLoop, on_connected: Callable[[bool], None],
+                 on_disconnected: Callable[[], None], *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.loop = loop
+        self.client = self._client
+        self._notify_connected = on_connected
+        self._notify_disconnected = on_disconnected
+        self._ever_connected = False
+        self._backoff_s = 1.0
+        self.dead = False
+        self.client.on_socket_open = lambda _client, _userdata, sock: loop.watch(sock, self)
+        self.client.on_socket_close = lambda _client, _userdata, sock: loop.unwatch(sock)
+        self.client.on_socket_register_write = lambda _c, _u, sock: loop.want_write(sock, self, True)
+        self.client.on_socket_unregister_write = lambda _c, _u, sock: loop.want_write(sock, self, False)
+
+    def start(self) -> None:
+        """Open the TCP (and TLS) connection and queue CONNECT; on failure, retry later."""
+        if self.dead or self._closing:
+            return
+        try:
+            self.client.connect_async(self.broker.host, self.broker.port, keepalive=self._keepalive_s)
+            self.client.reconnect()
+        except (OSError, ssl.SSLError) as exc:
+            log.debug("%s: cannot reach the broker (%s)", self.client_id, exc)
+            self._retry()
+
+    def read(self) -> None:
+        """Read what arrived (TLS may hold decrypted bytes epoll cannot see: drain them)."""
+        self.client.loop_read()
+        sock = self.client.socket()
+        while isinstance(sock, ssl.SSLSocket) and sock.pending():
+            self.client.loop_read()
+            sock = self.client.socket()
+
+    def misc(self) -> None:
+        """Keepalive pings (call about once a second)."""
+        if not self.dead and self.client.socket() is not None:
+            self.client.loop_misc()
+
+    def vanish(self) -> None:
+        """Die without a DISCONNECT (the broker then publishes the last will); never come back."""
+        self.dead = True
+        sock = self.client.socket()
+        if sock is not None:
+            self.loop.unwatch(sock)
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def begin_close(self) -> None:
+        """Publish ``offline`` (retained) and queue DISCONNECT; the loop flushes them."""
+        self._closing = True
+        if self.dead or not self.connected:
+            return
+        if self._status_topic:
+            self.client.publish(self._status_topic, b"offline", qos=1, retain=True)
+        self.client.disconnect()
+
+    def _retry(self) -> None:
+        self.loop.reconnect_later(self, self._backoff_s * random.uniform(0.8, 1.2))
+        self._backoff_s = min(30.0, self._backoff_s * 2)
+
+    # -- paho callbacks ----------------------------------------------------------------------------
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        super()._on_connect(client, userdata, flags, reason_code, properties)
+        if reason_code.is_failure:
+            self._retry()
+            return
+        self._backoff_s = 1.0
+        first, self._ever_connected = not self._ever_connected, True
+        self._notify_connected(first)
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        self._connected.clear()
+        self._notify_disconnected()
+        if not self._closing and not self.dead:
+            log.info("%s lost the broker (%s); reconnecting", self.client_id, reason_code)
+            self._retry()
