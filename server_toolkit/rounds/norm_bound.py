@@ -2,11 +2,14 @@
 
 Per array record (``"model"``, a returned teacher, ...) that was sent with the task, an
 update's delta is ``w_i - w_sent`` over its floating-point tensors (integer tensors such
-as BatchNorm's ``num_batches_tracked`` are left alone). With ``m`` the round's lower
-median of those delta norms (of one record, over the round's updates), a delta longer
-than ``factor * m`` is scaled down to that length. The lower median keeps a single huge
-update out of the reference even when only two devices answered; with one update there is
-no reference and nothing is clipped.
+as BatchNorm's ``num_batches_tracked`` are left alone), measured per element: its RMS,
+‖delta‖ / sqrt(elements). With ``m`` the round's lower median of those RMS values (of one
+record, over the round's updates), a delta whose RMS exceeds ``factor * m`` is scaled down
+to that RMS. Per element, because devices of one round train models of different sizes
+(width tiers, personalised architectures): at the same step per weight a resnet18's delta
+has ~13x the norm of a lenet's, and a plain norm bound would clip every large model.
+The lower median keeps a single huge update out of the reference even when only two
+devices answered; with one update there is no reference and nothing is clipped.
 
 BatchNorm running statistics (``running_mean``, ``running_var``) are float tensors and
 count as part of the delta, scaled with it: a forged running variance is as harmful as a
@@ -37,13 +40,25 @@ def _float_names(sent: Weights, returned: Weights) -> list[str]:
                   and np.shape(sent[k]) == v.shape)
 
 
-def delta_norm(sent: Weights, returned: Weights) -> float:
-    """‖returned - sent‖ over the floating-point tensors both hold (float64 sums)."""
-    total = 0.0
+def _delta_squares(sent: Weights, returned: Weights) -> tuple[float, int]:
+    """(sum of squared deltas, element count) over the floating-point tensors both hold."""
+    total, count = 0.0, 0
     for k in _float_names(sent, returned):
         d = returned[k].astype(np.float64) - np.asarray(sent[k], np.float64)
         total += float(np.dot(d.ravel(), d.ravel()))
-    return math.sqrt(total)
+        count += d.size
+    return total, count
+
+
+def delta_norm(sent: Weights, returned: Weights) -> float:
+    """‖returned - sent‖ over the floating-point tensors both hold (float64 sums)."""
+    return math.sqrt(_delta_squares(sent, returned)[0])
+
+
+def delta_rms(sent: Weights, returned: Weights) -> float:
+    """The root mean square of ``returned - sent`` per float element (0 when there is none)."""
+    total, count = _delta_squares(sent, returned)
+    return math.sqrt(total / count) if count else 0.0
 
 
 def _scaled(sent: Weights, returned: Weights, scale: float) -> Weights:
@@ -56,8 +71,8 @@ def _scaled(sent: Weights, returned: Weights, scale: float) -> Weights:
 
 
 def bound_updates(rnd: int, updates: list[ClientUpdate], factor: float) -> tuple[list[ClientUpdate], int]:
-    """``updates`` with every delta longer than ``factor`` x the round's lower median norm
-    (per record) scaled to that length; and how many updates were clipped."""
+    """``updates`` with every delta whose RMS exceeds ``factor`` x the round's lower median RMS
+    (per record) scaled down to it; and how many updates were clipped."""
     clipped: set[int] = set()
     records = sorted({name for u in updates for name in u.arrays if name in u.instruction.all_models()})
     out = list(updates)
@@ -66,14 +81,15 @@ def bound_updates(rnd: int, updates: list[ClientUpdate], factor: float) -> tuple
         if len(have) < 2:
             continue
         sent = {i: out[i].instruction.all_models()[name].weights for i in have}
-        norms = {i: delta_norm(sent[i], out[i].arrays[name]) for i in have}
-        bound = factor * statistics.median_low(norms.values())
+        rms = {i: delta_rms(sent[i], out[i].arrays[name]) for i in have}
+        bound = factor * statistics.median_low(rms.values())
         for i in have:
-            if norms[i] <= bound:
+            if rms[i] <= bound:
                 continue
-            scale = bound / norms[i]
-            log.warning("round %d: update of %s moves %s by %.3g, more than %.3g (%g x the median); "
-                        "scaled by %.3g", rnd, out[i].device_id, name, norms[i], bound, factor, scale)
+            scale = bound / rms[i]
+            log.warning("round %d: update of %s moves %s by %.3g per weight (RMS), more than %.3g "
+                        "(%g x the median); scaled by %.3g", rnd, out[i].device_id, name, rms[i], bound,
+                        factor, scale)
             weights = _scaled(sent[i], out[i].arrays[name], scale)
             if name == MODEL:
                 out[i] = dataclasses.replace(out[i], weights=weights)

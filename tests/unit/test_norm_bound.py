@@ -17,7 +17,7 @@ from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.inprocess_grid import InProcessGrid
 from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.rounds.loop import LoopConfig, RoundLoop
-from server_toolkit.rounds.norm_bound import bound_updates, delta_norm
+from server_toolkit.rounds.norm_bound import bound_updates, delta_norm, delta_rms
 
 BOOST = 1e9
 
@@ -99,3 +99,16 @@ def test_clipping_scales_float_deltas_and_leaves_integer_tensors_and_unsent_reco
     assert out[3].weights["steps"] == 99  # an integer tensor is not a delta
     assert np.array_equal(out[3].others["features"]["f"], np.full(2, 7.0))  # never sent: not clipped
     assert all(out[i] is small[i] for i in range(3))
+
+
+def test_a_larger_model_taking_the_same_step_per_weight_is_not_clipped():
+    """Devices of one round may train models of different sizes (width tiers, personalised
+    architectures): the bound compares steps per weight, not whole-model norms."""
+    small_sent, large_sent = {"w": np.zeros(10, np.float32)}, {"w": np.zeros(10_000, np.float32)}
+    updates = [_update(f"s{i}", small_sent, {"w": np.full(10, 0.01, np.float32)}) for i in range(3)]
+    updates.append(_update("large", large_sent, {"w": np.full(10_000, 0.01, np.float32)}))  # norm 31x
+    out, clipped = bound_updates(1, updates, factor=10.0)
+    assert clipped == 0 and out[3] is updates[3]
+    updates[3] = _update("large", large_sent, {"w": np.full(10_000, 0.5, np.float32)})  # 50x per weight
+    out, clipped = bound_updates(1, updates, factor=10.0)
+    assert clipped == 1 and abs(delta_rms(large_sent, out[3].weights) - 0.1) < 1e-6
