@@ -86,6 +86,7 @@ def test_thousands_of_hellos_are_written_in_a_few_transactions(tmp_path, slow_wr
 
 def test_the_message_path_runs_no_query(tmp_path, slow_writer, monkeypatch):
     monkeypatch.setattr(registry_module, "KNOWN_REFRESH_S", 3600.0)
+    monkeypatch.setattr(registry_module, "BATCH_ROWS", 10**6)  # no batch commit while we trace
     registry = FleetRegistry(tmp_path / "registry.sqlite")
     registry.add_devices([(f"d{i}", "0.5") for i in range(1000)])
     grid = MqttGrid(None, registry)
