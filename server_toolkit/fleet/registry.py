@@ -142,6 +142,12 @@ class FleetRegistry:
             state = self._states.get(device_id)
             return dataclasses.replace(state) if state is not None else None
 
+    def states(self) -> dict[str, DeviceState]:
+        """A copy of every device's in-memory state, by id (no query; e.g. for a dashboard)."""
+        self._refresh()
+        with self._state_lock:
+            return {d: dataclasses.replace(s) for d, s in sorted(self._states.items())}
+
     def _record(self, device_id: str, **fields) -> None:
         """Change the bookkeeping of a registered, non-revoked device; written behind."""
         with self._state_lock:
