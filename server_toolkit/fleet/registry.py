@@ -107,8 +107,8 @@ class FleetRegistry:
     # -- the in-memory device states ---------------------------------------------------------
     def _refresh(self) -> None:
         """Re-read the devices other processes changed, at most every KNOWN_REFRESH_S."""
-        if time.monotonic() - self._polled_at < KNOWN_REFRESH_S:
-            return
+        if self._closed or time.monotonic() - self._polled_at < KNOWN_REFRESH_S:
+            return  # (closed: the states stay as they were; a dashboard may still read them)
         with self._lock:
             self._polled_at = time.monotonic()
             version = self._db.execute("PRAGMA data_version").fetchone()[0]

@@ -3,12 +3,13 @@
 The round loop's ``on_round`` adds each metrics row; ``watch`` hands it the fleet source
 (``observe/fleet_view.py``) and the grid, whose ``live()`` gives the open round. The web
 server's thread only calls ``snapshot()``; the fleet is re-read at most every ``FLEET_TTL_S``
-however many pages and scrapers poll.
+however many pages and scrapers poll. Once the run has ended no device counts as online.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -75,6 +76,9 @@ class DashboardState:
         with self._lock:
             grid = self._grid
             rows, config, status = copy.deepcopy(self._rows), copy.deepcopy(self._config), self._status
+        if status not in ("starting", "running"):  # the server no longer serves any device
+            fleet = FleetView([dataclasses.replace(d, online=False) for d in fleet.devices],
+                              fleet.rejections_by_reason)
         rounds = config.get("rounds")
         return Snapshot(config, rows, fleet, grid.live() if grid is not None else None, status,
                         self._started_at, rounds if isinstance(rounds, int) else None)
