@@ -35,10 +35,11 @@ def observe_options(f):
 def open_observers(dashboard: str | None, token: str | None, log_to: tuple[str, ...], run_name: str):
     """The ``RunObservers`` the options ask for, started (ClickException with one line if not)."""
     from ..observe.access import DashboardError, decide_token, parse_bind
+    from ..observe.log_to import open_tracker
     from ..observe.observers import RunObservers
     from ..observe.server import DashboardServer
     from ..observe.state import DashboardState
-    from ..observe.tracking import TrackingError, open_tracker
+    from ..observe.tracking import TrackingError
 
     try:
         trackers = [open_tracker(spec, run_name) for spec in log_to]

@@ -1,4 +1,4 @@
-"""Experiment tracking: ``--log-to tensorboard:DIR`` and ``--log-to mlflow:URI`` (repeatable).
+"""Experiment tracking: what every tracker does (``observe/log_to.py`` opens them).
 
 A tracker gets the run's config once (``begin``), every round's numeric metrics (``add_round``,
 step = round) and the run's end (``finish``). Their libraries are optional extras: a missing one is
@@ -12,7 +12,6 @@ import numbers
 from typing import Protocol
 
 EXTRA_HINT = "pip install 'fedsdk[tracking]'"
-KINDS = ("tensorboard", "mlflow")
 
 
 class TrackingError(Exception):
@@ -42,15 +41,3 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, str]:
         else:
             out[f"{prefix}{key}"] = str(value)
     return out
-
-
-def open_tracker(spec: str, run_name: str) -> Tracker:
-    """The tracker of one ``--log-to`` value (``KIND:TARGET``)."""
-    kind, sep, target = spec.partition(":")
-    if not sep or kind not in KINDS or not target:
-        raise TrackingError(f"--log-to {spec!r}: expected tensorboard:DIR or mlflow:URI")
-    if kind == "tensorboard":
-        from .tensorboard_log import TensorBoardTracker
-        return TensorBoardTracker(target, run_name)
-    from .mlflow_log import MlflowTracker
-    return MlflowTracker(target, run_name)

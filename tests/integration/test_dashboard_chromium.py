@@ -151,7 +151,8 @@ def test_metrics_parse_and_their_counters_match_the_registry_and_the_rows(run):
     assert samples["fedsdk_devices_registered"].value == devices == 2
     assert samples["fedsdk_devices_online"].value == 0  # after the run
     assert samples["fedsdk_round_duration_seconds_count"].value == ROUNDS
-    assert samples["fedsdk_round_duration_seconds_sum"].value == pytest.approx(sum(r["seconds"] for r in rows))
+    seconds = sum(r["seconds"] for r in rows)
+    assert samples["fedsdk_round_duration_seconds_sum"].value == pytest.approx(seconds)
     assert samples["fedsdk_bytes_sent_total"].value == rows[-1]["bytes_down"] > 0
     assert samples["fedsdk_bytes_received_total"].value == rows[-1]["bytes_up"] > 0
     assert samples["fedsdk_accuracy"].value == pytest.approx(rows[-1]["accuracy"])
