@@ -30,4 +30,5 @@ def test_a_missing_tracking_extra_names_the_pip_extra(tmp_path, monkeypatch):
 def test_only_finite_numbers_are_logged_and_the_config_is_flattened():
     row = {"round": 2, "accuracy": 0.5, "accepted": 3, "ok": True, "note": "x", "loss": float("nan")}
     assert numeric_metrics(row) == {"accuracy": 0.5, "accepted": 3.0}
-    assert flat_config({"method": "fedavg", "recipe": {"lr": 0.05}}) == {"method": "fedavg", "recipe.lr": "0.05"}
+    flat = flat_config({"method": "fedavg", "recipe": {"lr": 0.05}})
+    assert flat == {"method": "fedavg", "recipe.lr": "0.05"}
