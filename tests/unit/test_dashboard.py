@@ -84,3 +84,30 @@ def test_a_bad_address_or_a_port_in_use_is_a_one_line_error():
         with pytest.raises(DashboardError) as caught:
             DashboardServer(DashboardState(), parse_bind(f"127.0.0.1:{port}"), None).start()
     assert str(caught.value) == f"--dashboard 127.0.0.1:{port} is in use"
+
+
+def test_every_metric_the_grafana_dashboard_queries_is_exported_with_prometheus_conventions():
+    import json
+    import re
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from server_toolkit.observe.prometheus_metrics import exposition, metrics_registry
+
+    state = DashboardState()
+    state.begin({"rounds": 2})
+    state.watch(_fleet, OpenRoundGrid())
+    state.add_round({"round": 1, "accepted": 2, "seconds": 1.5, "bytes_down": 10, "bytes_up": 7,
+                     "accuracy": 0.5, "loss": 1.0, "time_configure_s": 0.1, "time_aggregate_s": 0.2,
+                     "time_evaluate_s": 0.3})
+    text = exposition(metrics_registry(state)).decode()
+    samples = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    dashboard = (Path(__file__).resolve().parents[2] / "docs" / "grafana-fedsdk.json").read_text()
+    queried = set(re.findall(r"fedsdk_[a-z_]+", json.dumps(json.loads(dashboard)["panels"])))
+    assert queried and queried <= samples, queried - samples
+    counters = [f for f in text_string_to_metric_families(text) if f.name.startswith("fedsdk_")
+                and f.type == "counter"]
+    assert {f.name for f in counters} >= {"fedsdk_rounds_completed", "fedsdk_updates_accepted"}
+    assert all(s.name.endswith("_total") for f in counters for s in f.samples)
+    assert 'fedsdk_updates_rejected_total{reason="timeout"} 1.0' in text
