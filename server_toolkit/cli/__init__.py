@@ -13,6 +13,7 @@ module          commands
 ``datasets``    datasets list | verify | fetch
 ``methods``     methods list | show
 ``report``      report (an HTML page comparing runs)
+``runs``        runs list | show (run directories and how they ended)
 ``hn``          hn adapt (a new device into a hypernetwork run)
 ``swarm``       swarm (thousands of simulated devices for load tests)
 ==============  ===============================================================
@@ -33,6 +34,7 @@ from .methods import methods
 from .pairing import pair_code
 from .report import report
 from .run import run
+from .runs import runs
 from .security import certs, security
 from .simulate import simulate
 from .swarm import swarm
@@ -47,5 +49,5 @@ def main(verbose: int) -> None:
 
 
 for command in (simulate, run, edge, devices, pair_code, broker, certs, security, datasets, methods, report,
-                hn, swarm):
+                runs, hn, swarm):
     main.add_command(command)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
 from fedcore.recipe import Recipe
 
+from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import console, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
 
@@ -75,6 +77,7 @@ from .pairing import pairing_options, parse_tiers
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @pairing_options
+@observe_options
 def run(
     broker_url,
     insecure_embedded_broker,
@@ -110,6 +113,10 @@ def run(
     device_url,
     pair_max_failures,
     pair_lockout,
+    dashboard,
+    dashboard_token,
+    dashboard_hold,
+    log_to,
 ) -> None:
     """Serve a real fleet, and pair new devices meanwhile (`fedsdk-server pair-code`).
 
@@ -142,6 +149,7 @@ def run(
     elif server_data:
         console.print(f"[yellow]--server-data ignored: {method} uses no server data[/]")
     data, the_method = setup.data, setup.method
+    observers = open_observers(dashboard, dashboard_token, log_to, run_dir.name)
     registry = FleetRegistry(run_dir / "registry.sqlite")
     broker = None
     username = password = None
@@ -176,6 +184,12 @@ def run(
     )
     grid = MqttGrid(endpoint, registry, program_formats=[f.strip() for f in program_formats.split(",")],
                     fetch_timeout_s=round_timeout)
+    config = {"method": method, "model": model, "dataset": dataset, "fleet": fleet, "rounds": rounds,
+              "clients_per_round": clients_per_round, "fraction": fraction, "round_timeout_s": round_timeout,
+              "seed": seed, "recipe": recipe.to_dict(), "method_options": parse_options(method_options)}
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    observers.begin(config, report.rows)
+    observers.watch_registry(registry, run_dir / "registry.sqlite", grid)
     loop = RoundLoop(
         the_method, grid,
         LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
@@ -184,32 +198,34 @@ def run(
                    norm_bound=norm_bound or None),
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
-        on_round=lambda row: (report.add_round(row), console.print(row)),
+        on_round=lambda row: (report.add_round(row), observers.add_round(row), console.print(row)),
     )
     pairing = None
-    try:
-        endpoint.start()
-        loop.start(resume=resume)
-        pairing = start_pairing(run_dir, fleet_info, address, the_method, registry, grid.programs,
-                                username=username, password=password, ca_file=ca_file, insecure=insecure,
-                                security=broker_security if security_dir else None)
-        console.print(f"pairing open: make a code with `fedsdk-server pair-code --run-dir {run_dir}`"
-                      + ("" if security_dir else " (no --broker-security: the broker enforces no accounts)"))
-        console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
-        while grid.wait_for_devices(min_devices, timeout_s=30) < min_devices:
-            console.print(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
-        loop.run()
-    except (FleetLost, NoUpdates) as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        if pairing:
-            pairing.close()
-        grid.close()
-        endpoint.close()
-        registry.close()  # writes the devices' last hello/status bookkeeping
-        if broker:
-            broker.stop()
-    report.write_plot()
+    with observed(observers, run_dir):
+        try:
+            endpoint.start()
+            loop.start(resume=resume)
+            pairing = start_pairing(run_dir, fleet_info, address, the_method, registry, grid.programs,
+                                    username=username, password=password, ca_file=ca_file, insecure=insecure,
+                                    security=broker_security if security_dir else None)
+            unsecured = "" if security_dir else " (no --broker-security: the broker enforces no accounts)"
+            console.print(f"pairing open: make a code with `fedsdk-server pair-code --run-dir {run_dir}`"
+                          + unsecured)
+            console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
+            while grid.wait_for_devices(min_devices, timeout_s=30) < min_devices:
+                console.print(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
+            loop.run()
+        except (FleetLost, NoUpdates) as exc:
+            raise click.ClickException(str(exc)) from None
+        finally:
+            if pairing:
+                pairing.close()
+            grid.close()
+            endpoint.close()
+            registry.close()  # writes the devices' last hello/status bookkeeping
+            if broker:
+                broker.stop()
+        report.write_plot()
+        report.write_summary({"method": method, "dataset": dataset, "fleet": fleet})
     console.print(report.summary_table(f"{method} on fleet {fleet}"))
-
-
+    hold_dashboard(observers, dashboard_hold)

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fedcore.recipe import Recipe
 
+from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import console, method_option, parse_options, recipe_options
 
 
@@ -101,8 +102,9 @@ from .options import console, method_option, parse_options, recipe_options
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Continue the run in this directory from its last checkpoint.",
 )
+@observe_options
 def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr, optimizer,
-             **options) -> None:
+             dashboard, dashboard_token, dashboard_hold, log_to, **options) -> None:
     """Run a whole federation here: broker, server and N real device processes over MQTT
     (or, with `--grid inprocess`, the same devices trained in this process)."""
     import json
@@ -141,7 +143,8 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
         f"{config.devices} devices, {config.rounds} rounds, {config.partition} partition "
         f"-> {run_dir}"
     )
-    with Progress(
+    observers = open_observers(dashboard, dashboard_token, log_to, run_dir.name)
+    with observed(observers, run_dir), Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -170,7 +173,8 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
         from ..sim.partition import PartitionError
 
         try:
-            report = Simulation(config, run_dir, resume=resume_dir is not None, on_event=on_event).run()
+            report = Simulation(config, run_dir, resume=resume_dir is not None, on_event=on_event,
+                                observers=observers).run()
         except (DatasetError, PartitionError, ValueError, TypeError, RuntimeError, ConnectionError) as exc:
             raise click.ClickException(str(exc)) from None
     console.print(report.summary_table(f"{config.method} on {config.dataset}"))
@@ -180,5 +184,6 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
         if acc is not None
         else f"no rounds completed; see {run_dir}"
     )
+    hold_dashboard(observers, dashboard_hold)
 
 

@@ -107,8 +107,8 @@ class FleetRegistry:
     # -- the in-memory device states ---------------------------------------------------------
     def _refresh(self) -> None:
         """Re-read the devices other processes changed, at most every KNOWN_REFRESH_S."""
-        if time.monotonic() - self._polled_at < KNOWN_REFRESH_S:
-            return
+        if self._closed or time.monotonic() - self._polled_at < KNOWN_REFRESH_S:
+            return  # (closed: the states stay as they were; a dashboard may still read them)
         with self._lock:
             self._polled_at = time.monotonic()
             version = self._db.execute("PRAGMA data_version").fetchone()[0]
@@ -141,6 +141,12 @@ class FleetRegistry:
         with self._state_lock:
             state = self._states.get(device_id)
             return dataclasses.replace(state) if state is not None else None
+
+    def states(self) -> dict[str, DeviceState]:
+        """A copy of every device's in-memory state, by id (no query; e.g. for a dashboard)."""
+        self._refresh()
+        with self._state_lock:
+            return {d: dataclasses.replace(s) for d, s in sorted(self._states.items())}
 
     def _record(self, device_id: str, **fields) -> None:
         """Change the bookkeeping of a registered, non-revoked device; written behind."""

@@ -38,6 +38,18 @@ class Exchange:
         return sum(self.rejections.values())
 
 
+@dataclass
+class LiveRound:
+    """The open round as the grid sees it now (for dashboards): the devices asked, those whose
+    update was accepted, rejections by reason code and the deadline (unix seconds)."""
+
+    round: int
+    asked: list[str]
+    accepted: list[str]
+    rejections: dict[str, int]
+    deadline: float
+
+
 class Grid(ABC):
     """The devices of one fleet, as the round loop sees them."""
 
@@ -66,6 +78,10 @@ class Grid(ABC):
 
     def poll(self, timeout_s: float) -> None:  # noqa: B027 - optional
         """Handle incoming traffic between rounds for up to ``timeout_s`` seconds."""
+
+    def live(self) -> LiveRound | None:
+        """A copy of the open round's progress (None: no round open). Safe from any thread."""
+        return None
 
     def traffic(self) -> tuple[int, int]:
         """Bytes sent to and received from devices so far: (down, up)."""

@@ -18,7 +18,7 @@ from sdk_device.protocol.blobs import first_non_finite
 
 from ..methods.base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
 from ..torch_utils import one_torch_thread
-from .grid import Exchange, Grid
+from .grid import Exchange, Grid, LiveRound
 from .local_device import LocalDevice, TorchRuntimePool, train_on_device
 
 log = logging.getLogger(__name__)
@@ -36,12 +36,16 @@ def non_finite(update: ClientUpdate) -> str | None:
 class InProcessGrid(Grid):
     """``devices`` trained here, one after the other, every round. ``traffic()`` counts the
     tensor bytes that would travel (every model's weights down, array records up; no
-    programs, no headers)."""
+    programs, no headers); ``accepted`` / ``rejected`` / ``last_error`` tally each device."""
 
     def __init__(self, devices: list[LocalDevice]) -> None:
         self.devices = {d.info.device_id: d for d in devices}
         self.runtimes = TorchRuntimePool()
         self.bytes_down = self.bytes_up = 0
+        self.accepted: dict[str, int] = {}  # device -> updates accepted over the run
+        self.rejected: dict[str, int] = {}  # device -> results rejected over the run
+        self.last_error: dict[str, str] = {}  # device -> its last rejection, "code: detail"
+        self._live: LiveRound | None = None
 
     def online(self) -> list[DeviceInfo]:
         return sorted((d.info for d in self.devices.values()), key=lambda d: d.device_id)
@@ -49,19 +53,33 @@ class InProcessGrid(Grid):
     def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
                  quorum: int) -> Exchange:
         exchange = Exchange()
+        live = LiveRound(round_number, sorted(i.device_id for i in instructions), [], exchange.rejections,
+                         deadline)
+        self._live = live
         for instruction in instructions:
+            dev = instruction.device_id
             self.bytes_down += sum(_nbytes(m.weights) for m in instruction.all_models().values())
             with one_torch_thread():  # as a device process trains (same float reductions)
-                update = train_on_device(self.devices[instruction.device_id], instruction, self.runtimes)
+                update = train_on_device(self.devices[dev], instruction, self.runtimes)
             self.bytes_up += sum(_nbytes(record) for record in update.arrays.values())
             bad = non_finite(update)
             if bad:  # as the MQTT grid rejects it (check_update: non_finite)
                 log.warning("round %d: rejected the update of %s: %s contains NaN or Inf",
-                            round_number, instruction.device_id, bad)
+                            round_number, dev, bad)
                 exchange.rejections["non_finite"] = exchange.rejections.get("non_finite", 0) + 1
+                self.rejected[dev] = self.rejected.get(dev, 0) + 1
+                self.last_error[dev] = f"non_finite: {bad} contains NaN or Inf"
                 continue
             exchange.updates.append(update)
+            self.accepted[dev] = self.accepted.get(dev, 0) + 1
+            live.accepted = sorted([*live.accepted, dev])
+        self._live = None
         return exchange
+
+    def live(self) -> LiveRound | None:
+        live = self._live
+        return None if live is None else LiveRound(live.round, list(live.asked), list(live.accepted),
+                                                   dict(live.rejections), live.deadline)
 
     def traffic(self) -> tuple[int, int]:
         return self.bytes_down, self.bytes_up

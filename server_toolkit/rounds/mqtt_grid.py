@@ -33,7 +33,7 @@ from sdk_device.transport.endpoint import Endpoint, Incoming
 from ..fleet.registry import FleetRegistry
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction
 from ..methods.tiers import resolve_tier
-from .grid import Exchange, Grid
+from .grid import Exchange, Grid, LiveRound
 from .results import PendingTask, check_record, check_records, features_request, result_key
 from .task_records import instruction_from_record, task_record
 
@@ -61,6 +61,7 @@ class MqttGrid(Grid):
         self._pending: dict[str, PendingTask] = {}  # tasks of the open round
         self._closed_tasks: dict[str, int] = {}  # task id -> round, for tasks of recent closed rounds
         self._open_round: int | None = None
+        self._deadline = 0.0  # of the open round
         self._lock = threading.RLock()  # _accept rejects while holding it
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
         self._resolved: set[str] = set()  # devices of the open round accepted, refused or gone
@@ -96,6 +97,14 @@ class MqttGrid(Grid):
     def poll(self, timeout_s: float) -> None:
         self._pump(timeout_s)
 
+    def live(self) -> LiveRound | None:
+        with self._lock:
+            rnd, tasks, done = self._open_round, list(self._pending.values()), set(self._accepted)
+            asked = sorted({t.instruction.device_id for t in tasks if t.round == rnd})
+            accepted = sorted(t.instruction.device_id for t in tasks if t.task_id in done)
+            return None if rnd is None else LiveRound(rnd, asked, accepted, dict(self._rejections),
+                                                      self._deadline)
+
     def traffic(self) -> tuple[int, int]:
         return self.endpoint.bytes_sent, self.endpoint.bytes_received
 
@@ -119,7 +128,7 @@ class MqttGrid(Grid):
         self.registry.open_round(round_number, sorted({*earlier, *(i.device_id for i in instructions)}), "")
         with self._lock:
             self._open_round, self._resolved, self._accepted, self._rejections = round_number, set(), [], {}
-            self._left = set()
+            self._left, self._deadline = set(), deadline
         asked = {i.device_id for i in instructions}
         for instruction in instructions:
             self._send_task(round_number, instruction, deadline)

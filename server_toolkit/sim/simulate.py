@@ -35,6 +35,7 @@ from ..data.server_slice import take_server_slice
 from ..fleet.registry import FleetRegistry
 from ..methods.abilities import wants_server_data
 from ..methods.base import DeviceInfo
+from ..observe.observers import RunObservers
 from ..report.run_report import RunReport
 from ..rounds.grid import Grid
 from ..rounds.inprocess_grid import InProcessGrid
@@ -133,7 +134,8 @@ def new_run_dir(root: Path = Path("runs")) -> Path:
 
 
 class Simulation:
-    """One simulated federation; use ``run()``. ``on_event`` receives progress events."""
+    """One simulated federation; use ``run()``. ``on_event`` receives progress events;
+    ``observers`` the config, the fleet and every round (dashboard, tracking)."""
 
     def __init__(
         self,
@@ -141,8 +143,10 @@ class Simulation:
         run_dir: Path,
         resume: bool = False,
         on_event: Callable[[str, dict], None] | None = None,
+        observers: RunObservers | None = None,
     ) -> None:
         self.config = config
+        self.observers = observers or RunObservers()
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.on_event = on_event or (lambda kind, data: None)
@@ -241,14 +245,18 @@ class Simulation:
         if server_data is not None:
             method.attach_server_data(*server_data)
         report = RunReport.load(self.run_dir) if self.resume else RunReport(self.run_dir)
+        self.observers.begin(asdict(c), report.rows)
 
         def on_round(row: dict) -> None:
             report.add_round(row)
+            self.observers.add_round(row)
             self.on_event("round", row)
 
         test_data = (data.x_test, data.y_test)
         if c.grid == "inprocess":
-            loop = RoundLoop(method, InProcessGrid(devices), self.loop_config(setup.tier_map),
+            grid = InProcessGrid(devices)
+            self.observers.watch_inprocess(grid)
+            loop = RoundLoop(method, grid, self.loop_config(setup.tier_map),
                              run_dir=self.run_dir, test_data=test_data, on_round=on_round)
             loop.start(resume=self.resume)
             self.on_event("devices", {"online": len(devices), "expected": len(devices)})
@@ -282,6 +290,7 @@ class Simulation:
                             is_known_peer=registry.is_known)
         grid = MqttGrid(endpoint, registry, program_formats=c.program_formats,
                         fetch_timeout_s=c.round_timeout_s)
+        self.observers.watch_registry(registry, self.run_dir / "registry.sqlite", grid)
         try:
             endpoint.start()
             self.start_edges(address)

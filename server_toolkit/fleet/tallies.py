@@ -1,0 +1,43 @@
+"""What the registry file says about each device's results, read on a connection of its own.
+
+A dashboard polls this while the round loop writes: its own read-only connection (the registry
+is in WAL mode) never waits for the registry's lock, and one GROUP BY per table serves any fleet
+size.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Tallies:
+    """Per device: updates accepted, results rejected, the last rejection (``code: detail``);
+    and the rejections of the whole run by reason code."""
+
+    accepted: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    last_error: dict[str, str] = field(default_factory=dict)
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def read_tallies(registry_path: Path) -> Tallies:
+    """The tallies of the registry at ``registry_path`` (empty when the file does not exist yet)."""
+    out = Tallies()
+    if not Path(registry_path).exists():
+        return out
+    db = sqlite3.connect(f"{Path(registry_path).resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    try:
+        for device, count in db.execute("SELECT device_id, COUNT(*) FROM updates GROUP BY device_id"):
+            out.accepted[device] = count
+        # SQLite takes the bare columns of an aggregate query from the row holding MAX(id): the last one
+        for device, count, code, detail, _ in db.execute(
+                "SELECT device_id, COUNT(*), code, detail, MAX(id) FROM rejections GROUP BY device_id"):
+            out.rejected[device], out.last_error[device] = count, f"{code}: {detail}"
+        for code, count in db.execute("SELECT code, COUNT(*) FROM rejections GROUP BY code"):
+            out.by_reason[code] = count
+    finally:
+        db.close()
+    return out

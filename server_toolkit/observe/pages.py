@@ -1,0 +1,124 @@
+"""The dashboard's HTML, rendered on the server from a ``Snapshot``: header, the open round, the
+fleet table and inline SVG charts (accuracy and loss per round, per tier / device key when the rows
+have them; bytes and server seconds per stage). No CDN, no framework: the page's one small script
+re-fetches ``fragment`` every ``POLL_S`` seconds and counts the deadline down."""
+
+from __future__ import annotations
+
+import time
+from html import escape
+
+from ..report import svg
+from ..report.compare_html import CSS, PALETTE, format_bytes
+from ..report.series import is_number, natural_key, numeric_keys, points
+from .fleet_view import DeviceRow
+from .state import Snapshot
+
+POLL_S = 2.0
+STAGE_KEYS = ("time_configure_s", "time_aggregate_s", "time_evaluate_s")
+
+SCRIPT = """
+const query = location.search;
+function tick() {
+  for (const el of document.querySelectorAll('[data-deadline]')) {
+    const left = Math.max(0, Number(el.dataset.deadline) - Date.now() / 1000);
+    el.textContent = left.toFixed(0) + ' s';
+  }
+}
+async function refresh() {
+  try {
+    const response = await fetch('fragment' + query, {cache: 'no-store'});
+    if (response.ok) { document.getElementById('live').innerHTML = await response.text(); tick(); }
+  } catch (e) { /* the server stopped: keep the last view */ }
+}
+setInterval(refresh, %d);
+setInterval(tick, 1000);
+"""
+
+
+def page(snap: Snapshot) -> str:
+    """The whole page."""
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>fedsdk dashboard</title>'
+            f"<style>{CSS}.on{{color:#007a3d}}.off{{color:#b00020}}</style></head><body><main>"
+            f'<div id="live">{fragment(snap)}</div></main>'
+            f"<script>{SCRIPT % int(POLL_S * 1000)}</script></body></html>")
+
+
+def fragment(snap: Snapshot) -> str:
+    """Everything that changes: what ``refresh`` swaps in."""
+    return "".join([_header(snap), _round_section(snap), _fleet_section(snap.fleet.devices),
+                    _charts(snap.rows)])
+
+
+def _header(snap: Snapshot) -> str:
+    c = snap.config
+    what = ", ".join(str(c[k]) for k in ("method", "dataset", "model") if c.get(k))
+    planned = f" of {snap.planned_rounds}" if snap.planned_rounds else ""
+    return (f"<h1>fedsdk: {escape(what or 'run')}</h1>"
+            f'<p id="status">status <b>{escape(snap.status)}</b>; <span id="rounds-done">{len(snap.rows)}'
+            f"</span>{planned} rounds done; {snap.fleet.online}/{len(snap.fleet.devices)} devices online; "
+            f"up {_ago(snap.started_at)}</p>")
+
+
+def _round_section(snap: Snapshot) -> str:
+    live = snap.live
+    if live is None:
+        last = snap.rows[-1] if snap.rows else None
+        text = "no round open" + (f"; round {last['round']} closed: {last.get('accepted', 0)} accepted, "
+                                  f"{last.get('rejected', 0)} rejected" if last else "")
+        return f'<h2>Current round</h2><p id="round-none">{escape(text)}</p>'
+    reasons = ", ".join(f"{code} × {n}" for code, n in sorted(live.rejections.items())) or "none"
+    rows = [("round", str(live.round)), ("selected", f"{len(live.asked)}: {', '.join(live.asked)}"),
+            ("accepted", f"{len(live.accepted)}: {', '.join(live.accepted)}"),
+            ("rejected", f"{sum(live.rejections.values())} ({reasons})")]
+    body = "".join(f'<tr><th class="label">{k}</th><td class="label">{escape(v)}</td></tr>' for k, v in rows)
+    left = max(0.0, live.deadline - time.time())
+    body += (f'<tr><th class="label">deadline in</th><td class="label" data-deadline="{live.deadline:.3f}">'
+             f"{left:.0f} s</td></tr>")
+    return f'<h2>Current round</h2><table id="round">{body}</table>'
+
+
+def _fleet_section(devices: list[DeviceRow]) -> str:
+    header = ["device", "tier", "runtime", "last seen", "online", "accepted", "rejected", "last error"]
+    head = "".join(f'<th class="label">{h}</th>' for h in header)
+    rows = []
+    for d in devices:
+        online = '<span class="on">online</span>' if d.online else '<span class="off">offline</span>'
+        seen = _ago(d.last_seen) + " ago" if d.last_seen else "–"
+        cells = [escape(d.device), escape(d.tier or "–"), escape(d.runtime or "–"), seen, online,
+                 str(d.accepted), str(d.rejected), escape(d.last_error[:160] or "–")]
+        rows.append("<tr>" + "".join(f'<td class="label">{c}</td>' for c in cells) + "</tr>")
+    return (f'<h2>Fleet</h2><div class="scroll"><table id="fleet"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def _charts(rows: list[dict]) -> str:
+    keys = numeric_keys(rows)
+    accuracy = [k for k in keys if k == "accuracy" or k.startswith("accuracy_")]
+    loss = [k for k in keys if k == "loss" or k.startswith("loss_")]
+    charts = [("accuracy", "Accuracy per round", "accuracy", accuracy),
+              ("loss", "Loss per round", "loss", loss),
+              ("bytes", "Bytes per round", "bytes", [k for k in ("bytes_down", "bytes_up") if k in keys]),
+              ("stages", "Server seconds per stage", "seconds", [k for k in STAGE_KEYS if k in keys])]
+    out = []
+    for chart_id, title, y_label, chart_keys in charts:
+        lines = [svg.Line(key, PALETTE[i % len(PALETTE)],
+                          [svg.Point(x, y, note=_note(key, x, y)) for x, y in points(rows, key)])
+                 for i, key in enumerate(sorted(chart_keys, key=natural_key))]
+        chart = svg.line_chart(lines, title=title, x_label="round", y_label=y_label, width=560, height=300)
+        out.append(f'<figure id="{chart_id}-chart">{chart}</figure>')
+    return '<h2>Rounds</h2><div class="grid">' + "".join(out) + "</div>"
+
+
+def _note(key: str, x: float, y: float) -> str:
+    shown = format_bytes(y) if key.startswith("bytes_") else f"{y:.4g}"
+    return f"{key}: {shown} at round {x:g}"
+
+
+def _ago(at: float) -> str:
+    seconds = max(0.0, time.time() - at) if is_number(at) else 0.0
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
