@@ -68,7 +68,7 @@ from .pairing import pairing_options, parse_tiers
 @click.option("--fleet-timeout", default=600.0, show_default=True,
               help="Seconds a round waits for --min-devices to come back before the run fails.")
 @click.option("--norm-bound", default=10.0, show_default=True,
-              help="Clip an update's change to this many times the round's median change (0: off).")
+              help="Clip an update's change per weight (RMS) to this many times the round's median (0: off).")
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
 @click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
 @click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")

@@ -79,7 +79,7 @@ from .options import console, method_option, parse_options, recipe_options
 @click.option("--fleet-timeout", default=180.0, show_default=True,
               help="Seconds a round waits for every device to be online before the run fails.")
 @click.option("--norm-bound", default=10.0, show_default=True,
-              help="Clip an update's change to this many times the round's median change (0: off).")
+              help="Clip an update's change per weight (RMS) to this many times the round's median (0: off).")
 @click.option(
     "--broker",
     "broker_url",
