@@ -1,4 +1,5 @@
-"""What the registry file says about each device's results, read on a connection of its own.
+"""What the registry file says about each device's results (and why it has its tier), read on a
+connection of its own.
 
 A dashboard polls this while the round loop writes: its own read-only connection (the registry
 is in WAL mode) never waits for the registry's lock, and one GROUP BY per table serves any fleet
@@ -7,6 +8,7 @@ size.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,13 +16,16 @@ from pathlib import Path
 
 @dataclass
 class Tallies:
-    """Per device: updates accepted, results rejected, the last rejection (``code: detail``);
-    and the rejections of the whole run by reason code."""
+    """Per device: updates accepted, results rejected, the last rejection (``code: detail``), the
+    summary of the reason stored with its tier (pairing, ``retier``) and the arch it reported when
+    pairing; and the rejections of the whole run by reason code."""
 
     accepted: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     last_error: dict[str, str] = field(default_factory=dict)
     by_reason: dict[str, int] = field(default_factory=dict)
+    tier_reason: dict[str, str] = field(default_factory=dict)
+    pair_arch: dict[str, str] = field(default_factory=dict)
 
 
 def read_tallies(registry_path: Path) -> Tallies:
@@ -38,6 +43,14 @@ def read_tallies(registry_path: Path) -> Tallies:
             out.rejected[device], out.last_error[device] = count, f"{code}: {detail}"
         for code, count in db.execute("SELECT code, COUNT(*) FROM rejections GROUP BY code"):
             out.by_reason[code] = count
+        for device, reason, profile in db.execute(
+                "SELECT device_id, tier_reason, pair_profile FROM devices "
+                "WHERE tier_reason IS NOT NULL OR pair_profile IS NOT NULL"):
+            reason, profile = json.loads(reason or "{}") or {}, json.loads(profile or "{}") or {}
+            if reason.get("summary") or reason.get("note"):  # as pairing logs it
+                out.tier_reason[device] = str(reason.get("summary") or reason.get("note"))
+            if profile.get("arch"):
+                out.pair_arch[device] = str(profile["arch"])
     finally:
         db.close()
     return out

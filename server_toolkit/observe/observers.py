@@ -27,10 +27,12 @@ class RunObservers:
         for tracker in self.trackers:
             tracker.begin(config)
 
-    def watch_registry(self, registry: FleetRegistry, registry_path: Path, grid: Grid) -> None:
-        """A fleet behind the MQTT grid, registered in ``registry`` (file ``registry_path``)."""
+    def watch_registry(self, registry: FleetRegistry, registry_path: Path, grid: Grid,
+                       unexplained: str = "set by hand") -> None:
+        """A fleet behind the MQTT grid, registered in ``registry`` (file ``registry_path``);
+        ``unexplained``: why a tier stored without a reason is what it is."""
         if self.state:
-            self.state.watch(registry_fleet(registry, registry_path, grid), grid)
+            self.state.watch(registry_fleet(registry, registry_path, grid, unexplained), grid)
 
     def watch_inprocess(self, grid: InProcessGrid) -> None:
         """Simulated devices trained in this process."""

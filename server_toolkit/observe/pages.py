@@ -1,6 +1,6 @@
 """The dashboard's HTML, rendered on the server from a ``Snapshot``: header, the open round, the
-fleet table and inline SVG charts (accuracy and loss per round, per tier / device key when the rows
-have them; bytes and server seconds per stage). No CDN, no framework: the page's one small script
+fleet table and inline SVG charts (accuracy and loss per round, accuracy per tier / device key when
+the rows have them; bytes and server seconds per stage). No CDN, no framework: the page's one small script
 re-fetches ``fragment`` every ``POLL_S`` seconds and counts the deadline down."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from html import escape
 from ..report import svg
 from ..report.compare_html import CSS, PALETTE, format_bytes
 from ..report.series import is_number, natural_key, numeric_keys, points
+from ..rounds.grid import GONE, TRAINING, UPLOADING, LiveRound
 from .fleet_view import DeviceRow
 from .state import Snapshot
 
 POLL_S = 2.0
 STAGE_KEYS = ("time_configure_s", "time_aggregate_s", "time_evaluate_s")
+MAIN_ACCURACY = ("accuracy", "personal_accuracy")  # the accuracy chart; the parts chart has the others
 
 SCRIPT = """
 const query = location.search;
@@ -68,24 +70,43 @@ def _round_section(snap: Snapshot) -> str:
                                   f"{last.get('rejected', 0)} rejected" if last else "")
         return f'<h2>Current round</h2><p id="round-none">{escape(text)}</p>'
     reasons = ", ".join(f"{code} × {n}" for code, n in sorted(live.rejections.items())) or "none"
-    rows = [("round", str(live.round)), ("selected", f"{len(live.asked)}: {', '.join(live.asked)}"),
-            ("accepted", f"{len(live.accepted)}: {', '.join(live.accepted)}"),
-            ("rejected", f"{sum(live.rejections.values())} ({reasons})")]
+    rows = [("round", str(live.round)), ("selected", f"{len(live.asked)}: {', '.join(live.asked)}")]
+    if live.states:  # the grid reports each device's state
+        rows += [(state, str(live.count(state))) for state in (TRAINING, UPLOADING)]
+        rows.append(("trained", f"{live.trained()} (result in)"))
+    rows += [("accepted", f"{len(live.accepted)}: {', '.join(live.accepted)}"),
+             ("rejected", f"{sum(live.rejections.values())} ({reasons})")]
+    if live.count(GONE):
+        rows.append((GONE, str(live.count(GONE))))
     body = "".join(f'<tr><th class="label">{k}</th><td class="label">{escape(v)}</td></tr>' for k, v in rows)
     left = max(0.0, live.deadline - time.time())
     body += (f'<tr><th class="label">deadline in</th><td class="label" data-deadline="{live.deadline:.3f}">'
              f"{left:.0f} s</td></tr>")
-    return f'<h2>Current round</h2><table id="round">{body}</table>'
+    return f'<h2>Current round</h2><table id="round">{body}</table>{_round_devices(live)}'
+
+
+def _round_devices(live: LiveRound) -> str:
+    """One row per device asked: its state (``training 40 %`` when it reported its progress)."""
+    if not live.states:
+        return ""
+    rows = []
+    for dev, state in sorted(live.states.items(), key=lambda kv: natural_key(kv[0])):
+        shown = f"{state} {live.progress[dev]:.0%}" if state == TRAINING and dev in live.progress else state
+        rows.append(f'<tr><td class="label">{escape(dev)}</td><td class="label">{escape(shown)}</td></tr>')
+    return ('<div class="scroll"><table id="round-devices"><thead><tr><th class="label">device</th>'
+            f'<th class="label">state</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
 
 
 def _fleet_section(devices: list[DeviceRow]) -> str:
-    header = ["device", "tier", "runtime", "last seen", "online", "accepted", "rejected", "last error"]
+    header = ["device", "arch", "tier", "why this tier", "runtime", "last seen", "online", "accepted",
+              "rejected", "last error"]
     head = "".join(f'<th class="label">{h}</th>' for h in header)
     rows = []
     for d in devices:
         online = '<span class="on">online</span>' if d.online else '<span class="off">offline</span>'
         seen = _ago(d.last_seen) + " ago" if d.last_seen else "–"
-        cells = [escape(d.device), escape(d.tier or "–"), escape(d.runtime or "–"), seen, online,
+        cells = [escape(d.device), escape(d.arch or "–"), escape(d.tier or "–"),
+                 escape(d.tier_reason[:200] or "–"), escape(d.runtime or "–"), seen, online,
                  str(d.accepted), str(d.rejected), escape(d.last_error[:160] or "–")]
         rows.append("<tr>" + "".join(f'<td class="label">{c}</td>' for c in cells) + "</tr>")
     return (f'<h2>Fleet</h2><div class="scroll"><table id="fleet"><thead><tr>{head}</tr></thead>'
@@ -94,20 +115,28 @@ def _fleet_section(devices: list[DeviceRow]) -> str:
 
 def _charts(rows: list[dict]) -> str:
     keys = numeric_keys(rows)
-    accuracy = [k for k in keys if k == "accuracy" or k.startswith("accuracy_")]
     loss = [k for k in keys if k == "loss" or k.startswith("loss_")]
-    charts = [("accuracy", "Accuracy per round", "accuracy", accuracy),
+    charts = [("accuracy", "Accuracy per round", "accuracy", [k for k in MAIN_ACCURACY if k in keys]),
+              ("parts", "Accuracy per tier / device", "accuracy", part_keys(keys)),
               ("loss", "Loss per round", "loss", loss),
               ("bytes", "Bytes per round", "bytes", [k for k in ("bytes_down", "bytes_up") if k in keys]),
               ("stages", "Server seconds per stage", "seconds", [k for k in STAGE_KEYS if k in keys])]
     out = []
     for chart_id, title, y_label, chart_keys in charts:
+        if chart_id == "parts" and not chart_keys:
+            continue  # the rows have no per-tier / per-device keys
         lines = [svg.Line(key, PALETTE[i % len(PALETTE)],
                           [svg.Point(x, y, note=_note(key, x, y)) for x, y in points(rows, key)])
                  for i, key in enumerate(sorted(chart_keys, key=natural_key))]
         chart = svg.line_chart(lines, title=title, x_label="round", y_label=y_label, width=560, height=300)
         out.append(f'<figure id="{chart_id}-chart">{chart}</figure>')
     return '<h2>Rounds</h2><div class="grid">' + "".join(out) + "</div>"
+
+
+def part_keys(keys: list[str]) -> list[str]:
+    """The per-tier / per-exit / per-device accuracies among ``keys`` (``accuracy_strong``,
+    ``accuracy_exit1``, ``personal_accuracy_<arch>``)."""
+    return [k for k in keys if k.startswith(("accuracy_", "personal_accuracy_"))]
 
 
 def _note(key: str, x: float, y: float) -> str:

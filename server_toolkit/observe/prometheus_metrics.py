@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..report.series import is_number
+from ..rounds.grid import TRAINING, UPLOADING
 from .state import DashboardState
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -70,6 +71,11 @@ class RunCollector:
         live = snap.live
         yield GaugeMetricFamily("fedsdk_round_open", "The round in progress (0: none).",
                                 value=live.round if live else 0)
+        yield GaugeMetricFamily("fedsdk_devices_training", "Devices of the open round still training.",
+                                value=live.count(TRAINING) if live else 0)
+        yield GaugeMetricFamily("fedsdk_devices_uploading",
+                                "Devices of the open round whose result is being pulled.",
+                                value=live.count(UPLOADING) if live else 0)
         yield GaugeMetricFamily("fedsdk_server_resident_memory_bytes", "Resident memory of the server.",
                                 value=resident_bytes())
 

@@ -38,16 +38,44 @@ class Exchange:
         return sum(self.rejections.values())
 
 
+TRAINING, UPLOADING, ACCEPTED, GONE, WAITING = "training", "uploading", "accepted", "gone", "waiting"
+REJECTED = "rejected: "  # + the reason code of the device's last rejection this round
+
+
 @dataclass
 class LiveRound:
     """The open round as the grid sees it now (for dashboards): the devices asked, those whose
-    update was accepted, rejections by reason code and the deadline (unix seconds)."""
+    update was accepted, rejections by reason code, the deadline (unix seconds); ``states``: per
+    device asked, ``training``, ``uploading`` (its result is being pulled), ``accepted``,
+    ``rejected: <code>``, ``gone`` (offline) or ``waiting`` (in-process: not trained yet);
+    ``progress``: the training progress (0..1) a device last reported."""
 
     round: int
     asked: list[str]
     accepted: list[str]
     rejections: dict[str, int]
     deadline: float
+    states: dict[str, str] = field(default_factory=dict)
+    progress: dict[str, float] = field(default_factory=dict)
+
+    def count(self, state: str) -> int:
+        """Devices in ``state`` (``"rejected: "``: rejected for any reason)."""
+        return sum(s == state or (state == REJECTED and s.startswith(REJECTED)) for s in self.states.values())
+
+    def trained(self) -> int:
+        """Devices whose result came in (uploading, accepted, or rejected: not refused, not gone)."""
+        refused = REJECTED + "device:"
+        return sum(s in (UPLOADING, ACCEPTED) or (s.startswith(REJECTED) and not s.startswith(refused))
+                   for s in self.states.values())
+
+
+def device_states(asked: list[str], accepted: list[str], uploading: set[str], gone: set[str],
+                  rejected: dict[str, str]) -> dict[str, str]:
+    """Per device asked, the first that holds: accepted, uploading, gone, ``rejected: <code>``
+    (``rejected``: device -> the code of its last rejection this round; its task stays open), training."""
+    done = set(accepted)
+    return {dev: ACCEPTED if dev in done else UPLOADING if dev in uploading else GONE if dev in gone
+            else REJECTED + rejected[dev] if dev in rejected else TRAINING for dev in asked}
 
 
 class Grid(ABC):

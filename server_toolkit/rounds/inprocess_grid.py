@@ -18,7 +18,7 @@ from sdk_device.protocol.blobs import first_non_finite
 
 from ..methods.base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
 from ..torch_utils import one_torch_thread
-from .grid import Exchange, Grid, LiveRound
+from .grid import ACCEPTED, REJECTED, TRAINING, WAITING, Exchange, Grid, LiveRound
 from .local_device import LocalDevice, TorchRuntimePool, train_on_device
 
 log = logging.getLogger(__name__)
@@ -53,11 +53,13 @@ class InProcessGrid(Grid):
     def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
                  quorum: int) -> Exchange:
         exchange = Exchange()
-        live = LiveRound(round_number, sorted(i.device_id for i in instructions), [], exchange.rejections,
-                         deadline)
+        asked = sorted(i.device_id for i in instructions)
+        live = LiveRound(round_number, asked, [], exchange.rejections, deadline,
+                         dict.fromkeys(asked, WAITING))
         self._live = live
         for instruction in instructions:
             dev = instruction.device_id
+            live.states[dev] = TRAINING
             self.bytes_down += sum(_nbytes(m.weights) for m in instruction.all_models().values())
             with one_torch_thread():  # as a device process trains (same float reductions)
                 update = train_on_device(self.devices[dev], instruction, self.runtimes)
@@ -69,17 +71,19 @@ class InProcessGrid(Grid):
                 exchange.rejections["non_finite"] = exchange.rejections.get("non_finite", 0) + 1
                 self.rejected[dev] = self.rejected.get(dev, 0) + 1
                 self.last_error[dev] = f"non_finite: {bad} contains NaN or Inf"
+                live.states[dev] = REJECTED + "non_finite"
                 continue
             exchange.updates.append(update)
             self.accepted[dev] = self.accepted.get(dev, 0) + 1
             live.accepted = sorted([*live.accepted, dev])
+            live.states[dev] = ACCEPTED
         self._live = None
         return exchange
 
     def live(self) -> LiveRound | None:
         live = self._live
         return None if live is None else LiveRound(live.round, list(live.asked), list(live.accepted),
-                                                   dict(live.rejections), live.deadline)
+                                                   dict(live.rejections), live.deadline, dict(live.states))
 
     def traffic(self) -> tuple[int, int]:
         return self.bytes_down, self.bytes_up

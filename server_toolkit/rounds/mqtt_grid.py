@@ -34,6 +34,7 @@ from ..fleet.registry import FleetRegistry
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction
 from ..methods.tiers import resolve_tier
 from .grid import Exchange, Grid, LiveRound
+from .mqtt_live import live_round
 from .results import PendingTask, check_record, check_records, features_request, result_key
 from .task_records import instruction_from_record, task_record
 
@@ -68,6 +69,7 @@ class MqttGrid(Grid):
         self._left: set[str] = set()  # devices of the open round gone offline with their task open
         self._accepted: list[str] = []  # task ids accepted in the open exchange, in order
         self._rejections: dict[str, int] = {}  # code -> count in the open exchange
+        self._last_rejection: dict[str, str] = {}  # device -> code of its last rejection in it
         self._pulls: dict[tuple, tuple[str, msgs.Result, Future]] = {}  # result_key -> running pull
         self.progress: dict[str, float] = {}  # device -> last reported training progress (0..1)
         self._answers: dict[str, tuple[str, msgs.Message]] = {}  # task id -> (device, the ack sent)
@@ -98,12 +100,7 @@ class MqttGrid(Grid):
         self._pump(timeout_s)
 
     def live(self) -> LiveRound | None:
-        with self._lock:
-            rnd, tasks, done = self._open_round, list(self._pending.values()), set(self._accepted)
-            asked = sorted({t.instruction.device_id for t in tasks if t.round == rnd})
-            accepted = sorted(t.instruction.device_id for t in tasks if t.task_id in done)
-            return None if rnd is None else LiveRound(rnd, asked, accepted, dict(self._rejections),
-                                                      self._deadline)
+        return live_round(self)  # rounds/mqtt_live.py
 
     def traffic(self) -> tuple[int, int]:
         return self.endpoint.bytes_sent, self.endpoint.bytes_received
@@ -126,10 +123,11 @@ class MqttGrid(Grid):
                 self.programs.programs(instruction.spec, instruction.recipe)
         earlier = [u["device_id"] for u in self.registry.updates(round_number)]
         self.registry.open_round(round_number, sorted({*earlier, *(i.device_id for i in instructions)}), "")
+        asked = {i.device_id for i in instructions}
         with self._lock:
             self._open_round, self._resolved, self._accepted, self._rejections = round_number, set(), [], {}
-            self._left, self._deadline = set(), deadline
-        asked = {i.device_id for i in instructions}
+            self._left, self._deadline, self._last_rejection = set(), deadline, {}
+            self.progress = {d: p for d, p in self.progress.items() if d not in asked}  # a new task
         for instruction in instructions:
             self._send_task(round_number, instruction, deadline)
         # every device gone at once (a broker restart): wait for them to come back until the deadline
@@ -231,6 +229,7 @@ class MqttGrid(Grid):
         with self._lock:
             if rnd is not None and rnd == self._open_round:
                 self._rejections[code] = self._rejections.get(code, 0) + 1
+                self._last_rejection[dev] = code
 
     def _on_status(self, dev: str, status: str) -> None:
         """Last will / reconnect of a device: leave or rejoin the pool of selectable devices."""

@@ -290,7 +290,7 @@ class Simulation:
                             is_known_peer=registry.is_known)
         grid = MqttGrid(endpoint, registry, program_formats=c.program_formats,
                         fetch_timeout_s=c.round_timeout_s)
-        self.observers.watch_registry(registry, self.run_dir / "registry.sqlite", grid)
+        self.observers.watch_registry(registry, self.run_dir / "registry.sqlite", grid, "--tiers")
         try:
             endpoint.start()
             self.start_edges(address)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import signal
 import socket
@@ -109,10 +110,11 @@ def test_chromium_shows_every_device_in_the_fleet_table_and_one_accuracy_point_p
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr[-2000:]
     fleet = page_tables(shown.stdout)["fleet"]
-    assert fleet[0][:5] == ["device", "tier", "runtime", "last seen", "online"]
+    assert fleet[0][:7] == ["device", "arch", "tier", "why this tier", "runtime", "last seen", "online"]
     assert [row[0] for row in fleet[1:]] == ["dev000", "dev001"]
-    assert all(row[4] == "offline" for row in fleet[1:])  # the run is over: it serves no device
-    accepted = {row[0]: int(row[5]) for row in fleet[1:]}
+    assert all(row[1] == platform.machine() for row in fleet[1:])  # from each device's hello profile
+    assert all(row[6] == "offline" for row in fleet[1:])  # the run is over: it serves no device
+    accepted = {row[0]: int(row[7]) for row in fleet[1:]}
     assert sum(accepted.values()) == sum(r["accepted"] for r in _rows(run["run_dir"]))
 
     chart = re.search(r'<figure id="accuracy-chart">(.*?)</figure>', shown.stdout, re.S).group(1)

@@ -47,8 +47,9 @@ def test_the_current_round_shows_who_was_asked_accepted_rejections_by_reason_and
     assert round_table["rejected"] == "2 (non_finite × 1, timeout × 1)"
     assert round_table["deadline in"] in ("41 s", "42 s")
     fleet = tables["fleet"]
-    assert fleet[1][:3] == ["a", "1.0", "torch"] and fleet[1][4:] == ["online", "3", "1", "timeout: too slow"]
-    assert fleet[2][3:5] == ["–", "offline"]
+    assert fleet[1][:5] == ["a", "–", "1.0", "–", "torch"]
+    assert fleet[1][6:] == ["online", "3", "1", "timeout: too slow"]
+    assert fleet[2][5:7] == ["–", "offline"]
     assert "<script src" not in html and "http" not in html.split("<script>")[1]  # nothing fetched from a CDN
 
 
