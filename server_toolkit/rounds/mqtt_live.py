@@ -4,16 +4,14 @@ rejected, and the training progress the devices' heartbeats report."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .grid import LiveRound, device_states
 
-if TYPE_CHECKING:
-    from .mqtt_grid import MqttGrid
 
-
-def live_round(grid: MqttGrid) -> LiveRound | None:
-    """A copy of ``grid``'s open exchange, taken under its lock (None: no round open)."""
+def live_round(grid: Any) -> LiveRound | None:
+    """A copy of ``grid``'s (an ``MqttGrid``: not imported, it imports this module) open exchange,
+    taken under its lock (None: no round open)."""
     with grid._lock:
         rnd, tasks, done = grid._open_round, list(grid._pending.values()), set(grid._accepted)
         if rnd is None:
