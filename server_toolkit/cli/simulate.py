@@ -76,8 +76,11 @@ from .options import console, method_option, parse_options, recipe_options
 @recipe_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--round-timeout", default=120.0, show_default=True, help="Seconds per round at most.")
+@click.option("--min-devices", default=1, show_default=True,
+              help="Devices online before a round starts (the start waits for the whole simulated fleet); "
+                   "fewer: the round waits.")
 @click.option("--fleet-timeout", default=180.0, show_default=True,
-              help="Seconds a round waits for every device to be online before the run fails.")
+              help="Seconds a round waits for --min-devices to be online before the run fails.")
 @click.option("--norm-bound", default=10.0, show_default=True,
               help="Clip an update's change per weight (RMS) to this many times the round's median (0: off).")
 @click.option(
