@@ -16,7 +16,8 @@ For each N of ``--sizes`` (default 1000 5000 10000), in a fresh directory:
    -> the registry has a hello of every device), **round 100** (the ``seconds`` of round 2, the
    first round carries the program export), then ``--resume --rounds 3 --clients-per-round
    min(1000, N)``: **round 1000** (round 3's ``seconds``);
-4. then ``--resume --rounds 5``, SIGKILL once round 4's tasks went out, ``--resume`` again:
+4. then ``--resume --rounds 5``, SIGKILL once round 4's tasks went out, ``--resume`` again
+   (with more rounds, stopped once rounds 4-5 are done and every device said hello to it):
    **resume** = restart -> the first task a swarm device receives (all devices stay connected;
    ``--min-devices N``: the round waits until the server knows all N again), **re-hellos** =
    restart -> the restarted server logged a hello of every device (the epoch's window is
@@ -61,6 +62,7 @@ from server_toolkit.swarm import Swarm, SwarmConfig  # noqa: E402
 from server_toolkit.swarm.shard import raise_fd_limit  # noqa: E402
 
 FLEET = "scale"
+KEEP_ROUNDS = 200  # rounds the restarted server may run after round 5 while its re-hellos arrive
 COLUMNS = ["N", "register s", "connected s", "hellos s", "round 100 s", "round 1000 s", "resume s",
            "re-hellos s", "server RSS MiB", "server CPU s", "mosquitto RSS MiB", "swarm KiB/dev", "dropped",
            "dropped after kill", "wall s", "load"]
@@ -170,14 +172,15 @@ def measure(n: int, workdir: Path, args) -> dict:
         time.sleep(2.5)  # the swarm reports its counters once a second: let round 4's tasks settle
         tasks, dropped_before = swarm.counters().tasks, watch.dropped
         restarted = time.monotonic()
-        fourth = server(rounds=5, per_round=min(100, n), resume=True)
+        fourth = server(rounds=5 + KEEP_ROUNDS, per_round=min(100, n), resume=True)
         wait_for(lambda: swarm.counters().tasks > tasks, args.timeout, "the next round after the restart")
         row["resume s"] = time.monotonic() - restarted
         wait_for(lambda: hellos_logged(fourth.log) >= n or fourth.finished(), args.timeout, "re-hellos",
                  poll_s=0.5)
         heard = hellos_logged(fourth.log)
         row["re-hellos s"] = time.monotonic() - restarted if heard >= n else f"done first ({heard}/{n})"
-        wait_for(fourth.finished, args.timeout, "rounds 4-5")
+        wait_for(lambda: len(round_rows(run_dir)) >= 5, args.timeout, "rounds 4-5")
+        fourth.stop()  # rounds 6.. only kept it serving while the re-hellos came in
     except Timeout as exc:
         row["timeout"] = str(exc)
         print(f"N={n}: timed out waiting for {exc}", file=sys.stderr)
