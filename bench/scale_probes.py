@@ -114,3 +114,13 @@ def round_rows(run_dir: Path) -> dict[int, dict]:
                 continue  # a line being written
             rows[row["round"]] = row
     return rows
+
+
+def hellos_logged(log: Path) -> int:
+    """Distinct devices whose hello a server logged (``device <id> online: …``) in ``log``."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return 0
+    return len({line.split("device ", 1)[1].split(" ", 1)[0] for line in text.splitlines()
+                if "device " in line and " online: " in line})

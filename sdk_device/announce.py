@@ -18,6 +18,10 @@ thread, so a device busy training still answers a server restart:
   new epoch.
 * **server_online**: False while the server's status is ``offline`` (the agent then sends
   no heartbeats).
+
+The delayed hello runs on a ``threading.Timer`` unless ``schedule(delay_s, fn)`` is given: a
+function that calls ``fn()`` after ``delay_s`` seconds and returns something with ``cancel()``
+(the device swarm passes its event loop's, so thousands of devices need no thread each).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from .protocol import messages as msgs
 from .protocol.epoch import ServerEpoch
@@ -33,19 +38,36 @@ from .protocol.epoch import ServerEpoch
 log = logging.getLogger(__name__)
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+Schedule = Callable[[float, Callable[[], None]], Cancellable]
+
+
+def thread_timer(delay_s: float, fn: Callable[[], None]) -> Cancellable:
+    """Call ``fn()`` after ``delay_s`` seconds on a daemon timer thread (the agent's scheduler)."""
+    timer = threading.Timer(delay_s, fn)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 class Announcer:
     """Hello and result re-offer on server restarts and reconnects (module docstring)."""
 
     def __init__(self, send: Callable[[msgs.Message], None], hello: msgs.Hello,
-                 window_s: float | None = None, rng: random.Random | None = None) -> None:
+                 window_s: float | None = None, rng: random.Random | None = None,
+                 schedule: Schedule = thread_timer) -> None:
         self._send = send
+        self._schedule = schedule
         self.hello = hello
         self.window_s = window_s  # None: the server's announce_window_s
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._announced: str | None = None  # epoch of the server the last hello went to
         self._target: str | None = None  # epoch a scheduled hello is for
-        self._timer: threading.Timer | None = None
+        self._timer: Cancellable | None = None
         self._result: msgs.Result | None = None
         self._closed = False
         self.server_online = True  # until the server's status says otherwise
@@ -96,9 +118,7 @@ class Announcer:
             self._target = epoch.epoch
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = threading.Timer(delay, self._announce, args=(epoch.epoch,))
-            self._timer.daemon = True
-            self._timer.start()
+            self._timer = self._schedule(delay, lambda: self._announce(epoch.epoch))
         log.info("new server epoch %s: hello in %.2f s (window %.1f s)", epoch.epoch[:8], delay, window)
 
     def _announce(self, epoch: str) -> None:

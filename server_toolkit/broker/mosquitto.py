@@ -47,9 +47,12 @@ def mosquitto_config(
     security_dir: Path | None = None,
     tls_dir: Path | None = None,
     extra: str = "",
+    max_queued_messages: int = 10_000,
 ) -> str:
     """A mosquitto 2.0 configuration: one listener, persistence, fedsdk's size limits, and
-    the accounts/ACL of ``security_dir`` and the certificates of ``tls_dir`` when given."""
+    the accounts/ACL of ``security_dir`` and the certificates of ``tls_dir`` when given.
+    ``max_queued_messages`` is per client session; the server's must hold about 3 × the
+    fleet size (docs/operations.md §1): 10,000 suits fleets of up to ~3,000 devices."""
     # Run as root (CI), mosquitto would switch to user "mosquitto" and then fail to read
     # certificates or write persistence in our private work directory: keep the user.
     lines = ["user root"] if os.geteuid() == 0 else []
@@ -66,7 +69,7 @@ def mosquitto_config(
     lines += [
         "persistence true",
         f"persistence_location {persistence_dir}/",
-        "max_queued_messages 10000",
+        f"max_queued_messages {max_queued_messages}",
         "max_inflight_messages 20",
         "max_packet_size 16777216",  # bytes; fedsdk chunks are <= 4 MiB + header
         "set_tcp_nodelay true",
@@ -91,12 +94,14 @@ class MosquittoBroker:
         executable: str | None = None,
         security_dir: str | Path | None = None,
         tls_dir: str | Path | None = None,
+        max_queued_messages: int = 10_000,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedsdk-mosquitto-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.extra_config = extra_config
+        self.max_queued_messages = max_queued_messages
         self.executable = executable or shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         self.security_dir = Path(security_dir).resolve() if security_dir else None
         self.tls_dir = Path(tls_dir).resolve() if tls_dir else None
@@ -112,7 +117,7 @@ class MosquittoBroker:
 
     def config_text(self) -> str:
         return mosquitto_config(self.host, self.port, self.workdir, self.security_dir, self.tls_dir,
-                                self.extra_config)
+                                self.extra_config, self.max_queued_messages)
 
     def start(self, timeout_s: float = 10.0) -> MosquittoBroker:
         if not Path(self.executable).exists():

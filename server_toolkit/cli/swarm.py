@@ -15,7 +15,7 @@ from .options import console
 @click.option("--devices", "count", default=100, show_default=True, help="How many devices.")
 @click.option("--processes", default=1, show_default=True, help="Processes to spread them over.")
 @click.option("--prefix", default="swarm-", show_default=True,
-              help="Device ids are <prefix><5-digit index>, e.g. swarm-00000.")
+              help="Device ids are <prefix><index>, zero-padded as `devices add --count` pads them.")
 @click.option("--first", default=0, show_default=True, help="Index of the first device.")
 @click.option("--connect-rate", default=500.0, show_default=True,
               help="Devices connecting per second, in total (0: all at once).")
@@ -35,8 +35,8 @@ def swarm(broker_url, fleet, count, processes, prefix, first, connect_rate, hear
     """Run COUNT protocol-level devices (one MQTT connection each) that answer tasks with the
     sent weights plus a small seeded delta: a fleet for load tests, without training.
 
-    The server accepts registered devices only: register the ids first, e.g.
-    `fedsdk-server devices add --run-dir RUN swarm-00000 swarm-00001 …`. Raise the open-file
+    The server accepts registered devices only: register the same ids first with
+    `fedsdk-server devices add --run-dir RUN --count COUNT --prefix PREFIX --start FIRST`. Raise the open-file
     limit (`ulimit -n`) above the devices per process, and the broker's too."""
     from ..swarm import Swarm, SwarmConfig
     from ..swarm.shard import raise_fd_limit

@@ -12,6 +12,7 @@ class Counters:
     connected: int = 0  # devices with a live MQTT session now
     connects: int = 0  # CONNACKs received (first connects and reconnects)
     hellos: int = 0  # hello messages sent
+    reoffers: int = 0  # results sent again (after a reconnect or a server restart)
     tasks: int = 0  # tasks received
     results: int = 0  # results sent
     accepted: int = 0  # results the server acknowledged
@@ -36,5 +37,5 @@ class Counters:
     def status_line(self, devices: int) -> str:
         """One line for the console."""
         return (f"{self.connected}/{devices} connected, {self.hellos} hellos, {self.tasks} tasks, "
-                f"{self.results} answered, {self.accepted} accepted, {self.rejected} rejected, "
-                f"{self.refused} refused, {self.vanished} vanished")
+                f"{self.results} answered, {self.reoffers} re-offered, {self.accepted} accepted, "
+                f"{self.rejected} rejected, {self.refused} refused, {self.vanished} vanished")

@@ -1,23 +1,28 @@
-"""One simulated device of the swarm: the device side of protocol v2 without training.
+"""One simulated device of the swarm: the device side of the protocol without training.
 
 It speaks what ``sdk_device/agent.py`` speaks, with the same message classes, topics and
-chunk frames (``sdk_device.protocol``): ``hello`` after connecting and whenever the server
-says ``online``; for a task, it pulls the returned models' array records (and, once per
-program id, the ``torchspec/1`` program of the trained model, as a real device caches it) in
-windows of ``blob_request``s, answers with the sent weights plus a small seeded delta
-(float32 stays float32, same names and shapes), offers those blobs, serves the server's
-``blob_request``s for them, and withdraws them on ``ack``/``error``. Idle heartbeats every
-``heartbeat_s`` seconds, like the agent.
+chunk frames (``sdk_device.protocol``) and the same re-announce rules: the agent's own
+``sdk_device.announce.Announcer`` decides when to say hello and when to offer a result again
+(docs/protocol.md §3.1, §9.5) -- one hello at start; after a random delay within the
+announce window only when the server's epoch changes; a result re-offered until the server
+answers it, after a reconnect, the server coming back online and the hello to a new epoch.
+For a task, it pulls the returned models' array records (and, once per program id, the
+``torchspec/1`` program of the trained model, as a real device caches it) in windows of
+``blob_request``s, answers with the sent weights plus a small seeded delta (float32 stays
+float32, same names and shapes), offers those blobs, serves the server's ``blob_request``s for
+them, and withdraws them on ``ack``/``error``. Idle heartbeats every ``heartbeat_s`` seconds,
+like the agent: QoS 0, and none while the server's status is ``offline`` (§9.4).
 
 It never trains and reports no outputs (a task asking for ``label_counts`` is refused with
 ``unsupported_task``; ``features`` is declined, which the protocol allows). Everything runs on
-the shard's event-loop thread: no locks.
+the shard's event-loop thread (the announcer's delayed hellos too: ``schedule``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedcore import modelspec
+from sdk_device.announce import Announcer, Schedule, thread_timer
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.blobs import (
     DEFAULT_CHUNK_BYTES,
@@ -36,13 +42,14 @@ from sdk_device.protocol.blobs import (
     encode_tensors,
     sha256_hex,
 )
+from sdk_device.protocol.epoch import ServerEpoch
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.task_plan import TaskPlan, parse_plan
 from sdk_device.protocol.topics import FleetTopics
 
 from .counters import Counters
 
-Publish = Callable[[str, bytes], object]
+Publish = Callable[..., object]  # (topic, payload, qos=1)
 WINDOW = 16  # chunks asked per blob_request, as the reference endpoint
 IDLE_S = 5.0  # seconds without a chunk before asking again (the reference's idle_s)
 MAX_STALLS = 4  # then the task is refused with bad_task, as the reference gives up
@@ -98,7 +105,8 @@ class SwarmDevice:
 
     def __init__(self, device_id: str, topics: FleetTopics, counters: Counters, *, heartbeat_s: float = 10.0,
                  pull_programs: bool = True, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 on_task: Callable[[SwarmDevice], bool] | None = None) -> None:
+                 on_task: Callable[[SwarmDevice], bool] | None = None, announce_window_s: float | None = None,
+                 schedule: Schedule = thread_timer) -> None:
         self.device_id = device_id
         self.topics = topics
         self.counters = counters
@@ -115,6 +123,8 @@ class SwarmDevice:
         self._hello = msgs.Hello(device_id=device_id, runtimes=["torch"], num_samples=self.num_samples,
                                  profile={"system": "swarm", "arch": "simulated", "runtimes": ["torch"],
                                           "num_samples": self.num_samples, "swarm": True})
+        self.announcer = Announcer(self._announce, self._hello, announce_window_s, random.Random(seed),
+                                   schedule)  # the agent's hello and re-offer rules
         self._job: _Job | None = None
         self._offered: dict[str, bytes] = {}  # blob id -> bytes the server may pull
         self._awaiting: str | None = None  # task whose result waits for ack/error
@@ -123,26 +133,30 @@ class SwarmDevice:
 
     # -- connection events (from the link) -------------------------------------------------------
     def on_connected(self, first: bool) -> None:
-        """After a CONNACK: the agent says hello once at start; later the retained server
-        ``online`` (delivered on subscribing) makes it say hello again."""
+        """After a CONNACK: hello once at start (as the agent after connecting); a reconnect
+        re-offers a result still waiting for its answer."""
         self.connected = True
         self.counters.connects += 1
         if first:
-            self._send(self._hello)
-            self.counters.hellos += 1
+            self.announcer.say_hello()
+        else:
+            self.announcer.on_event("connected", True, False)
 
     def on_disconnected(self) -> None:
         self.connected = False
 
     # -- incoming ---------------------------------------------------------------------------------
-    def on_message(self, topic: str, payload: bytes) -> None:
+    def on_message(self, topic: str, payload: bytes, retained: bool = False) -> None:
         """Route one MQTT message (called on the loop thread)."""
         if self.dead:
             return
         if topic == self.topics.server_status:
-            if payload == b"online":  # a (re)started server learns who is here
-                self._send(self._hello)
-                self.counters.hellos += 1
+            self.announcer.on_event("status", payload.decode("utf-8", "replace"), retained)
+        elif topic == self.topics.server_epoch:
+            try:
+                self.announcer.on_event("epoch", ServerEpoch.decode(payload), retained)
+            except ProtocolError:
+                self.counters.errors += 1
         elif topic == self.topics.down_chunk(self.device_id):
             self._on_chunk(payload)
         elif topic == self.topics.down(self.device_id):
@@ -263,7 +277,9 @@ class SwarmDevice:
                    "wall_time_s": 0.0, "fetch_s": time.monotonic() - job.started, "runtime": "swarm"}
         self._job = None
         self._awaiting = task.task_id
-        self._send(msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays, metrics=metrics))
+        result = msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays, metrics=metrics)
+        self.announcer.awaiting(result)  # offered again until the server answers it
+        self._send(result)
         self.counters.results += 1
 
     def _serve(self, request: msgs.BlobRequest) -> None:
@@ -285,6 +301,7 @@ class SwarmDevice:
 
     def _finish_task(self) -> None:
         self._awaiting = None
+        self.announcer.awaiting(None)
         self._offered.clear()  # withdraw: the server has what it wanted (or refused it)
 
     def _refuse(self, task: msgs.Task, code: str, detail: str) -> None:
@@ -307,10 +324,20 @@ class SwarmDevice:
             transfer.missing.extendleft(sorted(transfer.outstanding, reverse=True))
             transfer.outstanding.clear()
             self._request(transfer)
-        if self.heartbeat_s > 0 and now >= self._next_beat:
+        if self.heartbeat_s > 0 and now >= self._next_beat and self.announcer.server_online:
             self._next_beat = now + self.heartbeat_s
-            state = "idle" if self._job is None else "training"
-            self._send(msgs.Heartbeat(state=state, task_id=self._job.task.task_id if self._job else None))
+            task_id = self._job.task.task_id if self._job else None
+            self._send(msgs.Heartbeat(state="training" if task_id else "idle", task_id=task_id), qos=0)
 
-    def _send(self, message: msgs.Message) -> None:
-        self.publish(self.topics.up(self.device_id), msgs.encode(message))
+    def _send(self, message: msgs.Message, qos: int = 1) -> None:
+        self.publish(self.topics.up(self.device_id), msgs.encode(message), qos=qos)
+
+    def _announce(self, message: msgs.Message) -> None:
+        """The announcer's sends: a hello, or a result offered again."""
+        if self.dead:
+            return
+        self._send(message)
+        if isinstance(message, msgs.Hello):
+            self.counters.hellos += 1
+        else:
+            self.counters.reoffers += 1

@@ -11,6 +11,8 @@ paho's external-loop hooks, and reconnects with the same backoff (1 s doubling t
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import random
 import selectors
@@ -23,12 +25,32 @@ from sdk_device.transport.mqtt_link import MqttLink
 log = logging.getLogger(__name__)
 
 
+class Timer:
+    """A call the loop makes later (``EventLoop.call_later``), unless cancelled first."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class EventLoop:
-    """An epoll loop over paho sockets, with reconnect timers (monotonic seconds)."""
+    """An epoll loop over paho sockets, with reconnect timers and delayed calls (monotonic seconds)."""
 
     def __init__(self) -> None:
         self.selector = selectors.DefaultSelector()
         self._reconnects: dict[SwarmLink, float] = {}  # link -> when to try again
+        self._later: list[tuple[float, int, Timer]] = []  # heap of (when, order, call)
+        self._order = itertools.count()
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> Timer:
+        """Call ``fn()`` on the loop's thread after ``delay_s`` seconds (an ``Announcer``'s
+        scheduler: a device's delayed hello costs no thread)."""
+        timer = Timer(fn)
+        heapq.heappush(self._later, (time.monotonic() + delay_s, next(self._order), timer))
+        return timer
 
     def watch(self, sock, link: SwarmLink) -> None:
         try:
@@ -65,6 +87,13 @@ class EventLoop:
         for link in due:
             del self._reconnects[link]
             link.start()
+        while self._later and self._later[0][0] <= now:
+            timer = heapq.heappop(self._later)[2]
+            if not timer.cancelled:
+                try:
+                    timer.fn()
+                except Exception:  # one device's bug must not stop the others
+                    log.exception("a delayed call failed")
 
 
 class SwarmLink(MqttLink):

@@ -6,13 +6,15 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass
 
+from ..fleet.device_ids import numbered_ids
 from .counters import Counters
 from .shard import ShardConfig, run_shard
 
 
 @dataclass(frozen=True)
 class SwarmConfig:
-    """A swarm of ``devices`` devices named ``<prefix><index, 5 digits>`` from ``first``,
+    """A swarm of ``devices`` devices named ``<prefix><index>`` from ``first`` (the ids of
+    ``fedsdk-server devices add --count devices --prefix prefix --start first``),
     in ``processes`` processes, connecting at ``connect_rate`` devices per second in total
     (0: all at once)."""
 
@@ -45,8 +47,10 @@ class SwarmConfig:
 
 
 def swarm_ids(prefix: str, count: int, first: int = 0) -> list[str]:
-    """The device ids of a swarm: ``swarm-00000``, ``swarm-00001``, …"""
-    return [f"{prefix}{i:05d}" for i in range(first, first + count)]
+    """The device ids of a swarm, exactly those ``fedsdk-server devices add --count COUNT
+    --prefix PREFIX --start FIRST`` registers: the index zero-padded to the digits of the last
+    one (``swarm-0000`` … ``swarm-9999`` for 10,000)."""
+    return numbered_ids(prefix, count, first)
 
 
 class Swarm:

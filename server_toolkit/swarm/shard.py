@@ -66,14 +66,14 @@ class Shard:
         doomed = _doomed(device_id, self.config.fail_fraction)
         device = SwarmDevice(device_id, self.topics, self.counters, heartbeat_s=self.config.heartbeat_s,
                              pull_programs=self.config.pull_programs,
-                             on_task=self._vanish if doomed else None)
+                             on_task=self._vanish if doomed else None, schedule=self.loop.call_later)
         link = SwarmLink(
             self.loop, device.on_connected, device.on_disconnected,
             self.broker, f"fedsdk-dev-{self.config.fleet}-{device_id}", device.on_message,
             status_topic=self.topics.device_status(device_id),
             subscriptions=self.topics.device_subscriptions(device_id),
             username=self.config.username, password=self.config.password, ca_file=self.config.ca_file,
-            insecure=self.config.insecure,
+            insecure=self.config.insecure, pass_retain=True,  # the announcer tells retained from live
         )
         device.publish = link.publish
         device.link = link
@@ -116,6 +116,8 @@ class Shard:
 
     def close(self) -> None:
         """Every live device says ``offline`` and disconnects (so no last will fires)."""
+        for device in self.devices:
+            device.announcer.close()
         for link in self.links:
             link.begin_close()
         deadline = time.monotonic() + CLOSE_S

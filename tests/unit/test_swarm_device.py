@@ -27,7 +27,7 @@ def test_a_perturbed_update_keeps_names_shapes_and_dtypes_and_moves_only_a_littl
 def test_a_swarm_device_pulls_the_weights_answers_and_serves_its_update():
     topics, sent = FleetTopics("f"), []
     device = SwarmDevice("d1", topics, Counters(), heartbeat_s=0)
-    device.publish = lambda topic, payload: sent.append((topic, payload))
+    device.publish = lambda topic, payload, qos=1: sent.append((topic, payload))
     blob = encode_tensors(SENT)
     ref = msgs.BlobRef(id=sha256_hex(blob), size=len(blob), kind="weights", format="safetensors")
     config = {"steps": [{"train": "model", "recipe": {"epochs": 1, "batch_size": 8, "lr": 0.1, "seed": 5}}]}
