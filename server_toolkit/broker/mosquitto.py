@@ -18,6 +18,12 @@ from pathlib import Path
 
 from sdk_device.transport.mqtt_link import BrokerAddress
 
+# QoS-1 messages mosquitto holds per client session beyond its in-flight window. The server's
+# session must hold about 3 x the fleet (a restart receives every retained status and every
+# re-hello at once; 10,000 dropped 9,045 publishes with 10,000 devices: docs/operations.md §5).
+# 100,000 covers ~30,000 devices, at worst ~100 MB of queued hellos in the broker.
+DEFAULT_MAX_QUEUED = 100_000
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """An unused TCP port on ``host`` (racy by nature, fine for loopback tests)."""
@@ -47,12 +53,12 @@ def mosquitto_config(
     security_dir: Path | None = None,
     tls_dir: Path | None = None,
     extra: str = "",
-    max_queued_messages: int = 10_000,
+    max_queued_messages: int = DEFAULT_MAX_QUEUED,
 ) -> str:
     """A mosquitto 2.0 configuration: one listener, persistence, fedsdk's size limits, and
     the accounts/ACL of ``security_dir`` and the certificates of ``tls_dir`` when given.
     ``max_queued_messages`` is per client session; the server's must hold about 3 × the
-    fleet size (docs/operations.md §1): 10,000 suits fleets of up to ~3,000 devices."""
+    fleet size (docs/operations.md §1): the default suits fleets of up to ~30,000 devices."""
     # Run as root (CI), mosquitto would switch to user "mosquitto" and then fail to read
     # certificates or write persistence in our private work directory: keep the user.
     lines = ["user root"] if os.geteuid() == 0 else []
@@ -94,7 +100,7 @@ class MosquittoBroker:
         executable: str | None = None,
         security_dir: str | Path | None = None,
         tls_dir: str | Path | None = None,
-        max_queued_messages: int = 10_000,
+        max_queued_messages: int = DEFAULT_MAX_QUEUED,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
