@@ -182,8 +182,11 @@ class Endpoint:
         timeout_s: float = 120.0,
         idle_s: float = 5.0,
         durable: bool = False,
+        from_peer: bool = False,
     ) -> bytes:
-        """Pull blob ``ref`` from ``peer``; returns its verified bytes.
+        """Pull blob ``ref`` from ``peer``; returns its verified bytes. A blob already in the
+        store is not pulled again unless ``from_peer`` (the peer must show it holds the blob:
+        a device's result may not name one the server already has, e.g. the weights it sent).
 
         Raises ProtocolError ("too_large" before anything is allocated; "checksum_mismatch"
         when the blob is not what its id says or chunks stay corrupt after 3 tries; the
@@ -193,7 +196,7 @@ class Endpoint:
             raise ProtocolError(
                 "too_large", f"blob {ref.id[:12]} is {ref.size} bytes; limit {self.max_blob_bytes}"
             )
-        if self.store.has(ref.id):
+        if self.store.has(ref.id) and not from_peer:
             return self.store.get(ref.id)
         part = self.store.partial(ref.id, ref.size, self.chunk_bytes)
         arrivals: queue.Queue[Chunk | ProtocolError] = queue.Queue()

@@ -339,7 +339,8 @@ class MqttGrid(Grid):
             if self._open_round != pending.round:
                 raise ProtocolError("round_closed", f"round {pending.round} closed during the pull")
             try:
-                data = self.endpoint.fetch(dev, ref, durable=True, timeout_s=self.fetch_timeout_s)
+                data = self.endpoint.fetch(dev, ref, durable=True, timeout_s=self.fetch_timeout_s,
+                                           from_peer=True)  # never a blob the server has (forgery)
             except TimeoutError as exc:
                 raise ProtocolError("timeout", str(exc)) from None
             except ProtocolError as err:

@@ -136,6 +136,8 @@ def test_garbage_and_a_forged_result_do_not_cost_a_device_its_round(mosquitto, t
                                      metrics={"samples": 10}))  # a task id the server never issued
         spy.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, arrays={"model": never_offered},
                                      metrics={"samples": 10}))  # the victim's task, a blob it never offered
+        spy.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, arrays=dict(task.arrays),
+                                     metrics={"samples": 10}))  # ... naming the weights the server sent
         thread.join(timeout=180)
         assert not thread.is_alive()
     finally:
@@ -144,6 +146,8 @@ def test_garbage_and_a_forged_result_do_not_cost_a_device_its_round(mosquitto, t
     row = outcome["rows"][0]
     assert row["accepted"] == 2, row
     assert {u["device_id"] for u in fleet.registry.updates(1)} == {"victim", "other"}
+    sent = {ref.id for ref in task.arrays.values()}
+    assert not any(u["blob_id"] in sent for u in fleet.registry.updates(1))  # the victim's own result won
     rejections = fleet.registry.rejections()
     codes = {r["code"] for r in rejections if r["device_id"] == "victim"}
     assert {"malformed", "unsupported_schema", "unknown_task", "not_offered"} <= codes, rejections
