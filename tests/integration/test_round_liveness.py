@@ -71,7 +71,7 @@ def test_a_fleet_that_never_comes_back_fails_the_run_after_the_fleet_timeout(mos
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(
         [sys.executable, "-m", "server_toolkit.cli", "run", "--broker", mosquitto.url, "--fleet", "cli",
-         "--run-dir", str(run_dir), "--rounds", "3", "--min-devices", "2", "--fleet-timeout", "8",
+         "--run-dir", str(run_dir), "--rounds", "200", "--min-devices", "2", "--fleet-timeout", "8",
          "--round-timeout", "20", "--local-epochs", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -99,10 +99,10 @@ def test_a_fleet_that_never_comes_back_fails_the_run_after_the_fleet_timeout(mos
     assert waited >= 8
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert rows[0]["accepted"] == 2
-    if len(rows) == 2:  # round 2 had started: its devices left mid-training
-        assert rows[1]["accepted"] == 0
+    assert len(rows) < 200  # (rounds take ~1 s: enough of them that the devices leave mid-run)
+    assert all(r["accepted"] == 2 for r in rows[:-1])
+    if rows[-1]["accepted"] == 0:  # a round had started: its devices left mid-training
         assert "all 2 selected devices went offline or refused" in err, err
-    assert len(rows) <= 2  # round 3 never ran
 
 
 class Spy(Endpoint):
