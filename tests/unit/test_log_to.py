@@ -18,7 +18,8 @@ def test_a_log_to_value_without_a_known_kind_and_target_is_refused():
 
 def test_a_missing_tracking_extra_names_the_pip_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were absent
-    monkeypatch.setitem(sys.modules, "mlflow", None)  # not half-imported: later tests import it whole
+    for name in ("mlflow", "mlflow.entities", "mlflow.tracking"):  # whether or not imported already;
+        monkeypatch.setitem(sys.modules, name, None)  # never half-imported (later tests import it whole)
     with pytest.raises(TrackingError) as tb:
         open_tracker(f"tensorboard:{tmp_path}", "run")
     with pytest.raises(TrackingError) as ml:
