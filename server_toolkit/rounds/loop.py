@@ -158,9 +158,10 @@ class RoundLoop:
         """One round (see the module docstring); returns its metrics row."""
         started = time.monotonic()
         already = self.grid.accepted_before(rnd)
-        wanted = self._wanted()
+        online = self.grid.online()  # once per round: a fleet of 10,000 builds 10,000 DeviceInfo
+        wanted = self._wanted(len(online))
         selected = [] if wanted is not None and len(already) >= wanted else \
-            self._select(exclude={u.device_id for u in already})
+            self._select(online, wanted, exclude={u.device_id for u in already})
         quorum = len(selected) + len(already) if wanted is None else min(wanted, len(selected) + len(already))
         clock = time.perf_counter()
         instructions = [self._finish(rnd, i) for i in
@@ -213,21 +214,22 @@ class RoundLoop:
         return dataclasses.replace(instruction, recipe=dataclasses.replace(instruction.recipe, seed=seed),
                                    steps_before=before, reports={**self.method.asks, **instruction.reports})
 
-    def _select(self, exclude: set[str]) -> list[DeviceInfo]:
-        """Devices for this round (tiers final: the grid's, then ``tier_map``'s; ``methods/tiers.py``)."""
-        online = with_tier_overrides(self.grid.online(), self.config.tier_map)
-        candidates = [d for d in online if d.device_id not in exclude]
-        want = self._wanted()
+    def _select(self, online: list[DeviceInfo], want: int | None, exclude: set[str]) -> list[DeviceInfo]:
+        """Devices for this round out of ``online`` (tiers final: the grid's, then ``tier_map``'s;
+        ``methods/tiers.py``); ``want`` None: all of them."""
+        tiered = with_tier_overrides(online, self.config.tier_map)
+        candidates = [d for d in tiered if d.device_id not in exclude]
         if want is None:
             return candidates
         count = min(len(candidates), math.ceil(want * (1 + self.config.over_select)))
         return self._rng.sample(candidates, count)
 
-    def _wanted(self) -> int | None:
+    def _wanted(self, online: int) -> int | None:
+        """The round's quorum for ``online`` devices (None: every one of them)."""
         if self.config.clients_per_round is not None:
             return self.config.clients_per_round
         if self.config.fraction is not None:
-            return max(1, math.ceil(self.config.fraction * len(self.grid.online())))
+            return max(1, math.ceil(self.config.fraction * online))
         return None
 
 
