@@ -1,0 +1,110 @@
+"""Which methods secure aggregation serves, each device's layout in global coordinates
+(``fedcore/secagg/layout.py``), and the next global weights from the unmasked sums.
+
+Served (their aggregate is a per-element weighted mean, so a sum suffices):
+
+* ``full`` - FedAvg, FedProx, FedAvgM, FedAvg-L/S-Exit: every device trains the whole
+  model; the cover part is one number (the sum of sample counts). The secure mean goes
+  through the method's own ``aggregate_train`` as a single update, so FedAvgM's momentum
+  applies as usual;
+* ``window`` - HeteroFL, FedRolex: each tensor is a window of its global tensor (the
+  method's index map), so covers are per element (``coverage_average``'s arithmetic);
+* ``present`` - DepthFL: a depth prefix holds some global tensors whole; the exits'
+  classifier rows are weighted by the device's own class counts (``classwise_heads``).
+
+Refused, with the reason, before anything starts: every other method; each needs something
+of every single device's update (a hypernetwork input, a similarity, a personal model).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcore.secagg import fixed_point
+from fedcore.secagg.layout import CLASSES, SAMPLES, Layout, Placement
+
+from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
+from ..submodels.exit_split import name_map
+
+FULL, WINDOW, PRESENT = "full", "window", "present"
+SUPPORTED = {"fedavg": FULL, "fedprox": FULL, "fedavgm": FULL, "fedavg-l-exit": FULL, "fedavg-s-exit": FULL,
+             "heterofl": WINDOW, "fedrolex": WINDOW, "depthfl": PRESENT}
+WHY_NOT = {
+    "hypemefed": "its hypernetworks are trained on each device's own model",
+    "feddm": "its similarity tree compares the devices' individual updates",
+    "fedconv": "its server-side transposed convolutions are learned from each device's model",
+    "recipfl": "its server distils from each device's own model",
+}
+
+
+def refusal(method_name: str) -> str | None:
+    """One line saying why ``--secagg`` cannot run ``method_name`` (None: it can)."""
+    if method_name in SUPPORTED:
+        return None
+    why = WHY_NOT.get(method_name, "it needs each device's individual update, not only their sum")
+    return (f"--secagg does not support {method_name}: {why}. Supported: "
+            f"{', '.join(sorted(SUPPORTED))}")
+
+
+def offsets(global_weights: Weights) -> tuple[dict[str, int], int]:
+    """Each global tensor's offset in the flat global vector (names sorted), and its size D."""
+    out, at = {}, 0
+    for name in sorted(global_weights):
+        out[name] = at
+        at += int(global_weights[name].size)
+    return out, at
+
+
+def layout_for(method: Method, global_weights: Weights, instruction: TrainInstruction) -> Layout:
+    """Where ``instruction``'s returned tensors sit in global coordinates."""
+    kind = SUPPORTED[method.name]
+    where, size = offsets(global_weights)
+    placements = {}
+    if kind == WINDOW:
+        index_map = method.index_map(instruction.context)
+        for name in instruction.weights:
+            g = global_weights[name]
+            placements[name] = Placement(where[name], g.shape, tuple(np.asarray(i) for i in index_map[name]))
+    else:
+        if kind == PRESENT:
+            mapping = name_map(method.global_spec, int(instruction.context["tier"]), list(global_weights))
+            names = {sub: mapping[sub] for sub in instruction.weights}
+        else:
+            names = {name: name for name in instruction.weights}
+        classifiers = set(getattr(method, "classifiers", []) or [])
+        for sub, glob in names.items():
+            g = global_weights[glob]
+            placements[sub] = Placement(where[glob], g.shape, (), CLASSES if glob in classifiers else SAMPLES)
+    return Layout(size, placements, per_element=kind != FULL)
+
+
+def next_weights(method: Method, round_number: int, global_weights: Weights, total: np.ndarray,
+                 layout: Layout, instruction: TrainInstruction) -> Weights:
+    """The next global weights from the unmasked sum ``total`` (uint64, ``layout.vector_length``):
+    per element sum(w x) / sum(w); elements nobody covered keep their value. ``layout`` and
+    ``instruction``: any one device's (for ``full`` methods, every device's are alike)."""
+    decoded = fixed_point.decode(total)
+    values, cover = decoded[: layout.size], decoded[layout.size:]
+    where, _ = offsets(global_weights)
+    if not layout.per_element:  # full: the method's own aggregate of one update, the mean
+        if cover[0] <= 0:
+            raise ValueError("the secure sum holds no samples")
+        mean = {name: _cast(values[where[name]: where[name] + global_weights[name].size]
+                            .reshape(global_weights[name].shape) / cover[0], global_weights[name].dtype)
+                for name in instruction.weights}
+        return method.aggregate_train(round_number, global_weights, [_as_update(instruction, mean)])
+    out = {}
+    for name, previous in global_weights.items():
+        part = slice(where[name], where[name] + previous.size)
+        v, c = values[part].reshape(previous.shape), cover[part].reshape(previous.shape)
+        merged = np.where(c > 0, v / np.where(c > 0, c, 1.0), previous)
+        out[name] = _cast(merged, previous.dtype)
+    return out
+
+
+def _cast(values: np.ndarray, dtype) -> np.ndarray:
+    return (np.rint(values) if np.dtype(dtype).kind in "iu" else values).astype(dtype)
+
+
+def _as_update(instruction: TrainInstruction, weights: Weights) -> ClientUpdate:
+    return ClientUpdate("secagg-sum", 1, weights, {}, instruction)
