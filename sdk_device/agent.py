@@ -29,6 +29,7 @@ from .protocol.task_plan import TaskPlan, parse_plan
 from .protocol.topics import FleetTopics
 from .runtime_choice import RuntimeChooser, trainable_offers
 from .runtimes.registry import available_runtimes, create_runtime, pick_runtime
+from .secagg_client import SecAggSessions
 from .task_runner import LoadedModel, run_task
 from .transport.blob_store import BlobStore
 from .transport.endpoint import SERVER, Endpoint
@@ -86,6 +87,7 @@ class DeviceAgent:
         self._awaiting: str | None = None  # task whose result waits for the server's ack or error
         self.announcer: Announcer | None = None  # made by run(): hellos and result re-offers
         self.tasks_done = 0
+        self.secagg = SecAggSessions(config.device_id, self.endpoint)  # secure rounds (--secagg)
 
     def stop(self) -> None:
         self._stop.set()
@@ -142,6 +144,8 @@ class DeviceAgent:
         elif isinstance(message, msgs.Ack) and message.ref == self._awaiting:
             log.info("server accepted the result of task %s", message.ref[:8])
             self._finish_task()
+        elif isinstance(message, msgs.SecAgg):
+            self._on_secagg(message)
         elif isinstance(message, msgs.Error):
             log.warning("server reports %s: %s (ref %s)", message.code, message.detail, message.ref)
             if message.ref is not None and message.ref == self._awaiting:  # our result was refused
@@ -179,10 +183,13 @@ class DeviceAgent:
         for name, tensors in output.arrays.items():
             if not all(np.isfinite(v).all() for v in tensors.values() if v.dtype.kind == "f"):
                 log.warning("%s holds NaN/Inf (training diverged?); sent anyway, the server refuses it", name)
-        refs = {name: self.endpoint.offer(SERVER, encode_tensors(tensors), "weights", "safetensors")
-                for name, tensors in output.arrays.items()}
         metrics = {**output.metrics, "wall_time_s": train_s, "fetch_s": fetch_s, "peak_rss_mb": peak_rss_mb(),
                    "runtime": placement[main][0]}
+        if self.secagg.expects(task.round):  # a secure round: the update leaves masked (secagg_client.py)
+            self.secagg.start(task.round, output.arrays[main], metrics["samples"], self.y, metrics)
+            return
+        refs = {name: self.endpoint.offer(SERVER, encode_tensors(tensors), "weights", "safetensors")
+                for name, tensors in output.arrays.items()}
         self._awaiting = task.task_id
         result = msgs.Result(task_id=task.task_id, round=task.round, arrays=refs, metrics=metrics)
         self.announcer.awaiting(result)  # offered again after a reconnect or a server restart
@@ -231,6 +238,15 @@ class DeviceAgent:
         sent = decode_tensors(self.endpoint.fetch(SERVER, task.arrays[name]))
         runtime.set_weights(self.local.complete(program.id, sent, runtime.get_weights()))
         return LoadedModel(runtime, program.id, sent)
+
+    def _on_secagg(self, message: msgs.SecAgg) -> None:
+        """One stage of a secure round; an Error to the server when this device refuses it."""
+        try:
+            if self.secagg.on_message(message):
+                self._finish_task()
+        except Exception as exc:  # a bad request must not end the agent
+            log.warning("secure round %d, stage %s refused: %s", message.round, message.stage, exc)
+            self.endpoint.send(SERVER, msgs.Error(code="secagg_refused", detail=str(exc)[:500], ref=None))
 
     def _finish_task(self) -> None:
         self._awaiting = None

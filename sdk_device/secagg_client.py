@@ -77,7 +77,8 @@ class SecAggClient:
         boxes = {}
         for dev, n in self.neighbours.items():
             key = crypto.agree(self.c_key, n["c_pk"], crypto.BOX_INFO, self.context)
-            boxes[dev] = b64(crypto.seal(key, b_shares[n["x"]] + sk_shares[n["x"]], self._ad(self.device_id, dev)))
+            plain = b_shares[n["x"]] + sk_shares[n["x"]]
+            boxes[dev] = b64(crypto.seal(key, plain, self._ad(self.device_id, dev)))
         return {"boxes": boxes}
 
     # 3 -------------------------------------------------------------------------------------
@@ -91,7 +92,8 @@ class SecAggClient:
         if not alive <= set(self.neighbours) or len(alive) < self.threshold:
             raise ValueError(f"{len(alive)} neighbours alive, {self.threshold} needed")
         self.alive = alive
-        self.held = {str(d): unb64(box, None, "box") for d, box in dict(collect["boxes"]).items() if d in alive}
+        self.held = {str(d): unb64(box, None, "box")
+                     for d, box in dict(collect["boxes"]).items() if d in alive}
         values, cover = self.layout.scatter(tensors, samples, class_counts, self.clip)
         dump = os.environ.get(DUMP_ENV)
         if dump:
@@ -127,3 +129,60 @@ class SecAggClient:
 
     def _ad(self, sender: str, receiver: str) -> bytes:
         return f"{sender}>{receiver}|".encode() + self.context
+
+
+class SecAggSessions:
+    """The agent's secure rounds: the ``setup`` of each round announced, and the client of the
+    round in progress. ``endpoint`` sends the stage answers and offers the masked vector."""
+
+    def __init__(self, device_id: str, endpoint) -> None:
+        self.device_id = device_id
+        self.endpoint = endpoint
+        self.setups: dict[int, dict] = {}  # round -> its setup (the newest few)
+        self.client: SecAggClient | None = None
+        self.trained_update: tuple | None = None  # (tensors, samples, class counts, metrics)
+
+    def expects(self, round_number: int) -> bool:
+        """Whether the task of ``round_number`` is a secure one (its result goes masked)."""
+        return round_number in self.setups
+
+    def start(self, round_number: int, tensors: dict[str, np.ndarray], samples: int, labels: np.ndarray,
+              metrics: dict) -> None:
+        """The task is trained: keep its update here and advertise this round's keys."""
+        self.client = SecAggClient(self.device_id, round_number, self.setups.pop(round_number))
+        self.trained_update = (tensors, samples, np.bincount(np.asarray(labels, np.int64)), metrics)
+        self._send("advertise", self.client.advertise())
+
+    def on_message(self, message) -> bool:
+        """Answer one server stage (``msgs.SecAgg``); True when this device's part of the round
+        is over. ValueError (or a crypto error) on a request it refuses."""
+        from .protocol import messages as msgs  # noqa: F401 - the message type handled
+
+        if message.stage == "setup":
+            self.setups = {r: s for r, s in self.setups.items() if r > message.round - 3}
+            self.setups[message.round] = message.data
+            return False
+        client = self.client
+        if client is None or client.round != message.round:
+            raise ValueError(f"no secure round {message.round} in progress here")
+        if message.stage == "keys":
+            self._send("shares", client.share(message.data))
+        elif message.stage == "collect":
+            tensors, samples, counts, metrics = self.trained_update
+            vector = client.masked_input(message.data, tensors, samples, counts)
+            ref = self.endpoint.offer("server", vector.astype("<u8").tobytes(), "weights", "secagg-u64")
+            self.trained_update = None  # the plain update is not kept past its masking
+            self._send("masked", {"blob": {"id": ref.id, "size": ref.size, "kind": ref.kind,
+                                           "format": ref.format}, "metrics": metrics})
+        elif message.stage == "unmask":
+            self._send("reveal", client.reveal(message.data))
+            self.client = None
+            return True
+        else:
+            raise ValueError(f"unknown secagg stage {message.stage!r}")
+        return False
+
+    def _send(self, stage: str, data: dict) -> None:
+        from .protocol import messages as msgs
+
+        self.endpoint.send("server", msgs.SecAgg(round=self.client.round, stage=stage, data=data))

@@ -68,7 +68,8 @@ class Layout:
                 offset = int(entry["offset"])
                 if (len(indices) > len(shape) or entry["weight"] not in (SAMPLES, CLASSES)
                         or offset < 0 or offset + int(np.prod(shape)) > size
-                        or any(len(i) and (i.min() < 0 or i.max() >= n) for i, n in zip(indices, shape))):
+                        or any(len(i) and (i.min() < 0 or i.max() >= n)
+                               for i, n in zip(indices, shape, strict=False))):
                     raise ValueError(f"tensor {name!r} does not fit the layout")
                 placements[str(name)] = Placement(offset, shape, indices, entry["weight"])
             return cls(size, placements, bool(data["per_element"]))

@@ -162,6 +162,18 @@ class BlobRequest(Message):
             raise ProtocolError("invalid_field", f"blob_request needs 1..{MAX_REQUEST_INDICES} indices")
 
 
+@dataclass(frozen=True)
+class SecAgg(Message):
+    """Either way: one stage of a secure-aggregation round (``sdk_device/secagg_client.py``).
+    ``stage``: setup, keys, collect, unmask (server -> device); advertise, shares, masked,
+    reveal (device -> server); ``data``: the stage's JSON record (keys and shares in base64)."""
+
+    TYPE: ClassVar[str] = "secagg"
+    round: int
+    stage: str
+    data: dict
+
+
 # -- pairing (fleet-less topics fedsdk/v1/pair/<client id>/…; see docs/protocol.md §19) ------
 
 
@@ -251,7 +263,7 @@ class UnpairRequest(Message):
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
-    for cls in (Hello, Task, Result, Ack, Error, Heartbeat, BlobRequest, PairCaRequest, PairCa,
+    for cls in (Hello, Task, Result, Ack, Error, Heartbeat, BlobRequest, SecAgg, PairCaRequest, PairCa,
                 PairRequest, PairOffer, PairConfirm, PairAccept, UnpairRequest)
 }
 

@@ -12,6 +12,7 @@ from fedcore.recipe import Recipe
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import console, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
+from .secagg_options import secagg_options
 
 
 @click.command()
@@ -78,6 +79,7 @@ from .pairing import pairing_options, parse_tiers
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @pairing_options
 @observe_options
+@secagg_options
 def run(
     broker_url,
     insecure_embedded_broker,
@@ -98,6 +100,7 @@ def run(
     min_devices,
     fleet_timeout,
     norm_bound,
+    secagg,
     clients_per_round,
     fraction,
     over_select,
@@ -136,7 +139,7 @@ def run(
     from ..fleet.registry import FleetRegistry
     from ..report.run_report import RunReport
     from ..rounds.loop import FleetLost, LoopConfig, NoUpdates, RoundLoop
-    from ..rounds.mqtt_grid import MqttGrid
+    from ..secagg.mqtt_grid import secagg_grid
 
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
     try:
@@ -182,8 +185,8 @@ def run(
     report = (
         RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
     )
-    grid = MqttGrid(endpoint, registry, program_formats=[f.strip() for f in program_formats.split(",")],
-                    fetch_timeout_s=round_timeout)
+    grid = secagg_grid(endpoint, registry, the_method, secagg, seed, fetch_timeout_s=round_timeout,
+                       program_formats=[f.strip() for f in program_formats.split(",")])
     config = {"method": method, "model": model, "dataset": dataset, "fleet": fleet, "rounds": rounds,
               "clients_per_round": clients_per_round, "fraction": fraction, "round_timeout_s": round_timeout,
               "seed": seed, "recipe": recipe.to_dict(), "method_options": parse_options(method_options)}
@@ -195,7 +198,7 @@ def run(
         LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
                    over_select=over_select, round_timeout_s=round_timeout, seed=seed,
                    tier_map=setup.tier_map, min_devices=min_devices, fleet_timeout_s=fleet_timeout,
-                   norm_bound=norm_bound or None),
+                   norm_bound=None if secagg else norm_bound or None),  # secagg: no update in the clear
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
         on_round=lambda row: (report.add_round(row), observers.add_round(row), console.print(row)),

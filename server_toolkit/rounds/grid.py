@@ -18,20 +18,24 @@ Both hand back ``ClientUpdate``s, so a number measured on one is a number of the
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..methods.base import ClientUpdate, DeviceInfo, TrainInstruction
+from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 
 
 @dataclass
 class Exchange:
     """What one round's exchange brought back: the accepted updates (in arrival order) and
     how many results or refusals were rejected, by reason code; ``left``: the exchange ended
-    early because every device asked went offline or refused its task."""
+    early because every device asked went offline or refused its task; ``secure``: set by
+    secure aggregation (``server_toolkit/secagg``), whose updates carry metrics only: (method,
+    round, global weights) -> the next global weights, from the unmasked sum."""
 
     updates: list[ClientUpdate] = field(default_factory=list)
     rejections: dict[str, int] = field(default_factory=dict)
     left: bool = False
+    secure: Callable[[Method, int, Weights], Weights] | None = None
 
     @property
     def rejected(self) -> int:

@@ -176,10 +176,12 @@ class RoundLoop:
         row: dict = {"round": rnd, "selected": len(selected) + len(already), "accepted": len(updates),
                      "rejected": exchange.rejected}
         clock = time.perf_counter()
-        if updates and self.config.norm_bound is not None and self.method.bounds_updates:
+        secure = exchange.secure  # secure aggregation: only the sum is in the clear (secagg/)
+        if updates and secure is None and self.config.norm_bound is not None and self.method.bounds_updates:
             updates, row["clipped"] = bound_updates(rnd, updates, self.config.norm_bound)
         if updates:
-            self.global_weights = self.method.aggregate_train(rnd, self.global_weights, updates)
+            self.global_weights = (secure(self.method, rnd, self.global_weights) if secure is not None
+                                   else self.method.aggregate_train(rnd, self.global_weights, updates))
             row.update(self.method.aggregate_evaluate(rnd, updates))
         else:
             log.warning("round %d: no update accepted (%s); global model unchanged", rnd,

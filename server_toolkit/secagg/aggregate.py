@@ -79,13 +79,14 @@ def layout_for(method: Method, global_weights: Weights, instruction: TrainInstru
 
 
 def next_weights(method: Method, round_number: int, global_weights: Weights, total: np.ndarray,
-                 layout: Layout, instruction: TrainInstruction) -> Weights:
+                 layout: Layout, instruction: TrainInstruction, template: Weights | None = None) -> Weights:
     """The next global weights from the unmasked sum ``total`` (uint64, ``layout.vector_length``):
     per element sum(w x) / sum(w); elements nobody covered keep their value. ``layout`` and
-    ``instruction``: any one device's (for ``full`` methods, every device's are alike)."""
+    ``instruction``: any one device's (for ``full`` methods, every device's are alike);
+    ``template``: the global tensors the layouts were made from (default: ``global_weights``)."""
     decoded = fixed_point.decode(total)
     values, cover = decoded[: layout.size], decoded[layout.size:]
-    where, _ = offsets(global_weights)
+    where, _ = offsets(global_weights if template is None else template)
     if not layout.per_element:  # full: the method's own aggregate of one update, the mean
         if cover[0] <= 0:
             raise ValueError("the secure sum holds no samples")

@@ -104,7 +104,7 @@ class SecAggRound:
 
     # -- stage 4: reveal and unmask -----------------------------------------------------------
     def on_reveal(self, dev: str, data: dict) -> None:
-        if dev not in self.masked or not isinstance(data.get("b"), dict) or not isinstance(data.get("sk"), dict):
+        if dev not in self.masked or not all(isinstance(data.get(k), dict) for k in ("b", "sk")):
             raise ValueError(f"{dev}: not a survivor, or a malformed reveal")
         self.revealed[dev] = data
 

@@ -41,7 +41,7 @@ from ..rounds.grid import Grid
 from ..rounds.inprocess_grid import InProcessGrid
 from ..rounds.local_device import LocalDevice
 from ..rounds.loop import LoopConfig, RoundLoop
-from ..rounds.mqtt_grid import MqttGrid
+from ..secagg.mqtt_grid import secagg_grid
 from .edges import plan_edges, register_group, start_edge_process
 from .partition import partition
 
@@ -92,6 +92,7 @@ class SimulationConfig:
     grid: str = "mqtt"  # "mqtt": device processes over a broker; "inprocess": devices trained here
     label: str | None = None  # a name for this run in reports (benchmarks set it, e.g. "FedAvg-S")
     setting: str | None = None  # what runs compare within, in reports (benchmarks set it)
+    secagg: dict | None = None  # secure aggregation settings (cli/secagg_options.py); None: off
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -228,7 +229,8 @@ class Simulation:
         c = self.config
         return LoopConfig(rounds=c.rounds, clients_per_round=c.clients_per_round, fraction=c.fraction,
                           over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed,
-                          tier_map=tier_map, fleet_timeout_s=c.fleet_timeout_s, norm_bound=c.norm_bound)
+                          tier_map=tier_map, fleet_timeout_s=c.fleet_timeout_s,
+                          norm_bound=None if c.secagg else c.norm_bound)  # secagg: no update in the clear
 
     def run(self) -> RunReport:
         c = self.config
@@ -289,8 +291,8 @@ class Simulation:
         self.on_event("broker", {"url": address.url, "embedded": broker is not None})
         endpoint = Endpoint(address, FleetTopics(c.fleet), BlobStore(self.run_dir / "blobs"),
                             is_known_peer=registry.is_known)
-        grid = MqttGrid(endpoint, registry, program_formats=c.program_formats,
-                        fetch_timeout_s=c.round_timeout_s)
+        grid = secagg_grid(endpoint, registry, method, c.secagg, c.seed, program_formats=c.program_formats,
+                           fetch_timeout_s=c.round_timeout_s)
         self.observers.watch_registry(registry, self.run_dir / "registry.sqlite", grid, "--tiers")
         try:
             endpoint.start()

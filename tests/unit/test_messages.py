@@ -27,6 +27,7 @@ EXAMPLES: list[m.Message] = [
     m.Ack(ref="t1", detail="stored"),
     m.Error(code="bad_task", detail="nope", ref="t1"),
     m.Heartbeat(state="training", task_id="t1", progress=0.5),
+    m.SecAgg(round=3, stage="advertise", data={"c_pk": "AAAA", "s_pk": "AAAA"}),
     m.BlobRequest(blob=BLOB_A, indices=[0, 3, 7], chunk_bytes=1024),
 ]
 PAIR_EXAMPLES: list[m.Message] = [  # pairing (docs/protocol.md §19)
@@ -168,7 +169,7 @@ def test_missing_required_field(message):
     required = {"hello": "device_id", "task": "arrays", "result": "metrics", "ack": "ref",
                 "error": "code", "heartbeat": "state", "blob_request": "indices", "pair_ca": "ca_pem",
                 "pair_request": "code", "pair_offer": "session", "pair_confirm": "profile",
-                "pair_accept": "password", "unpair_request": "device_id"}[message.TYPE]
+                "pair_accept": "password", "unpair_request": "device_id", "secagg": "stage"}[message.TYPE]
     del body[required]
     with pytest.raises(ProtocolError) as info:
         m.decode(json.dumps(body).encode())

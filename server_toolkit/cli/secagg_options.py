@@ -1,0 +1,45 @@
+"""``--secagg``, ``--secagg-threshold`` and ``--secagg-neighbours`` of ``run`` and ``simulate``:
+secure aggregation (``server_toolkit/secagg``, docs/privacy.md). The decorator refuses, with
+one line and before anything starts, a method secure aggregation cannot serve, an in-process
+grid and edge aggregators; it hands the command ``secagg`` = the settings as a dict, or None."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import click
+
+
+def secagg_options(f):
+    """Add the options to a command that has a ``method`` parameter and a ``secagg`` one."""
+    @click.option("--secagg", is_flag=True,
+                  help="Secure aggregation (SecAgg+): devices send masked updates, the server only ever "
+                  "unmasks their sum. Methods: fedavg, fedprox, fedavgm, fedavg-l/s-exit, heterofl, "
+                  "fedrolex, depthfl. Turns the norm bound off (it compares updates in the clear).")
+    @click.option("--secagg-threshold", default=0.5, show_default=True, metavar="FRACTION",
+                  type=click.FloatRange(0.5, 1.0, max_open=True),
+                  help="t = floor(FRACTION * k) + 1 of a device's k neighbours must survive to unmask it; "
+                  "a round completes while every device keeps t surviving neighbours.")
+    @click.option("--secagg-neighbours", default=None, type=click.IntRange(2), metavar="K",
+                  help="Neighbours per device in the sparse key graph (default 2*ceil(2*log2 n), at most "
+                  "n-1).")
+    @functools.wraps(f)
+    def wrapper(*args, secagg: bool, secagg_threshold: float, secagg_neighbours: int | None, **kwargs):
+        from ..methods import canonical_name
+        from ..secagg.aggregate import refusal
+        from ..secagg.mqtt_grid import SecAggSettings
+
+        settings = None
+        if secagg:
+            why = refusal(canonical_name(kwargs["method"]))
+            if why:
+                raise click.ClickException(why)
+            if kwargs.get("grid") == "inprocess" or kwargs.get("edges"):
+                raise click.ClickException("--secagg runs over MQTT without edge aggregators "
+                                           "(--grid mqtt, --edges 0)")
+            settings = dataclasses.asdict(SecAggSettings(secagg_threshold, secagg_neighbours))
+        return f(*args, secagg=settings, **kwargs)
+
+    return wrapper
+
