@@ -12,10 +12,11 @@ One ``SecAggClient`` per task whose round the server opened with a ``setup`` sta
 4. ``unmask`` -> ``reveal``: per neighbour the server says survived or dropped; out: its
    ``b`` share, or its mask-key share, never both for one neighbour.
 
-Test-only fault injection: with ``FEDSDK_TEST_SECAGG_DROP=after_shares`` in its environment
-the device process exits when asked for its masked vector (a device dropping after the key
-exchange); with ``FEDSDK_TEST_SECAGG_DUMP=DIR`` it writes its plain update to
-``DIR/<device>.safetensors`` (so a test can compare). Neither is for production use.
+Test-only fault injection: with ``FEDSDK_TEST_SECAGG_DROP=after_shares`` (or
+``after_shares:ROUND``) in its environment the device process exits when asked for its
+masked vector (in every round, or in round ROUND): a device dropping after the key exchange.
+With ``FEDSDK_TEST_SECAGG_DUMP=DIR`` it writes its plain update to
+``DIR/round<r>/<device>.safetensors`` (so a test can compare). Neither is for production use.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from .protocol.blobs import encode_tensors
 log = logging.getLogger(__name__)
 
 DROP_ENV, DUMP_ENV = "FEDSDK_TEST_SECAGG_DROP", "FEDSDK_TEST_SECAGG_DUMP"
+
+
+def drops_now(round_number: int) -> bool:
+    """Whether ``FEDSDK_TEST_SECAGG_DROP`` (test-only) says: drop out in this round."""
+    value = os.environ.get(DROP_ENV, "")
+    return value == "after_shares" or value == f"after_shares:{round_number}"
 
 
 class SecAggClient:
@@ -85,8 +92,8 @@ class SecAggClient:
     def masked_input(self, collect: dict, tensors: dict[str, np.ndarray], samples: int,
                      class_counts: np.ndarray | None) -> np.ndarray:
         """The masked uint64 vector of ``tensors`` (the trained sub-model) weighted by ``samples``."""
-        if os.environ.get(DROP_ENV) == "after_shares":
-            log.warning("%s=after_shares: this device drops out now (test fault injection)", DROP_ENV)
+        if drops_now(self.round):
+            log.warning("%s: this device drops out now (test fault injection)", DROP_ENV)
             os._exit(3)
         alive = {str(d) for d in collect["alive"]}
         if not alive <= set(self.neighbours) or len(alive) < self.threshold:
@@ -97,9 +104,10 @@ class SecAggClient:
         values, cover = self.layout.scatter(tensors, samples, class_counts, self.clip)
         dump = os.environ.get(DUMP_ENV)
         if dump:
-            Path(dump).mkdir(parents=True, exist_ok=True)
-            (Path(dump) / f"{self.device_id}.safetensors").write_bytes(encode_tensors(tensors))
-            (Path(dump) / f"{self.device_id}.json").write_text(json.dumps({"samples": samples}))
+            where = Path(dump) / f"round{self.round}"
+            where.mkdir(parents=True, exist_ok=True)
+            (where / f"{self.device_id}.safetensors").write_bytes(encode_tensors(tensors))
+            (where / f"{self.device_id}.json").write_text(json.dumps({"samples": samples}))
         vector = np.concatenate([fixed_point.encode(values), fixed_point.encode(cover)])
         masks.apply(vector, self.self_seed, +1)
         for dev in sorted(alive):
