@@ -143,12 +143,16 @@ class SecAggMqttGrid(MqttGrid):
 
     def _gather(self, stage: str, expected: set[str], until: float) -> dict[str, dict]:
         """The ``stage`` answers of ``expected`` devices, once all answered or the rest left."""
+        started = time.monotonic()
         while time.time() < until:
             got = set(self._stages.get(stage, {}))
             if expected <= got | self._resolved | (expected - set(self.devices)):
                 break
             self._pump(timeout_s=0.05)
-        return {d: v for d, v in self._stages.get(stage, {}).items() if d in expected}
+        got = {d: v for d, v in self._stages.get(stage, {}).items() if d in expected}
+        log.info("round %s: secagg %s from %d/%d devices in %.2f s", self._open_round, stage, len(got),
+                 len(expected), time.monotonic() - started)
+        return got
 
     def _feed(self, handler, answers: dict[str, dict]) -> None:
         for dev, data in sorted(answers.items()):
