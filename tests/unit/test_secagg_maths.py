@@ -54,7 +54,8 @@ def test_fixed_point_round_trips_within_its_resolution_and_refuses_values_out_of
         fixed_point.encode(np.array([2.0**63 / fixed_point.SCALE]))
     # no wrap: the largest allowed weighted sum still decodes with the right sign
     top = fixed_point.max_total_weight() * fixed_point.CLIP * 0.999
-    assert fixed_point.decode(fixed_point.encode(np.array([top, -top]))).tolist() == pytest.approx([top, -top])
+    decoded = fixed_point.decode(fixed_point.encode(np.array([top, -top])))
+    assert decoded.tolist() == pytest.approx([top, -top])
 
 
 def test_a_window_scatters_into_global_coordinates_and_overlapping_windows_average_per_element():
@@ -89,8 +90,9 @@ def test_a_secure_heterofl_round_equals_the_plain_one_with_devices_dropping_and_
     devices = [DeviceInfo(f"d{i}", 10 + i, tier="ab"[i % 2]) for i in range(8)]
     instructions = method.configure_train(1, before, devices)
     rng = np.random.default_rng(0)
-    trained = {i.device_id: ({k: v + rng.normal(0, 0.1, v.shape).astype(v.dtype) for k, v in i.weights.items()},
-                             10 + int(i.device_id[1:]), None) for i in instructions}
+    noisy = {i.device_id: {k: v + rng.normal(0, 0.1, v.shape).astype(v.dtype) for k, v in i.weights.items()}
+             for i in instructions}
+    trained = {dev: (w, 10 + int(dev[1:]), None) for dev, w in noisy.items()}
     layouts = {i.device_id: layout_for(method, before, i) for i in instructions}
     stats = run_secure_round(1, layouts, trained, drop={"d3", "d6"})
     assert stats.dropped == ["d3", "d6"]
