@@ -22,8 +22,8 @@ def secagg_options(f):
                   help="t = floor(FRACTION * k) + 1 of a device's k neighbours must survive to unmask it; "
                   "a round completes while every device keeps t surviving neighbours.")
     @click.option("--secagg-neighbours", default=None, type=click.IntRange(2), metavar="K",
-                  help="Neighbours per device in the sparse key graph (default 2*ceil(2*log2 n), at most "
-                  "n-1).")
+                  help="Neighbours per device in the sparse key graph (default: the smallest k for which "
+                  "30 % of the devices dropping fails a round with chance <= 0.001; 1,000 devices: 134).")
     @functools.wraps(f)
     def wrapper(*args, secagg: bool, secagg_threshold: float, secagg_neighbours: int | None, **kwargs):
         from ..methods import canonical_name

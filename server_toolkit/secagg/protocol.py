@@ -26,7 +26,7 @@ class SecAggFailed(RuntimeError):
 class SecAggRound:
     """One round. ``devices``: those asked; ``vector_length``: of every masked vector;
     ``fraction``: the threshold fraction (t = floor(fraction * k) + 1); ``degree``: k (None:
-    ``default_degree``); ``seed``: the neighbour graph's."""
+    ``default_degree``, sized for 30 % of the devices dropping); ``seed``: the neighbour graph's."""
 
     def __init__(self, round_number: int, devices: list[str], vector_length: int, fraction: float = 0.5,
                  degree: int | None = None, seed: int = 0) -> None:
@@ -59,7 +59,7 @@ class SecAggRound:
         u1 = sorted(self.keys)
         if len(u1) < 3:
             raise SecAggFailed(f"{len(u1)} devices sent keys; secure aggregation needs at least 3")
-        k = default_degree(len(u1)) if self.degree is None else min(self.degree, len(u1) - 1)
+        k = default_degree(len(u1), self.fraction) if self.degree is None else min(self.degree, len(u1) - 1)
         self.graph = neighbours(u1, k, self.seed)
         self.t = threshold(min(len(v) for v in self.graph.values()), self.fraction)
         return {dev: {"threshold": self.t, "neighbours": {
