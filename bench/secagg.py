@@ -91,7 +91,8 @@ def measure(method_name: str, devices: int, seed: int = 0) -> dict:
     first = instructions[0]
     secure = next_weights(method, 1, before, stats.total, layouts[first.device_id], first)
     finish_s = time.process_time() - clock
-    error = max(float(np.abs(secure[n].astype(np.float64) - plain[n].astype(np.float64)).max()) for n in plain)
+    error = max(float(np.abs(secure[n].astype(np.float64) - plain[n].astype(np.float64)).max())
+                for n in plain)
     return {
         "method": method_name, "devices": devices, "model": MODELS[method_name],
         "global_elements": layouts[first.device_id].size,

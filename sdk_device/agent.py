@@ -29,7 +29,7 @@ from .protocol.task_plan import TaskPlan, parse_plan
 from .protocol.topics import FleetTopics
 from .runtime_choice import RuntimeChooser, trainable_offers
 from .runtimes.registry import available_runtimes, create_runtime, pick_runtime
-from .secagg_client import SecAggSessions
+from .secagg_sessions import SecAggSessions
 from .task_runner import LoadedModel, run_task
 from .transport.blob_store import BlobStore
 from .transport.endpoint import SERVER, Endpoint

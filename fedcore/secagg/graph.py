@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import random
 
-
 DROPOUT = 0.3  # the share of devices a round is sized to survive losing after the key exchange
 FAILURE = 1e-3  # ... with at most this chance of a round failing (union bound over devices)
 

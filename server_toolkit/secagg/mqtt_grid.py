@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SecAggSettings:
     """``--secagg`` options: ``threshold`` = t / k (t = floor(threshold * k) + 1), ``neighbours``
-    = k (None: ``fedcore.secagg.graph.default_degree``); ``stage_timeout_s`` bounds every stage after training."""
+    = k (None: ``fedcore.secagg.graph.default_degree``); ``stage_timeout_s`` bounds every stage
+    after training."""
 
     threshold: float = 0.5
     neighbours: int | None = None

@@ -1,0 +1,68 @@
+"""The agent's secure-aggregation rounds (``--secagg``): it keeps each round's ``setup``,
+diverts a secure round's trained update into a ``SecAggClient`` (``secagg_client.py``) and
+answers the server's stages. ``cryptography`` is imported only when a secure round starts, so
+a device without it still runs plain rounds (and refuses a secure one with the reason)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .protocol import messages as msgs
+
+
+class SecAggSessions:
+    """The agent's secure rounds: the ``setup`` of each round announced, and the client of the
+    round in progress. ``endpoint`` sends the stage answers and offers the masked vector."""
+
+    def __init__(self, device_id: str, endpoint) -> None:
+        self.device_id = device_id
+        self.endpoint = endpoint
+        self.setups: dict[int, dict] = {}  # round -> its setup (the newest few)
+        self.client = None  # the SecAggClient of the round in progress
+        self.trained_update: tuple | None = None  # (tensors, samples, class counts, metrics)
+
+    def expects(self, round_number: int) -> bool:
+        """Whether the task of ``round_number`` is a secure one (its result goes masked)."""
+        return round_number in self.setups
+
+    def start(self, round_number: int, tensors: dict[str, np.ndarray], samples: int, labels: np.ndarray,
+              metrics: dict) -> None:
+        """The task is trained: keep its update here and advertise this round's keys."""
+        try:
+            from .secagg_client import SecAggClient
+        except ImportError as exc:
+            raise RuntimeError(f"secure aggregation needs the cryptography package on this device "
+                               f"(pip install cryptography): {exc}") from None
+        self.client = SecAggClient(self.device_id, round_number, self.setups.pop(round_number))
+        self.trained_update = (tensors, samples, np.bincount(np.asarray(labels, np.int64)), metrics)
+        self._send("advertise", self.client.advertise())
+
+    def on_message(self, message) -> bool:
+        """Answer one server stage (``msgs.SecAgg``); True when this device's part of the round
+        is over. ValueError (or a crypto error) on a request it refuses."""
+        if message.stage == "setup":
+            self.setups = {r: s for r, s in self.setups.items() if r > message.round - 3}
+            self.setups[message.round] = message.data
+            return False
+        client = self.client
+        if client is None or client.round != message.round:
+            raise ValueError(f"no secure round {message.round} in progress here")
+        if message.stage == "keys":
+            self._send("shares", client.share(message.data))
+        elif message.stage == "collect":
+            tensors, samples, counts, metrics = self.trained_update
+            vector = client.masked_input(message.data, tensors, samples, counts)
+            ref = self.endpoint.offer("server", vector.astype("<u8").tobytes(), "weights", "secagg-u64")
+            self.trained_update = None  # the plain update is not kept past its masking
+            self._send("masked", {"blob": {"id": ref.id, "size": ref.size, "kind": ref.kind,
+                                           "format": ref.format}, "metrics": metrics})
+        elif message.stage == "unmask":
+            self._send("reveal", client.reveal(message.data))
+            self.client = None
+            return True
+        else:
+            raise ValueError(f"unknown secagg stage {message.stage!r}")
+        return False
+
+    def _send(self, stage: str, data: dict) -> None:
+        self.endpoint.send("server", msgs.SecAgg(round=self.client.round, stage=stage, data=data))
