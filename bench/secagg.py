@@ -9,6 +9,7 @@ For each fleet size and method, one round's aggregation of the same updates, twi
   (``server_toolkit/secagg/inprocess.py``: the JSON messages and masked vectors the MQTT grid
   moves, without a broker), then the server's ``next_weights``.
 
+The model is ``simulate``'s default, small_cnn on digits (8x8 inputs; 13,706 elements).
 Updates are the global model plus noise (training is left out on both sides: it is the same
 with or without secure aggregation). Bytes: what a device sends and receives for the
 aggregation (plain: its upload; secagg: its stage messages and masked vector). Seconds: CPU
@@ -57,7 +58,7 @@ class Updates:
 
 
 def measure(method_name: str, devices: int, seed: int = 0) -> dict:
-    spec = model_spec(MODELS[method_name], (1, 28, 28), 10)
+    spec = model_spec(MODELS[method_name], (1, 8, 8), 10)  # digits: simulate's default
     options = {"tier_ratios": {t: float(t) for t in TIERS[method_name]}} if method_name == "heterofl" else {}
     method = method_class(method_name)(spec, Recipe(), **options)
     before = method.initial_weights(seed)

@@ -57,7 +57,7 @@ class SecAggClient:
         self.context = f"round {round_number}".encode()
         self.c_key, self.s_key = crypto.new_private(), crypto.new_private()
         self.self_seed = secrets.token_bytes(32)
-        self.neighbours: dict[str, dict] = {}  # id -> {"c_pk", "s_pk", "x"}
+        self.neighbours: dict[str, dict] = {}  # id -> {"c_pk", "s_pk", "x", "box": AES key}
         self.threshold = 0
         self.held: dict[str, bytes] = {}  # neighbour -> the box it sent this device
         self.alive: set[str] = set()
@@ -83,7 +83,7 @@ class SecAggClient:
         sk_shares = shamir.share(crypto.private_bytes(self.s_key), self.threshold, xs)
         boxes = {}
         for dev, n in self.neighbours.items():
-            key = crypto.agree(self.c_key, n["c_pk"], crypto.BOX_INFO, self.context)
+            key = n["box"] = crypto.agree(self.c_key, n["c_pk"], crypto.BOX_INFO, self.context)
             plain = b_shares[n["x"]] + sk_shares[n["x"]]
             boxes[dev] = b64(crypto.seal(key, plain, self._ad(self.device_id, dev)))
         return {"boxes": boxes}
@@ -127,7 +127,7 @@ class SecAggClient:
         self.revealed = True
         out: dict[str, dict[str, str]] = {"b": {}, "sk": {}}
         for dev in sorted(survivors | dropped):
-            key = crypto.agree(self.c_key, self.neighbours[dev]["c_pk"], crypto.BOX_INFO, self.context)
+            key = self.neighbours[dev]["box"]
             plain = crypto.open_box(key, self.held[dev], self._ad(dev, self.device_id))
             if dev in survivors:
                 out["b"][dev] = b64(plain[: shamir.SHARE_BYTES])

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 def expand(seed: bytes, length: int) -> np.ndarray:
     """``length`` pseudo-random uint64 words from a 32-byte seed (AES-256-CTR, zero IV)."""
     encryptor = Cipher(algorithms.AES(seed), modes.CTR(b"\0" * 16)).encryptor()
-    return np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8").copy()
+    return np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8")  # read-only view
 
 
 def pairwise_sign(me: str, other: str) -> int:
