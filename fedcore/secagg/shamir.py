@@ -34,14 +34,16 @@ def reconstruct(shares: dict[int, bytes], threshold: int) -> bytes:
     if len(shares) < threshold:
         raise ValueError(f"{len(shares)} shares, {threshold} needed")
     points = sorted(shares.items())[:threshold]
-    secret = 0
+    total, common = 0, 1  # the sum of the Lagrange terms as one fraction: a single inverse
     for i, (xi, yi) in enumerate(points):
         num = den = 1
         for j, (xj, _) in enumerate(points):
             if i != j:
                 num = num * (-xj) % P
                 den = den * (xi - xj) % P
-        secret = (secret + int.from_bytes(yi, "big") * num * pow(den, -1, P)) % P
+        total = (total * den + int.from_bytes(yi, "big") * num * common) % P
+        common = common * den % P
+    secret = total * pow(common, -1, P) % P
     if secret >= 2 ** (8 * SECRET_BYTES):
         raise ValueError("the shares do not belong to one 32-byte secret")
     return secret.to_bytes(SECRET_BYTES, "big")
