@@ -36,11 +36,12 @@ def reconstruct(shares: dict[int, bytes], threshold: int) -> bytes:
     points = sorted(shares.items())[:threshold]
     total, common = 0, 1  # the sum of the Lagrange terms as one fraction: a single inverse
     for i, (xi, yi) in enumerate(points):
-        num = den = 1
+        num = den = 1  # small integers: exact products, reduced once
         for j, (xj, _) in enumerate(points):
             if i != j:
-                num = num * (-xj) % P
-                den = den * (xi - xj) % P
+                num *= -xj
+                den *= xi - xj
+        num, den = num % P, den % P
         total = (total * den + int.from_bytes(yi, "big") * num * common) % P
         common = common * den % P
     secret = total * pow(common, -1, P) % P

@@ -41,6 +41,7 @@ class SecAggRound:
         self.seed = seed
         self.context = f"round {round_number}".encode()
         self.keys: dict[str, tuple[bytes, bytes]] = {}  # U1: device -> (c_pk, s_pk)
+        self._advertised: dict[str, dict] = {}  # U1: device -> its keys as sent (base64)
         self.graph: dict[str, list[str]] = {}
         self.t = 0
         self.boxes: dict[str, dict[str, str]] = {}  # U2: sender -> {receiver: box}
@@ -53,6 +54,7 @@ class SecAggRound:
         if dev not in self.x:
             raise ValueError(f"{dev} is not in round {self.round}")
         self.keys[dev] = (unb64(data.get("c_pk"), 32, "c_pk"), unb64(data.get("s_pk"), 32, "s_pk"))
+        self._advertised[dev] = {"c_pk": data["c_pk"], "s_pk": data["s_pk"]}  # checked above
 
     def keys_messages(self) -> dict[str, dict]:
         """Per device of U1: its neighbours' keys and x coordinates, and t."""
@@ -62,9 +64,8 @@ class SecAggRound:
         k = default_degree(len(u1), self.fraction) if self.degree is None else min(self.degree, len(u1) - 1)
         self.graph = neighbours(u1, k, self.seed)
         self.t = threshold(min(len(v) for v in self.graph.values()), self.fraction)
-        return {dev: {"threshold": self.t, "neighbours": {
-            n: {"c_pk": _b64(self.keys[n][0]), "s_pk": _b64(self.keys[n][1]), "x": self.x[n]}
-            for n in self.graph[dev]}} for dev in u1}
+        return {dev: {"threshold": self.t, "neighbours": {n: {**self._advertised[n], "x": self.x[n]}
+                                                          for n in self.graph[dev]}} for dev in u1}
 
     # -- stage 2: shares ---------------------------------------------------------------------
     def on_shares(self, dev: str, data: dict) -> None:
@@ -125,8 +126,8 @@ class SecAggRound:
         return total
 
     def _rebuild(self, dev: str, kind: str) -> bytes:
-        shares = {self.x[h]: unb64(r[kind][dev], shamir.SHARE_BYTES, "share")
-                  for h, r in self.revealed.items() if dev in r.get(kind, {})}
+        shares = {self.x[h]: unb64(self.revealed[h][kind][dev], shamir.SHARE_BYTES, "share")
+                  for h in self.graph[dev] if dev in self.revealed.get(h, {}).get(kind, {})}
         if len(shares) < self.t:
             raise SecAggFailed(f"{len(shares)} shares of {dev}'s {kind}; t = {self.t} needed")
         return shamir.reconstruct(shares, self.t)
@@ -135,8 +136,3 @@ class SecAggRound:
     def dropped(self) -> list[str]:
         return sorted(set(self.boxes) - self.masked)
 
-
-def _b64(data: bytes) -> str:
-    from fedcore.secagg.wire import b64
-
-    return b64(data)
