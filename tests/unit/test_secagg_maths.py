@@ -1,6 +1,6 @@
 """The maths of secure aggregation (fedcore/secagg): Shamir t of n, masks that cancel,
 fixed point and its no-wrap range, global-coordinate scatter of width windows, the neighbour
-graph; and one in-process secure round of HeteroFL equal to its plain aggregate."""
+graph; and in-process secure rounds of HeteroFL and DepthFL equal to their plain aggregates."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from fedcore.secagg.graph import default_degree, neighbours
 from fedcore.secagg.layout import Layout, Placement
 from fedcore.secagg.wire import threshold
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
+from server_toolkit.methods.exit.depthfl import DepthFL
 from server_toolkit.methods.width.heterofl import HeteroFL
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.secagg.aggregate import layout_for, next_weights, refusal
@@ -110,3 +111,26 @@ def test_methods_that_need_each_devices_update_are_refused_in_one_line():
     assert refusal("fedavg") is None and refusal("depthfl") is None
     for name in ("hypemefed", "feddm", "fedconv", "recipfl", "pfedhn"):
         assert "--secagg does not support" in refusal(name) and "\n" not in refusal(name)
+
+
+def test_a_secure_depthfl_round_equals_the_plain_one_with_classwise_heads():
+    spec = model_spec("vgg_multi_exit", (1, 8, 8), 10)
+    method = DepthFL(spec, Recipe())
+    before = method.initial_weights(0)
+    instructions = method.configure_train(1, before, [DeviceInfo(f"d{i}", 20, tier=str(i % 3 + 1))
+                                                      for i in range(4)])
+    rng = np.random.default_rng(1)
+    trained = {}
+    for i in instructions:
+        counts = np.bincount(rng.integers(0, 4 + int(i.device_id[1:]), 20), minlength=10)  # label skew
+        noisy = {k: v + rng.normal(0, 0.1, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
+                 for k, v in i.weights.items()}
+        trained[i.device_id] = (noisy, 20, counts)
+    layouts = {i.device_id: layout_for(method, before, i) for i in instructions}
+    stats = run_secure_round(1, layouts, trained)
+    secure = next_weights(method, 1, before, stats.total, layouts["d0"], instructions[0])
+    plain = method.aggregate_train(1, before, [
+        ClientUpdate(i.device_id, 20, trained[i.device_id][0],
+                     {"label_counts": trained[i.device_id][2].tolist()}, i) for i in instructions])
+    assert method.classifiers  # the classwise path is exercised
+    assert max(np.abs(secure[n].astype(np.float64) - plain[n]).max() for n in plain) <= 1e-5
