@@ -48,7 +48,8 @@ def _fleet(tiers) -> list[DeviceInfo]:
 
 def _hierarchy(devices: list[DeviceInfo]) -> list:
     """dev0 direct; edge-a: dev1-4 (mixed tiers); edge-b: dev5 and edge-c (dev6-8)."""
-    return [devices[0], Edge("edge-a", devices[1:5]), Edge("edge-b", [devices[5], Edge("edge-c", devices[6:])])]
+    inner = Edge("edge-c", devices[6:])
+    return [devices[0], Edge("edge-a", devices[1:5]), Edge("edge-b", [devices[5], inner])]
 
 
 def _trained(instruction: TrainInstruction, device: DeviceInfo) -> ClientUpdate:
@@ -64,7 +65,8 @@ def _info(item, method: str) -> DeviceInfo:
     if isinstance(item, DeviceInfo):
         return item
     samples = sum(_info(i, method).num_samples for i in item.group)
-    return DeviceInfo(item.edge_id, samples, None, profile={"role": "edge", "aggregates": SUMS, "method": method})
+    profile = {"role": "edge", "aggregates": SUMS, "method": method}
+    return DeviceInfo(item.edge_id, samples, None, profile=profile)
 
 
 def _answer(item, instruction: TrainInstruction, rnd: int, name: str, options: dict) -> ClientUpdate:

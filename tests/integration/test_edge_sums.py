@@ -1,0 +1,64 @@
+"""Generic edge aggregators over a real mosquitto: the server's result equals the flat
+aggregate of the updates the devices sent.
+
+``Simulation`` with ``edges=2`` (real ``fedsdk-server edge --method M`` processes, real
+device agents): the devices are dealt over the two edges whatever their tier, so with
+HeteroFL each edge serves sub-models of three widths. After one round the server's
+checkpoint is compared with ``M.aggregate_train`` over every device's update as its edge
+received it (weights and the instruction it answered, read from the edges' registries and
+blob stores): the flat aggregate of the same updates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedcore.recipe import Recipe
+from sdk_device.protocol.blobs import decode_tensors
+from sdk_device.transport.blob_store import BlobStore
+from server_toolkit.assembly import assemble
+from server_toolkit.fleet.registry import FleetRegistry
+from server_toolkit.methods.base import ClientUpdate
+from server_toolkit.rounds.checkpoint import load_checkpoint
+from server_toolkit.rounds.task_records import instruction_from_record
+from server_toolkit.sim.simulate import Simulation, SimulationConfig
+
+pytestmark = pytest.mark.integration
+
+
+def device_updates(edge_dir, rnd: int) -> list[ClientUpdate]:
+    """The updates an edge accepted in group round ``rnd``, with the instructions they answered."""
+    registry, store = FleetRegistry(edge_dir / "registry.sqlite"), BlobStore(edge_dir / "blobs")
+    try:
+        return [ClientUpdate(row["device_id"], row["num_samples"], decode_tensors(store.get(row["blob_id"])),
+                             row["metrics"], instruction_from_record(registry.task(row["task_id"]), store))
+                for row in registry.updates(rnd)]
+    finally:
+        registry.close()
+
+
+@pytest.mark.parametrize(("method", "tiers"), [("fedavg", None), ("heterofl", ["1.0", "0.5", "0.25"])])
+def test_generic_edges_give_the_flat_aggregate_over_mosquitto(mosquitto, tmp_path, method, tiers):
+    config = SimulationConfig(method=method, devices=6, rounds=1, tiers=tiers, edges=2, seed=0,
+                              recipe=Recipe(epochs=1, batch_size=16, lr=0.05).to_dict(), device_runtime="torch",
+                              broker_url=mosquitto.url, round_timeout_s=120)
+    run_dir = tmp_path / "run"
+    (row,) = Simulation(config, run_dir).run().rows
+    assert row["accepted"] == 2 and row["rejected"] == 0, row  # one partial aggregate per edge
+
+    updates = [u for edge in ("edge-1", "edge-2") for u in device_updates(run_dir / "edges" / edge, 1)]
+    assert sorted(u.device_id for u in updates) == [f"dev{i:03d}" for i in range(6)]  # every device trained
+    if tiers:  # each edge served every width
+        for edge in ("edge-1", "edge-2"):
+            ratios = {u.instruction.context["ratio"] for u in device_updates(run_dir / "edges" / edge, 1)}
+            assert ratios == {1.0, 0.5, 0.25}
+    setup = assemble(method, config.model, config.dataset, None, Recipe.from_dict(config.recipe),
+                     {}, config.seed)
+    start = setup.method.initial_weights(config.seed)
+    flat = setup.method.aggregate_train(1, start, updates)
+    _, served, _ = load_checkpoint(run_dir)
+    assert set(served) == set(flat)
+    for name in flat:
+        np.testing.assert_allclose(served[name], flat[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert any(not np.allclose(flat[n], start[n]) for n in flat)  # the round moved the model
