@@ -40,15 +40,17 @@ def device_updates(edge_dir, rnd: int) -> list[ClientUpdate]:
 
 @pytest.mark.parametrize(("method", "tiers"), [("fedavg", None), ("heterofl", ["1.0", "0.5", "0.25"])])
 def test_generic_edges_give_the_flat_aggregate_over_mosquitto(mosquitto, tmp_path, method, tiers):
-    config = SimulationConfig(method=method, devices=6 if tiers else 4, rounds=1, tiers=tiers, edges=2, seed=0,
-                              recipe=Recipe(epochs=1, batch_size=16, lr=0.05).to_dict(), device_runtime="torch",
-                              broker_url=mosquitto.url, round_timeout_s=120)
+    recipe = Recipe(epochs=1, batch_size=16, lr=0.05).to_dict()
+    config = SimulationConfig(method=method, devices=6 if tiers else 4, rounds=1, tiers=tiers, edges=2,
+                              seed=0, recipe=recipe, device_runtime="torch", broker_url=mosquitto.url,
+                              round_timeout_s=120)
     run_dir = tmp_path / "run"
     (row,) = Simulation(config, run_dir).run().rows
     assert row["accepted"] == 2 and row["rejected"] == 0, row  # one partial aggregate per edge
 
     updates = [u for edge in ("edge-1", "edge-2") for u in device_updates(run_dir / "edges" / edge, 1)]
-    assert sorted(u.device_id for u in updates) == [f"dev{i:03d}" for i in range(config.devices)]  # every device trained
+    every = [f"dev{i:03d}" for i in range(config.devices)]
+    assert sorted(u.device_id for u in updates) == every  # every device trained
     if tiers:  # each edge served every width
         for edge in ("edge-1", "edge-2"):
             ratios = {u.instruction.context["ratio"] for u in device_updates(run_dir / "edges" / edge, 1)}
