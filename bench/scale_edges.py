@@ -139,13 +139,14 @@ def main() -> None:
     parser.add_argument("--connect-rate", type=float, default=500.0, help="devices per second in total")
     parser.add_argument("--round-timeout", type=float, default=600.0, help="the server's --round-timeout")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds any one wait may take")
+    parser.add_argument("--arms", nargs="+", choices=["flat", "edges"], default=["flat", "edges"])
     parser.add_argument("--keep", type=Path, default=None, help="keep run directories and logs here")
     args = parser.parse_args()
     if args.devices % args.edges:
         parser.error("--devices must be divisible by --edges")
     raise_fd_limit()
     rows = []
-    for edges in (0, args.edges):
+    for edges in [0 if arm == "flat" else args.edges for arm in args.arms]:
         workdir = Path(tempfile.mkdtemp(prefix=f"fedsdk-scale-edges-{edges}-", dir=args.keep))
         rows.append(measure(args.devices, edges, workdir, args))
         print(f"{rows[-1]}", flush=True)
