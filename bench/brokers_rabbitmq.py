@@ -164,16 +164,19 @@ def cross_node(messages: int) -> dict:
 
 
 def retained() -> dict:
+    """A retained message published on node 1, then a new subscriber per node and per filter
+    (the exact topic; a ``+`` wildcard, as fedsdk's server subscribes to ``dev/+/status``)."""
     pub = client(NODES[1], "eval-ret-pub")
     pub.publish("eval/status/server", b"online", qos=1, retain=True).wait_for_publish(10)
     close(pub)
     out = {}
     for i in (1, 2):
-        sub = client(NODES[i], f"eval-ret-sub{i}")
-        got = collect(sub, "eval/status/+")
-        wait_count(got, 1, 3)
-        out[f"node {i}"] = "yes" if got and got[0][3] else "no"
-        close(sub)
+        for kind, topic in (("exact", "eval/status/server"), ("wildcard", "eval/status/+")):
+            sub = client(NODES[i], f"eval-ret-sub{i}-{kind}")
+            got = collect(sub, topic)
+            wait_count(got, 1, 3)
+            out[f"node {i} {kind}"] = "yes" if got else "no"
+            close(sub)
     return out
 
 
