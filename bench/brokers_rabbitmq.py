@@ -218,7 +218,7 @@ def redelivery(messages: int) -> dict:
     again.on_message = lambda _c, _u, m: back.append(m.dup)
     again.connect("127.0.0.1", NODES[1], keepalive=30)
     again.loop_start()
-    wait_count(back, received, 10)
+    wait_count(back, messages, 20)
     close(again), close(pub)
     return {"received unacked": received, "redelivered": len(back), "with DUP": sum(back)}
 
