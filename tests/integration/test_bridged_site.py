@@ -14,8 +14,11 @@ import time
 
 import pytest
 
+from fedcore.recipe import Recipe
 from server_toolkit.broker.bridge import bridge_config
 from server_toolkit.broker.mosquitto import MosquittoBroker
+from server_toolkit.methods.fedavg import FedAvg
+from server_toolkit.models.zoo import model_spec
 from server_toolkit.sim.simulate import start_device_process
 
 from .harness import Fleet
@@ -33,7 +36,9 @@ def test_devices_on_a_bridged_site_broker_complete_rounds_and_their_wills_cross(
             fleet.registry.add_device(dev)
             fleet.procs.append(start_device_process(site.url, fleet.fleet, dev, path, tmp_path / dev / "work",
                                                     tmp_path / f"{dev}.log"))
-        loop = fleet.server(rounds=2, round_timeout_s=120)
+        spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
+        method = FedAvg(spec, Recipe(epochs=1, batch_size=16, lr=0.05))
+        loop = fleet.server(rounds=2, method=method, round_timeout_s=120)
         loop.start()
         assert loop.grid.wait_for_devices(2, timeout_s=120) == 2
         rows = loop.run()
