@@ -7,7 +7,8 @@ method's recipe) plus a ``coverage`` record to fill; ``aggregate`` folds the edg
 aggregates and the direct devices' summands into one ``Partial`` and finishes it
 (``edge/partial.py``). With no edge in the round both calls are the method's own, unchanged.
 
-An edge is left out of the round, with an error in the log, when the method is not a sum
+A method that does this itself (an edge's ``SumRelay``: ``folds_edges = True``) is called
+straight through. An edge is left out of the round, with an error in the log, when the method is not a sum
 (``methods/summands.py``) or the edge runs another method than the server.
 """
 
@@ -42,7 +43,7 @@ def configure(method: Method, rnd: int, global_weights: Weights,
               devices: list[DeviceInfo]) -> list[TrainInstruction]:
     """``method.configure_train`` for the devices, the global model for the generic edges."""
     edges = [d for d in devices if is_sum_edge(d)]
-    if not edges:
+    if not edges or getattr(method, "folds_edges", False):
         return method.configure_train(rnd, global_weights, devices)
     direct = [d for d in devices if not is_sum_edge(d)]
     reason = refusal(method)
@@ -82,6 +83,6 @@ def fold(method: Method, global_weights: Weights, updates: list[ClientUpdate]) -
 
 def aggregate(method: Method, rnd: int, global_weights: Weights, updates: list[ClientUpdate]) -> Weights:
     """``method.aggregate_train``, or the fold of the round when an edge answered in it."""
-    if not any(is_partial(u) for u in updates):
+    if not any(is_partial(u) for u in updates) or getattr(method, "folds_edges", False):
         return method.aggregate_train(rnd, global_weights, updates)
     return fold(method, global_weights, updates).finish(global_weights)

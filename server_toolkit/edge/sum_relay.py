@@ -29,6 +29,7 @@ class SumRelay(Method):
     """See the module docstring. ``server_round``: set by the aggregator before each group round."""
 
     name = ""  # not a server method: only the edge process drives it
+    folds_edges = True  # configure_train / aggregate_train handle the group's edges (edge/fold.py)
 
     def __init__(self, method: str, options: dict | None = None) -> None:
         super().__init__({}, Recipe())

@@ -76,9 +76,9 @@ def _answer(item, instruction: TrainInstruction, rnd: int, name: str, options: d
     relay = SumRelay(name, options)
     relay.forward(instruction.spec, instruction.recipe, rnd)
     infos = [_info(i, name) for i in item.group]
-    asked = {i.device_id: i for i in relay.configure_train(rnd, instruction.weights, infos)}
+    asked = {i.device_id: i for i in configure(relay, rnd, instruction.weights, infos)}  # as its loop does
     updates = [_answer(i, asked[_info(i, name).device_id], rnd, name, options) for i in item.group]
-    mean = relay.aggregate_train(rnd, instruction.weights, updates)
+    mean = aggregate(relay, rnd, instruction.weights, updates)
     samples = sum(u.num_samples for u in updates)
     return ClientUpdate(item.edge_id, samples, mean, {"samples": samples}, instruction,
                         {COVERAGE: relay.partial.coverage(instruction.weights)})
