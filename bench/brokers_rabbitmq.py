@@ -103,6 +103,8 @@ class Cluster:
             except (RuntimeError, subprocess.TimeoutExpired):
                 self.procs[i].kill()
             self.procs[i].wait(30)
+        # the nodes started epmd (a daemon of its own): stop it too
+        subprocess.run(["epmd", "-kill"], env=self.env(1), capture_output=True, timeout=30, check=False)
 
 
 def client(port: int, client_id: str, clean: bool = True, manual_ack: bool = False) -> mqtt.Client:
