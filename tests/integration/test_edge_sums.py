@@ -15,27 +15,13 @@ import numpy as np
 import pytest
 
 from fedcore.recipe import Recipe
-from sdk_device.protocol.blobs import decode_tensors
-from sdk_device.transport.blob_store import BlobStore
 from server_toolkit.assembly import assemble
-from server_toolkit.fleet.registry import FleetRegistry
-from server_toolkit.methods.base import ClientUpdate
 from server_toolkit.rounds.checkpoint import load_checkpoint
-from server_toolkit.rounds.task_records import instruction_from_record
 from server_toolkit.sim.simulate import Simulation, SimulationConfig
 
+from .harness import device_updates
+
 pytestmark = pytest.mark.integration
-
-
-def device_updates(edge_dir, rnd: int) -> list[ClientUpdate]:
-    """The updates an edge accepted in group round ``rnd``, with the instructions they answered."""
-    registry, store = FleetRegistry(edge_dir / "registry.sqlite"), BlobStore(edge_dir / "blobs")
-    try:
-        return [ClientUpdate(row["device_id"], row["num_samples"], decode_tensors(store.get(row["blob_id"])),
-                             row["metrics"], instruction_from_record(registry.task(row["task_id"]), store))
-                for row in registry.updates(rnd)]
-    finally:
-        registry.close()
 
 
 @pytest.mark.parametrize(("method", "tiers"), [("fedavg", None), ("heterofl", ["1.0", "0.5", "0.25"])])

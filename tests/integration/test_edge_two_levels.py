@@ -25,8 +25,7 @@ from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.checkpoint import load_checkpoint
 from server_toolkit.sim.simulate import start_device_process, stop_processes
 
-from .harness import Fleet
-from .test_edge_sums import device_updates
+from .harness import Fleet, device_updates
 
 pytestmark = pytest.mark.integration
 
