@@ -25,6 +25,7 @@ import logging
 
 import click
 
+from .bridge import bridge_config
 from .broker import broker
 from .datasets import datasets
 from .devices import devices
@@ -49,5 +50,5 @@ def main(verbose: int) -> None:
 
 
 for command in (simulate, run, edge, devices, pair_code, broker, certs, security, datasets, methods, report,
-                runs, hn, swarm):
+                runs, hn, swarm, bridge_config):
     main.add_command(command)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import console
+from .options import console, method_option, parse_options
 
 
 @click.command()
@@ -34,18 +34,25 @@ from .options import console
 @click.option("--projection-epochs", default=2, show_default=True)
 @click.option("--warmup-epochs", default=1, show_default=True, help="Local epochs of the clustering warm-up.")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--method", default=None,
+              help="Be a generic edge for this averaging method (the server's --method; fedavg, heterofl, "
+                   "fedrolex, depthfl, …): answer with partial sums. Unset: FedConv's clustering edge.")
+@method_option
 @click.option("--username", envvar="FEDSDK_MQTT_USERNAME", help="Broker user (or FEDSDK_MQTT_USERNAME).")
 @click.option("--password", envvar="FEDSDK_MQTT_PASSWORD", help="Broker password (or FEDSDK_MQTT_PASSWORD).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
 @click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a non-loopback broker.")
 def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_url, group_security_dir,
          min_devices, devices_wait, max_clusters, smashed_samples, pair_threshold, projection_lambda,
-         projection_epochs, warmup_epochs, seed, username, password, ca_file, insecure) -> None:
+         projection_epochs, warmup_epochs, seed, method, method_options, username, password, ca_file,
+         insecure) -> None:
     """Run an edge aggregator: a device of the server's fleet, the server of its own group.
 
     Register the edge on the server (`devices add --run-dir SERVER_DIR --tier T EDGE_ID`)
     and its devices here (`devices add --run-dir EDGE_DIR DEVICE_ID`); devices then run
-    `fedsdk run --fleet FLEET.EDGE_ID …`.
+    `fedsdk run --fleet FLEET.EDGE_ID …`. With `--method` (the server's method and
+    `--method-option`s) the edge is generic: its group may mix tiers, it may serve other
+    edges, and the server's result equals the flat aggregate (docs/operations.md).
     """
     import signal
 
@@ -75,6 +82,7 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
             options=EdgeOptions(max_clusters=max_clusters, smashed_samples=smashed_samples,
                                 pair_threshold=pair_threshold, projection_lambda=projection_lambda,
                                 projection_epochs=projection_epochs, warmup_epochs=warmup_epochs, seed=seed),
+            method=method, method_options=parse_options(method_options),
         )
         aggregator = EdgeAggregator(config)
     except (ValueError, SecurityDirError, FileNotFoundError) as exc:

@@ -68,7 +68,8 @@ from .secagg_options import secagg_options
               help="mqtt: device processes over a broker; inprocess: the same devices trained in this "
               "process (no broker; what the benchmarks run).")
 @click.option("--edges", default=0, show_default=True,
-              help="Edge aggregator processes; edge k serves the devices of the k-th tier (round-robin).")
+              help="Edge aggregator processes. fedconv: edge k serves the devices of the k-th tier "
+                   "(round-robin); other methods: generic edges, device i behind edge i mod N.")
 @click.option(
     "--device-python",
     default=None,

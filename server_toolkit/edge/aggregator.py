@@ -26,6 +26,13 @@ group if clustering is due → one training round on the group with the server's
 relay's aggregate, ``samples`` = the accepted devices' samples, plus the group's
 loss/accuracy, label counts and the clustering / projection figures. No accepted update →
 the task is refused with ``device_failure``. The edge never sends smashed data up.
+
+With ``method`` set (``--method``) the edge is *generic* instead: no clustering, no
+warm-up; its group round runs the server's method over the global model the server sends
+(``edge/sum_relay.py``) and it answers with a partial aggregate, ``model`` (its group's
+mean) plus ``coverage`` (``edge/partial.py``), so the server's result equals the flat
+aggregate. Its hello says ``aggregates: "sums"`` and the method, which is how the server
+tells it apart (``edge/fold.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ from ..methods.fedconv.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, Forwa
 from ..methods.records import FEATURES
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.mqtt_grid import MqttGrid
+from .fold import SUMS
+from .partial import COVERAGE
+from .sum_relay import SumRelay
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +99,8 @@ class EdgeConfig:
     insecure: bool = False  # allow plain mqtt:// to a non-loopback broker
     heartbeat_s: float = 10.0
     options: EdgeOptions = field(default_factory=EdgeOptions)
+    method: str | None = None  # a generic edge for this method (edge/sum_relay.py); None: FedConv's relay
+    method_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_name("edge id", self.edge_id)
@@ -116,9 +128,11 @@ class EdgeAggregator:
                              username=config.group_username if own_login else config.username,
                              password=config.group_password if own_login else config.password,
                              ca_file=config.group_ca_file or config.ca_file, insecure=config.insecure)
+        self.sums = SumRelay(config.method, config.method_options) if config.method else None
         self.relay = EdgeRelay(config.options)
         self.grid = MqttGrid(self.down, self.registry)
-        self.group = RoundLoop(self.relay, self.grid, LoopConfig(rounds=0, seed=config.options.seed),
+        self.group = RoundLoop(self.sums or self.relay, self.grid,
+                               LoopConfig(rounds=0, seed=config.options.seed),
                                run_dir=config.run_dir)
         self._stop = threading.Event()
         self._announced: tuple | None = None  # (devices, samples) of the last hello
@@ -199,6 +213,9 @@ class EdgeAggregator:
         if not self.grid.devices:
             self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} is online")
             return
+        if self.sums is not None:
+            self._relay_sums(task, plan)
+            return
         try:
             template = self._template(task, plan)
             self.relay.forward(ForwardedTask(template))
@@ -226,6 +243,34 @@ class EdgeAggregator:
         log.info("round %d: sent the aggregate of %d device(s), %d samples", task.round, row["accepted"],
                  metrics["samples"])
 
+    def _relay_sums(self, task: msgs.Task, plan: TaskPlan) -> None:
+        """A generic edge's answer: its group's mean and coverage (``edge/sum_relay.py``)."""
+        if set(plan.returns) != {MODEL, COVERAGE}:
+            self._refuse(task, "unsupported_task", f"a generic edge returns {MODEL!r} and {COVERAGE!r}")
+            return
+        try:
+            template = self._template(task, plan)
+            self.sums.forward(template.spec, template.recipe, task.round)
+        except (ProtocolError, TimeoutError, ValueError) as exc:
+            self._refuse(task, "bad_task", f"could not load the task: {exc}")
+            return
+        started = time.time()
+        margin = max(5.0, 0.15 * (task.deadline - started))  # time left for the way up
+        row = self._group_round(task, TRAIN, template.weights, task.deadline - margin - started,
+                                first=task.round)
+        if not row["accepted"]:
+            self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} returned an update")
+            return
+        records = {MODEL: self.group.global_weights, COVERAGE: self.sums.partial.coverage(template.weights)}
+        arrays = {name: self.up.offer(SERVER, encode_tensors(records[name]), "weights", "safetensors")
+                  for name in plan.returns}
+        metrics = self._metrics(row, time.time() - started, "label_counts" in plan.reports)
+        self._awaiting = task.task_id
+        result = msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays, metrics=metrics)
+        self.up.send(SERVER, result)
+        log.info("round %d: sent the partial aggregate of %d update(s), %d samples", task.round,
+                 row["accepted"], metrics["samples"])
+
     def _template(self, task: msgs.Task, plan: TaskPlan) -> TrainInstruction:
         """The server's task as an instruction template: every model's programs (each format, as
         received), spec (from its ``torchspec/1`` program, when offered) and weights."""
@@ -242,9 +287,11 @@ class EdgeAggregator:
                                 steps_before=plan.steps[:-1], teacher=last.teacher, returns=plan.returns,
                                 reports=reports, programs=main.programs)
 
-    def _group_round(self, task: msgs.Task, phase: str, weights, timeout_s: float) -> dict:
-        """One round on the group (WARMUP or TRAIN), starting from ``weights``."""
-        rnd = self.group.completed_round + 1
+    def _group_round(self, task: msgs.Task, phase: str, weights, timeout_s: float, first: int = 0) -> dict:
+        """One round on the group (WARMUP or TRAIN), starting from ``weights``; numbered
+        ``first`` when given and free (a generic edge numbers its rounds as the server's),
+        else after the last one."""
+        rnd = first if first > self.group.completed_round else self.group.completed_round + 1
         while self.registry.round_info(rnd) is not None:  # never reopen a round of an old task
             rnd += 1
         self.relay.phase = phase
@@ -283,6 +330,8 @@ class EdgeAggregator:
         online = self.grid.devices
         runtimes = sorted({r for d in online.values() for r in d.runtimes}) or ["torch"]
         profile = {"role": "edge", "devices": len(online), "group_fleet": self.config.group_fleet}
+        if self.sums is not None:
+            profile.update(aggregates=SUMS, method=self.sums.method_name)
         if self.config.tier is not None:
             profile["tier"] = self.config.tier
         self._announced = self._group_state()

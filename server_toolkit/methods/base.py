@@ -17,6 +17,7 @@ from fedcore.recipe import Recipe
 from sdk_device.protocol.task_plan import TaskPlan, TrainStep
 
 from .options import MethodOptions
+from .summands import NotASum, Summand
 
 Weights = dict[str, np.ndarray]
 MODEL = "model"  # the name of the model a task trains (its last step)
@@ -197,6 +198,15 @@ class Method(ABC):
             if values and all(isinstance(v, int | float) for v, _ in values):
                 out[f"device_{key}"] = sum(v * n for v, n in values) / total
         return out
+
+    def sum_refusal(self) -> str | None:
+        """Why this method's aggregate is not a weighted sum (None: it is; ``summands``)."""
+        return f"{self.name or type(self).__name__} does not aggregate by weighted sums"
+
+    def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
+        """``update``'s share of the aggregate, per global tensor (``methods/summands.py``);
+        methods whose aggregate is a weighted sum implement it (and ``sum_refusal``)."""
+        raise NotASum(self.sum_refusal())
 
     def state_dict(self) -> dict:
         """JSON-ready method state saved with each checkpoint (for ``--resume``)."""

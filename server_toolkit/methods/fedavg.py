@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..reconstruct.average import weighted_average
 from ..submodels.base import FullModel
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from .summands import Summand, whole
 
 
 class FedAvg(Method):
@@ -24,3 +25,9 @@ class FedAvg(Method):
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
         return weighted_average([(u.weights, u.num_samples) for u in updates])
+
+    def sum_refusal(self) -> str | None:
+        return None
+
+    def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
+        return whole(update.weights, update.num_samples)

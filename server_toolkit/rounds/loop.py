@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..edge.fold import aggregate, configure
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..methods.tiers import with_tier_overrides
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -165,7 +166,7 @@ class RoundLoop:
         quorum = len(selected) + len(already) if wanted is None else min(wanted, len(selected) + len(already))
         clock = time.perf_counter()
         instructions = [self._finish(rnd, i) for i in
-                        self.method.configure_train(rnd, self.global_weights, selected)] if selected else []
+                        configure(self.method, rnd, self.global_weights, selected)] if selected else []
         configure_s = time.perf_counter() - clock
         deadline = time.time() + self.config.round_timeout_s
         exchange = self.grid.exchange(rnd, instructions, deadline, max(0, quorum - len(already)))
@@ -181,7 +182,7 @@ class RoundLoop:
             updates, row["clipped"] = bound_updates(rnd, updates, self.config.norm_bound)
         if updates:
             self.global_weights = (secure(self.method, rnd, self.global_weights) if secure is not None
-                                   else self.method.aggregate_train(rnd, self.global_weights, updates))
+                                   else aggregate(self.method, rnd, self.global_weights, updates))
             row.update(self.method.aggregate_evaluate(rnd, updates))
         else:
             log.warning("round %d: no update accepted (%s); global model unchanged", rnd,

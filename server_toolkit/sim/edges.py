@@ -7,10 +7,17 @@ devices of its tier only (FedConv: "each managing a group of clients with the sa
 the devices of a tier with several edges are dealt round-robin among them. With fewer
 edges than tiers, the devices of the tiers left without an edge talk to the server
 directly, so one run mixes both paths. An edge whose tier has no device is not started.
+
+That is for FedConv (``--method fedconv``), whose edges cluster one tier. With any other
+method the edges are generic (``edge/sum_relay.py``): ``deal_edges`` deals every device
+round-robin over the edges whatever its tier (dev i -> edge-(i mod N + 1)), so one edge
+serves several tiers, and each edge runs the server's method (``--method``,
+``--method-option``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -57,25 +64,43 @@ def plan_edges(device_tiers: dict[str, str | None], tier_order: list[str] | None
     return groups, direct
 
 
-def register_group(edge_dir: Path, group: EdgeGroup) -> None:
-    """Register the group's devices in the edge's own registry."""
+def deal_edges(device_ids: list[str], edges: int) -> tuple[list[EdgeGroup], list[str]]:
+    """Generic edges: device i goes to edge-(i mod ``edges`` + 1); no device talks to the
+    server directly (``edges`` = 0: all of them do). Edges left without a device are not started."""
+    if edges < 0:
+        raise ValueError(f"--edges must be >= 0, got {edges}")
+    if edges == 0:
+        return [], list(device_ids)
+    groups = [EdgeGroup(f"edge-{k + 1}", None, tuple(device_ids[k::edges])) for k in range(edges)]
+    return [g for g in groups if g.device_ids], []
+
+
+def register_group(edge_dir: Path, group: EdgeGroup, tiers: dict[str, str | None] | None = None) -> None:
+    """Register the group's devices in the edge's own registry, each with its tier from
+    ``tiers`` (device id -> tier) or else the edge's."""
     registry = FleetRegistry(edge_dir / "registry.sqlite")
     try:
         for dev in group.device_ids:
-            registry.add_device(dev, tier=group.tier)
+            registry.add_device(dev, tier=(tiers or {}).get(dev, group.tier))
     finally:
         registry.close()
 
 
 def start_edge_process(broker_url: str, fleet: str, group: EdgeGroup, edge_dir: Path, seed: int = 0,
-                       python: str | None = None) -> subprocess.Popen:
+                       python: str | None = None, method: str | None = None,
+                       method_options: dict | None = None) -> subprocess.Popen:
     """Start ``fedsdk-server edge`` for ``group``; it waits for all its devices (120 s at
-    most) before joining the server's fleet. Logs to ``<edge_dir>/edge.log``."""
+    most) before joining the server's fleet. ``method``: a generic edge for it (with
+    ``method_options``); None: FedConv's edge. Logs to ``<edge_dir>/edge.log``."""
     cmd = [python or sys.executable, "-m", "server_toolkit.cli", "-v", "edge", "--broker", broker_url,
            "--fleet", fleet, "--edge-id", group.edge_id, "--run-dir", str(edge_dir),
            "--min-devices", str(len(group.device_ids)), "--seed", str(seed)]
     if group.tier is not None:
         cmd += ["--tier", group.tier]
+    if method is not None:
+        cmd += ["--method", method]
+        for key, value in (method_options or {}).items():
+            cmd += ["--method-option", f"{key}={json.dumps(value)}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     edge_dir.mkdir(parents=True, exist_ok=True)
     with open(edge_dir / "edge.log", "ab") as log_file:

@@ -33,8 +33,10 @@ from ..broker.embedded import EmbeddedBroker
 from ..data.datasets import Dataset
 from ..data.server_slice import take_server_slice
 from ..fleet.registry import FleetRegistry
+from ..methods import method_class
 from ..methods.abilities import wants_server_data
 from ..methods.base import DeviceInfo
+from ..methods.summands import refusal
 from ..observe.observers import RunObservers
 from ..report.run_report import RunReport
 from ..rounds.grid import Grid
@@ -42,7 +44,7 @@ from ..rounds.inprocess_grid import InProcessGrid
 from ..rounds.local_device import LocalDevice
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..secagg.mqtt_grid import secagg_grid
-from .edges import plan_edges, register_group, start_edge_process
+from .edges import deal_edges, plan_edges, register_group, start_edge_process
 from .partition import partition
 
 log = logging.getLogger(__name__)
@@ -157,7 +159,11 @@ class Simulation:
         if not config.fleet:
             config.fleet = "sim-" + self.run_dir.name
         tiers = {dev: self.device_tier(i) for i, dev in enumerate(self.device_ids())}
-        self.edges, self.direct_devices = plan_edges(tiers, config.tiers, config.edges)
+        self.generic_edges = method_class(config.method).family != "conv"  # sim/edges.py
+        if self.generic_edges:
+            self.edges, self.direct_devices = deal_edges(list(tiers), config.edges)
+        else:
+            self.edges, self.direct_devices = plan_edges(tiers, config.tiers, config.edges)
 
     def device_ids(self) -> list[str]:
         return [f"dev{i:03d}" for i in range(self.config.devices)]
@@ -195,8 +201,10 @@ class Simulation:
     def start_edges(self, broker: BrokerAddress) -> None:
         for edge in self.edges:
             edge_dir = self.run_dir / "edges" / edge.edge_id
+            generic = {"method": self.config.method, "method_options": self.config.method_options} \
+                if self.generic_edges else {}
             self.edge_procs.append(start_edge_process(broker.url, self.config.fleet, edge, edge_dir,
-                                                      seed=self.config.seed))
+                                                      seed=self.config.seed, **generic))
 
     def start_devices(self, broker: BrokerAddress) -> None:
         for dev in self.device_ids():
@@ -243,6 +251,8 @@ class Simulation:
         setup = assemble(c.method, c.model, c.dataset, c.data_dir, Recipe.from_dict(c.recipe),
                          c.method_options, c.seed, c.train_samples, c.test_samples)
         data, method = setup.data, setup.method
+        if self.edges and self.generic_edges and refusal(method) is not None:
+            raise ValueError(f"--edges: {refusal(method)}")
         share = method.server_fraction if wants_server_data(method) else 0.0
         devices, server_data = self.prepare_data(data, share)
         if server_data is not None:
@@ -281,7 +291,8 @@ class Simulation:
                 registry.add_device(dev, tier=self.device_tier(i))
         for edge in self.edges:  # an edge is a device of the server's fleet
             registry.add_device(edge.edge_id, tier=edge.tier)
-            register_group(self.run_dir / "edges" / edge.edge_id, edge)
+            register_group(self.run_dir / "edges" / edge.edge_id, edge,
+                           {dev: self.device_tier(i) for i, dev in enumerate(self.device_ids())})
         broker = None
         if c.broker_url:
             address = BrokerAddress.parse(c.broker_url)

@@ -11,17 +11,19 @@ from pathlib import Path
 from fedcore.recipe import Recipe
 from sdk_device.agent import AgentConfig, DeviceAgent
 from sdk_device.data.npz import save_npz
+from sdk_device.protocol.blobs import decode_tensors
 from sdk_device.protocol.topics import FleetTopics
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
-from server_toolkit.methods.base import Method
+from server_toolkit.methods.base import ClientUpdate, Method
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.loop import LoopConfig, RoundLoop
 from server_toolkit.rounds.mqtt_grid import MqttGrid
+from server_toolkit.rounds.task_records import instruction_from_record
 from server_toolkit.sim.partition import partition
 from server_toolkit.sim.simulate import start_device_process, stop_processes
 
@@ -108,3 +110,14 @@ class Fleet:
             thread.join(timeout=10)
         self.endpoint.close()  # the registry stays open for the test's assertions
 
+
+def device_updates(edge_dir, rnd: int) -> list[ClientUpdate]:
+    """The updates a run directory (a server's or an edge's) accepted in round ``rnd``, with the
+    instructions they answered (registry rows, blobs and persisted task records)."""
+    registry, store = FleetRegistry(edge_dir / "registry.sqlite"), BlobStore(edge_dir / "blobs")
+    try:
+        return [ClientUpdate(row["device_id"], row["num_samples"], decode_tensors(store.get(row["blob_id"])),
+                             row["metrics"], instruction_from_record(registry.task(row["task_id"]), store))
+                for row in registry.updates(rnd)]
+    finally:
+        registry.close()

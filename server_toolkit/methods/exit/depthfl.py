@@ -66,6 +66,7 @@ from ...submodels.exit_split import (
 )
 from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
 from ..options import MethodOptions, option
+from ..summands import Summand, whole
 from ..target_accuracy import TargetAccuracy, role_by_tier_name
 from .classwise_average import classwise_average
 
@@ -173,6 +174,22 @@ class DepthFL(Method):
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
         return self.average(global_weights, [(self.client_tensors(global_weights, u)[1], u) for u in updates])
+
+    def sum_refusal(self) -> str | None:
+        return None
+
+    def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
+        """Tensors under their global names, weighted by samples; classifier rows (with
+        ``classwise_heads``) by the samples of their class."""
+        _, tensors = self.client_tensors(global_weights, update)
+        out = whole(tensors, update.num_samples)
+        if self.classifiers:
+            counts = self.class_counts(update)
+            for name in self.classifiers:
+                if name in tensors:
+                    rows = counts.reshape(-1, *[1] * (tensors[name].ndim - 1))
+                    out[name] = Summand(tensors[name], (), rows)
+        return out
 
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
         self.targets.report(updates)

@@ -44,6 +44,7 @@ from fedcore.recipe import Recipe
 from ...submodels.exit_split import conv_segments, num_tiers
 from ..base import ClientUpdate, Weights
 from ..options import option
+from ..summands import Summand
 from .depthfl import DepthFL, MultiExitOptions
 from .hypernet_bank import HypernetBank
 
@@ -114,6 +115,18 @@ class HypeMeFed(DepthFL):
                            "hn_check_rel_err": _mean([c.hypernet for c in checks]),
                            "hn_stand_in_rel_err": _mean([c.stand_in for c in checks])}
         return self.average(global_weights, contributions)
+
+    def sum_refusal(self) -> str | None:
+        if self.bank is not None:
+            return ("hypemefed trains its hypernetworks on each client's own tensors, which a sum "
+                    "cannot carry; use --method-option hypernet=none behind generic edges")
+        return None
+
+    def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
+        """Without hypernetworks HypeMeFed averages as DepthFL does (refused otherwise)."""
+        if self.bank is not None:
+            return super(DepthFL, self).summands(global_weights, update)  # raises NotASum
+        return super().summands(global_weights, update)
 
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
         out = super().aggregate_evaluate(round_number, updates)

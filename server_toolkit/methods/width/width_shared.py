@@ -24,6 +24,7 @@ from fedcore.recipe import Recipe
 from ...submodels.width import IndexMap, WidthPlan, extract, plan_args, static_bn, width_layout
 from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..options import MethodOptions, option
+from ..summands import Summand
 from ..tiers import tier_ratio
 from .coverage import coverage_average
 
@@ -97,3 +98,11 @@ class WidthSharedMethod(Method):
     def contributions(self, updates: list[ClientUpdate]) -> list[tuple[Weights, IndexMap, float]]:
         """(weights, index map, samples) of each update, as ``coverage_average`` takes them."""
         return [(u.weights, self.index_map(u.instruction.context), u.num_samples) for u in updates]
+
+    def sum_refusal(self) -> str | None:
+        return None
+
+    def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
+        index_map = self.index_map(update.instruction.context)
+        return {name: Summand(value, index_map[name], float(update.num_samples))
+                for name, value in update.weights.items() if name in index_map}
