@@ -266,3 +266,14 @@ class MosquittoAuthFiles:
                     f"{self.timeout_s:.0f} s (last login probe: {result})"
                 )
             time.sleep(0.05)
+
+
+def running_mosquitto(directory: str | Path) -> int | None:
+    """The pid of the mosquitto ``directory``'s pid file names, if that process is alive and
+    is mosquitto; None otherwise (no file, a stale pid)."""
+    try:
+        pid = int((Path(directory) / PID_FILE).read_text().strip())
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return pid if comm == "mosquitto" else None

@@ -31,6 +31,7 @@ from .devices import devices
 from .edge import edge
 from .hn import hn
 from .methods import methods
+from .oneline import OneLineGroup
 from .pairing import pair_code
 from .report import report
 from .run import run
@@ -40,7 +41,7 @@ from .simulate import simulate
 from .swarm import swarm
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """fedsdk server: cut models for a fleet of unlike devices and run federated rounds."""

@@ -12,6 +12,7 @@ from fedcore.recipe import Recipe
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import console, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
+from .validate import validated
 
 
 @click.command()
@@ -78,6 +79,7 @@ from .pairing import pairing_options, parse_tiers
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @pairing_options
 @observe_options
+@validated
 def run(
     broker_url,
     insecure_embedded_broker,
