@@ -19,9 +19,9 @@ from ..rounds.checkpoint import CheckpointError, check_checkpoint
 # simulate flag -> (config.json key, how the flag's value becomes the stored one)
 STORED_AS = {"round_timeout": "round_timeout_s", "fleet_timeout": "fleet_timeout_s"}
 RECIPE_KEYS = {"local_epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "optimizer": "optimizer"}
-FREE_ON_RESUME = {"rounds", "resume_dir", "resume", "run_dir", "dashboard", "dashboard_token", "dashboard_hold",
-                  "log_to", "round_timeout", "fleet_timeout", "min_devices", "broker_url", "device_python",
-                  "config_file"}
+FREE_ON_RESUME = {"rounds", "resume_dir", "resume", "run_dir", "dashboard", "dashboard_token",
+                  "dashboard_hold", "log_to", "round_timeout", "fleet_timeout", "min_devices", "broker_url",
+                  "device_python", "config_file"}
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -83,8 +83,8 @@ def validate(params: dict) -> None:
         key, given, stored = found
         if given != stored and not (name == "method" and _same_method(given, stored)):
             raise click.UsageError(
-                f"--resume {run_dir} keeps its stored configuration: {_flag(name)} {params[name]} differs from "
-                f"the stored {key}={json.dumps(stored)}; drop the flag, or start a new run")
+                f"--resume {run_dir} keeps its stored configuration: {_flag(name)} {params[name]} "
+                f"differs from the stored {key}={json.dumps(stored)}; drop the flag, or start a new run")
     total = max(int(config.get("rounds", 0)), params.get("rounds") or 0)
     click.echo(f"resuming {run_dir} after round {done}: its stored method, model, dataset, devices, tiers, "
                f"recipe and seeds are reused; it runs up to round {total} (--rounds is the total)", err=True)

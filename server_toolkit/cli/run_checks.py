@@ -115,7 +115,8 @@ def validate_dataset(params: dict) -> None:
         missing = [k for k in ("x", "y") if k not in shapes]
         if missing:
             raise click.UsageError(f"--dataset {name}: {path} has no array(s) {', '.join(missing)} "
-                                   f"(found {', '.join(shapes) or 'none'}); save it with numpy.savez(path, x=..., y=...)")
+                                   f"(found {', '.join(shapes) or 'none'}); save it with "
+                                   "numpy.savez(path, x=..., y=...)")
         return
     try:
         dataset = known_dataset(name)

@@ -50,7 +50,11 @@ def not_mqtt_port():
     server.bind(("127.0.0.1", 0))
     server.listen(8)
     held: list[socket.socket] = []
-    threading.Thread(target=lambda: [held.append(server.accept()[0]) for _ in iter(int, 1)], daemon=True).start()
+    def accept_forever() -> None:
+        while True:
+            held.append(server.accept()[0])
+
+    threading.Thread(target=accept_forever, daemon=True).start()
     yield server.getsockname()[1]
     server.close()
 
@@ -78,11 +82,12 @@ def files(tmp_path_factory) -> dict[str, Path]:
     return {p.stem: p for p in root.iterdir()}
 
 
+RUN = ["run", "--fleet", "f", "--run-dir", "{tmp}/rd"]
 # (case id, arguments, words the error must contain, needs the method registry)
 CASES = [
     ("devices 0", ["simulate", "--devices", "0"], "--devices must be >= 1", False),
     ("rounds -1", ["simulate", "--rounds", "-1"], "--rounds must be >= 1", False),
-    ("rounds 0 in run", ["run", "--fleet", "f", "--run-dir", "{tmp}/rd", "--rounds", "0"], "--rounds", False),
+    ("rounds 0 in run", [*RUN, "--rounds", "0"], "--rounds", False),
     ("fraction above 1", ["simulate", "--fraction", "1.5"], "--fraction", False),
     ("clients per round 0", ["simulate", "--clients-per-round", "0"], "--clients-per-round", False),
     ("lr 0", ["simulate", "--lr", "0"], "--lr must be > 0", False),
@@ -94,21 +99,22 @@ CASES = [
     ("non-empty run dir", ["simulate", "--run-dir", "{full}"], "not empty", False),
     ("run dir and resume", ["simulate", "--run-dir", "{tmp}/new", "--resume", "{good}"], "not both", False),
     ("simulate broker down", ["simulate", "--broker", "mqtt://127.0.0.1:{free}"], "nothing listens", False),
-    ("simulate broker not mqtt", ["simulate", "--broker", "mqtt://127.0.0.1:{notmqtt}"], "not answer as an MQTT",
-     False),
+    ("simulate broker not mqtt", ["simulate", "--broker", "mqtt://127.0.0.1:{notmqtt}"],
+     "not answer as an MQTT", False),
     ("broker url scheme", ["simulate", "--broker", "http://127.0.0.1:1883"], "mqtt://host:port", False),
-    ("run broker down", ["run", "--fleet", "f", "--run-dir", "{tmp}/rd", "--broker", "mqtt://127.0.0.1:{free}"],
+    ("run broker down", [*RUN, "--broker", "mqtt://127.0.0.1:{free}"],
      "nothing listens", False),
-    ("run broker not mqtt", ["run", "--fleet", "f", "--run-dir", "{tmp}/rd", "--broker",
+    ("run broker not mqtt", [*RUN, "--broker",
                              "mqtt://127.0.0.1:{notmqtt}"], "not answer as an MQTT", False),
-    ("run embedded port busy", ["run", "--fleet", "f", "--run-dir", "{tmp}/rd", "--port", "{notmqtt}"], "in use",
+    ("run embedded port busy", [*RUN, "--port", "{notmqtt}"], "in use",
      False),
     ("broker port busy", ["broker", "--port", "{notmqtt}"], "in use", False),
     ("npz given a text file", ["simulate", "--dataset", "npz:{notes}"], "not an npz file", False),
     ("npz missing", ["simulate", "--dataset", "npz:{tmp}/nothing.npz"], "no such file", False),
     ("npz without labels", ["simulate", "--dataset", "npz:{no_y}"], "no array(s) y", False),
     ("unknown dataset", ["simulate", "--dataset", "cifar"], "unknown --dataset", False),
-    ("mnist not on disk", ["simulate", "--dataset", "mnist", "--data-dir", "{empty_data}"], "datasets fetch", False),
+    ("mnist not on disk", ["simulate", "--dataset", "mnist", "--data-dir", "{empty_data}"],
+     "datasets fetch", False),
     ("resume truncated checkpoint", ["simulate", "--resume", "{truncated}"], "truncated", False),
     ("resume corrupt state", ["simulate", "--resume", "{bad_state}"], "state.json is damaged", False),
     ("resume without config", ["simulate", "--resume", "{no_config}"], "config.json is missing", False),
@@ -117,12 +123,14 @@ CASES = [
     ("run resume corrupt state", ["run", "--fleet", "f", "--run-dir", "{bad_state}", "--resume"],
      "state.json is damaged", False),
     ("unknown method", ["simulate", "--method", "fedavgg"], "available: ", True),
-    ("run unknown method", ["run", "--fleet", "f", "--run-dir", "{tmp}/rd", "--method", "fedavgg"], "fedavgg",
+    ("run unknown method", [*RUN, "--method", "fedavgg"], "fedavgg",
      True),
-    ("tier not a ratio", ["simulate", "--method", "heterofl", "--tiers", "1.0,abc"], "'abc' is neither", True),
-    ("tiers that do not fit", ["simulate", "--method", "heterofl", "--tiers", "1,2,3"], "'2' is neither", True),
-    ("exit tier not a count", ["simulate", "--method", "depthfl", "--model", "vgg_multi_exit", "--tiers", "a"],
-     "exit count", True),
+    ("tier not a ratio", ["simulate", "--method", "heterofl", "--tiers", "1.0,abc"],
+     "'abc' is neither", True),
+    ("tiers that do not fit", ["simulate", "--method", "heterofl", "--tiers", "1,2,3"],
+     "'2' is neither", True),
+    ("exit tier not a count",
+     ["simulate", "--method", "depthfl", "--model", "vgg_multi_exit", "--tiers", "a"], "exit count", True),
     ("unknown method option", ["simulate", "--method-option", "foo=1"], "no option 'foo'", True),
     ("method option of the wrong type", ["simulate", "--method", "fedprox", "--method-option", "mu=abc"],
      "expected float", True),
@@ -142,7 +150,7 @@ def test_bad_input_fails_at_once_in_one_line_and_leaves_no_run_directory(
     assert words in lines[0]
     assert "Traceback" not in done.stderr + done.stdout
     assert "broker:" not in done.stdout  # nothing started
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "rd").exists() and not (tmp_path / "new").exists()
+    assert not any((tmp_path / name).exists() for name in ("runs", "rd", "new"))
     assert seconds < 3.0 * (torch_slowdown if registry else 1.0), f"took {seconds:.1f} s"
 
 
