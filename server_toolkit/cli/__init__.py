@@ -42,6 +42,7 @@ from .swarm import swarm
 
 
 @click.group(cls=OneLineGroup)
+@click.version_option(package_name="fedsdk", prog_name="fedsdk-server")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """fedsdk server: cut models for a fleet of unlike devices and run federated rounds."""

@@ -46,7 +46,7 @@ def broker(host, port, insecure_embedded_broker, use_mosquitto, security_dir) ->
         elif use_mosquitto:
             if not is_loopback(host):
                 raise ValueError(f"an anonymous mosquitto on {host} would let anyone in: "
-                                 "use --security DIR (fedsdk-server security init)")
+                                 "use --security-dir DIR (fedsdk-server security init)")
             b = MosquittoBroker(port, host).start()
         else:
             b = EmbeddedBroker(host, port, allow_remote=insecure_embedded_broker).start()

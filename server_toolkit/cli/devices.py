@@ -17,7 +17,8 @@ def devices() -> None:
 
 
 @devices.command("add")
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The run directory of `fedsdk-server run` (its registry.sqlite).")
 @click.option("--tier", default=None, help="Tier of every device added (a line's ,TIER wins).")
 @click.option("--count", type=int, default=None, help="Add N devices named PREFIX + zero-padded index.")
 @click.option("--prefix", default="device-", show_default=True, help="Id prefix for --count.")
@@ -60,7 +61,8 @@ def devices_add(run_dir, tier, count, prefix, start, id_file, device_ids) -> Non
 
 
 @devices.command("list")
-@click.option("--run-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
+@click.option("--run-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="The run directory of `fedsdk-server run` (its registry.sqlite).")
 def devices_list(run_dir) -> None:
     """Show the registered devices and what they reported."""
     from rich.table import Table

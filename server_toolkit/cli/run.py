@@ -9,8 +9,10 @@ import click
 
 from fedcore.recipe import Recipe
 
+from .aliases import Aliased
+from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
-from .options import console, method_option, parse_options, recipe_options
+from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
 from .validate import validated
 
@@ -30,8 +32,11 @@ from .validate import validated
 @click.option("--host", default="127.0.0.1", show_default=True, help="Embedded broker address.")
 @click.option("--port", default=1883, show_default=True, help="Embedded broker port.")
 @click.option(
+    "--security-dir",
     "--broker-security",
     "security_dir",
+    cls=Aliased,
+    aliases=["--broker-security"],
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     default=None,
     help="Broker security directory (security init): log in as fedsdk-server, manage device accounts.",
@@ -45,8 +50,9 @@ from .validate import validated
     required=True,
     help="Where the registry, blobs, checkpoints and metrics live.",
 )
-@click.option("--method", default="fedavg", show_default=True)
-@click.option("--model", default="small_cnn", show_default=True)
+@click.option("--method", default="fedavg", show_default=True, cls=MethodOption, help="Federated method.")
+@click.option("--model", default="small_cnn", show_default=True,
+              help="The global model: a zoo name (see `simulate --help`).")
 @click.option(
     "--dataset",
     default="digits",
@@ -63,7 +69,7 @@ from .validate import validated
     "default: the method's share of --dataset's training split.",
 )
 @method_option
-@click.option("--rounds", default=20, show_default=True)
+@click.option("--rounds", default=20, show_default=True, help="Rounds in all (--resume: up to this round).")
 @click.option("--min-devices", default=1, show_default=True,
               help="Devices online before any round starts; fewer: the round waits.")
 @click.option("--fleet-timeout", default=600.0, show_default=True,
@@ -73,9 +79,9 @@ from .validate import validated
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
 @click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
 @click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
-@click.option("--round-timeout", default=300.0, show_default=True)
+@click.option("--round-timeout", default=ROUND_TIMEOUT_S, show_default=True, help="Round time limit, s.")
 @recipe_options
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the models and device sampling.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @pairing_options
 @observe_options
@@ -210,7 +216,7 @@ def run(
             pairing = start_pairing(run_dir, fleet_info, address, the_method, registry, grid.programs,
                                     username=username, password=password, ca_file=ca_file, insecure=insecure,
                                     security=broker_security if security_dir else None)
-            unsecured = "" if security_dir else " (no --broker-security: the broker enforces no accounts)"
+            unsecured = "" if security_dir else " (no --security-dir: the broker enforces no accounts)"
             console.print(f"pairing open: make a code with `fedsdk-server pair-code --run-dir {run_dir}`"
                           + unsecured)
             console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")

@@ -9,13 +9,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fedcore.recipe import Recipe
 
+from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
-from .options import console, method_option, parse_options, recipe_options
+from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
 from .validate import validated
 
 
 @click.command()
-@click.option("--method", default="fedavg", show_default=True, help="Federated method.")
+@click.option("--method", default="fedavg", show_default=True, cls=MethodOption, help="Federated method.")
 @click.option(
     "--dataset",
     default="digits",
@@ -36,7 +37,7 @@ from .validate import validated
     "resnet10/12/18 or mlp (fedsdk-server methods list shows what each method expects).",
 )
 @click.option("--devices", default=8, show_default=True, help="Device processes to start (<= 10 here).")
-@click.option("--rounds", default=20, show_default=True)
+@click.option("--rounds", default=20, show_default=True, help="Rounds in all (--resume: up to this round).")
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
 @click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
 @click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
@@ -45,6 +46,7 @@ from .validate import validated
     default="dirichlet",
     show_default=True,
     type=click.Choice(["iid", "dirichlet", "k-classes", "quantity-skew"]),
+    help="How the training split is divided among the devices.",
 )
 @click.option("--alpha", default=0.5, show_default=True, help="Dirichlet concentration.")
 @click.option("--classes-per-client", default=2, show_default=True, help="For k-classes.")
@@ -75,8 +77,8 @@ from .validate import validated
     help="Python of the device processes, e.g. .venv-ort/bin/python for --device-runtime onnxruntime.",
 )
 @recipe_options
-@click.option("--seed", default=0, show_default=True)
-@click.option("--round-timeout", default=120.0, show_default=True, help="Seconds per round at most.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the partition, models and sampling.")
+@click.option("--round-timeout", default=ROUND_TIMEOUT_S, show_default=True, help="Round time limit, s.")
 @click.option("--min-devices", default=1, show_default=True,
               help="Devices online before a round starts (the start waits for the whole simulated fleet); "
                    "fewer: the round waits.")
