@@ -14,6 +14,7 @@ from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
+from .progress import RoundProgress, print_outcome
 from .validate import validated
 
 
@@ -206,10 +207,11 @@ def run(
                    norm_bound=norm_bound or None),
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
-        on_round=lambda row: (report.add_round(row), observers.add_round(row), console.print(row)),
+        on_round=lambda row: (report.add_round(row), observers.add_round(row), progress.round(row)),
     )
     pairing = None
-    with observed(observers, run_dir):
+    progress = RoundProgress(rounds, f"waiting for {min_devices} device(s)")
+    with observed(observers, run_dir), progress:
         try:
             endpoint.start()
             loop.start(resume=resume)
@@ -221,7 +223,7 @@ def run(
                           + unsecured)
             console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
             while grid.wait_for_devices(min_devices, timeout_s=30) < min_devices:
-                console.print(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
+                progress.note(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
             loop.run()
         except (FleetLost, NoUpdates) as exc:
             raise click.ClickException(str(exc)) from None
@@ -233,7 +235,9 @@ def run(
             registry.close()  # writes the devices' last hello/status bookkeeping
             if broker:
                 broker.stop()
-        report.write_plot()
-        report.write_summary({"method": method, "dataset": dataset, "fleet": fleet})
-    console.print(report.summary_table(f"{method} on fleet {fleet}"))
+            if report.rows:  # also when stopped (Ctrl-C) or failed: the rounds that finished are kept
+                report.write_plot()
+            report.write_summary({"method": method, "dataset": dataset, "fleet": fleet})
+            stopped = loop.completed_round < rounds
+            print_outcome(report, f"{method} on fleet {fleet}", run_dir, stopped=stopped)
     hold_dashboard(observers, dashboard_hold)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedcore.recipe import Recipe
 
 from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
+from .progress import RoundProgress, print_outcome
 from .validate import validated
 
 
@@ -116,7 +116,6 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
     (or, with `--grid inprocess`, the same devices trained in this process)."""
     import json
 
-    from ..report.run_report import final_accuracy
     from ..sim.simulate import Simulation, SimulationConfig, new_run_dir
 
     if resume_dir:
@@ -151,46 +150,35 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
         f"-> {run_dir}"
     )
     observers = open_observers(dashboard, dashboard_token, log_to, run_dir.name)
-    with observed(observers, run_dir), Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        bar = progress.add_task("starting broker and devices", total=config.rounds)
+    simulation = None
+    try:
+        with observed(observers, run_dir), RoundProgress(config.rounds, "starting devices") as progress:
 
-        def on_event(kind: str, data: dict) -> None:
-            if kind == "broker":
-                kind_name = "embedded amqtt" if data["embedded"] else "external"
-                progress.console.print(f"broker: {data['url']} ({kind_name})")
-            elif kind == "devices":
-                what = "devices and edges" if config.edges else "devices"
-                progress.console.print(f"{what} online: {data['online']}/{data['expected']}")
-            elif kind == "round":
-                acc = data.get("accuracy")
-                progress.update(
-                    bar,
-                    completed=data["round"],
-                    description=f"round {data['round']}: accuracy {acc:.3f}, "
-                    f"{data['accepted']}/{data['selected']} updates",
-                )
+            def on_event(kind: str, data: dict) -> None:
+                if kind == "broker":
+                    kind_name = "embedded amqtt" if data["embedded"] else "external"
+                    progress.note(f"broker: {data['url']} ({kind_name})")
+                elif kind == "devices":
+                    what = "devices and edges" if config.edges else "devices"
+                    progress.note(f"{what} online: {data['online']}/{data['expected']}")
+                elif kind == "round":
+                    progress.round(data)
 
-        from ..data.errors import DatasetError
-        from ..sim.partition import PartitionError
+            from ..data.errors import DatasetError
+            from ..sim.partition import PartitionError
 
-        try:
-            report = Simulation(config, run_dir, resume=resume_dir is not None, on_event=on_event,
-                                observers=observers).run()
-        except (DatasetError, PartitionError, ValueError, TypeError, RuntimeError, ConnectionError) as exc:
-            raise click.ClickException(str(exc)) from None
-    console.print(report.summary_table(f"{config.method} on {config.dataset}"))
-    acc = final_accuracy(report.rows)
-    console.print(
-        f"final accuracy {acc:.3f}; metrics in {run_dir}/metrics.jsonl, plot {run_dir}/accuracy.png"
-        if acc is not None
-        else f"no rounds completed; see {run_dir}"
-    )
+            simulation = Simulation(config, run_dir, resume=resume_dir is not None, on_event=on_event,
+                                    observers=observers)
+            try:
+                report = simulation.run()
+            except (DatasetError, PartitionError, ValueError, TypeError, RuntimeError,
+                    ConnectionError) as exc:
+                raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:  # the rounds that finished are in the summary and the plot
+        if simulation is not None and simulation.report is not None:
+            print_outcome(simulation.report, f"{config.method} on {config.dataset}", run_dir, stopped=True)
+        raise
+    print_outcome(report, f"{config.method} on {config.dataset}", run_dir)
     hold_dashboard(observers, dashboard_hold)
 
 

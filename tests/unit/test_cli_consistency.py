@@ -56,3 +56,21 @@ def test_run_and_simulate_share_the_round_timeout_default():
 def test_method_help_lists_the_registered_methods():
     shown = CliRunner().invoke(server_main, ["simulate", "--help"], terminal_width=400).output
     assert "heterofl" in shown and "fedavg" in shown
+
+
+def test_devices_list_shows_last_seen_and_no_stale_online(tmp_path, monkeypatch):
+    import time
+
+    from server_toolkit.fleet.registry import FleetRegistry
+
+    registry = FleetRegistry(tmp_path / "registry.sqlite")
+    registry.add_device("pi-1")
+    registry.record_hello("pi-1", {"arch": "aarch64"}, ["torch"], 100)
+    registry.close()
+    runner = CliRunner()
+    now = runner.invoke(server_main, ["devices", "list", "--run-dir", str(tmp_path)], terminal_width=200).output
+    assert "online" in now and "s ago" in now
+    later = time.time() + 600  # everything stopped ten minutes ago
+    monkeypatch.setattr(time, "time", lambda: later)
+    stale = runner.invoke(server_main, ["devices", "list", "--run-dir", str(tmp_path)], terminal_width=200).output
+    assert "online" not in stale and "offline" in stale and "min ago" in stale
