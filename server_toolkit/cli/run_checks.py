@@ -94,6 +94,7 @@ def validate_broker(params: dict) -> None:
 
 def validate_dataset(params: dict) -> None:
     """``--dataset`` names a known dataset found on disk, or ``npz:`` a readable npz file."""
+    from ..byo.load import UserCodeError, is_user_ref, load_user_function
     from ..data.catalogue import known_dataset
     from ..data.datasets import KNOWN_DATASETS
     from ..data.errors import DatasetError
@@ -101,6 +102,12 @@ def validate_dataset(params: dict) -> None:
 
     name = params.get("dataset")
     if not name or params.get("resume_dir"):
+        return
+    if is_user_ref(name):  # the loader is found now; it runs (and its arrays are checked) at the start
+        try:
+            load_user_function(name, "load", "--dataset")
+        except UserCodeError as exc:
+            raise click.UsageError(str(exc)) from None
         return
     if name.startswith("npz:"):
         from ..data.npz import npz_shapes
@@ -145,7 +152,7 @@ def validate_method(params: dict) -> None:
     except (OptionError, ValueError) as exc:
         raise click.UsageError(one_line(exc)) from None
     check_tiers(cls, parsed, split_tiers(params.get("tiers")), bool(params.get("edges")))
-    check_model(params.get("model"))
+    check_model(params.get("model"), params)
 
 
 def check_tiers(cls: type, options: object, tiers: list[str], edges: bool) -> None:
@@ -174,10 +181,23 @@ def check_tiers(cls: type, options: object, tiers: list[str], edges: bool) -> No
                                    f"in tier_exits {sorted(exits)}; {tier!r} is neither")
 
 
-def check_model(name: str | None) -> None:
-    """``--model`` names a zoo model (``NAME@R`` a width cut of one)."""
+def check_model(name: str | None, params: dict) -> None:
+    """``--model`` names a zoo model (``NAME@R`` a width cut of one), or a user's model that
+    torchspec/1 can express."""
+    from ..byo.load import UserCodeError, is_user_ref
     from ..models.zoo import model_names
 
+    if is_user_ref(name):  # traced now, on the dataset's shapes (loading the dataset once more)
+        from ..byo.model import UnsupportedModel, user_model_spec
+        from ..data.datasets import load_dataset
+        from ..data.errors import DatasetError
+
+        try:
+            data = load_dataset(params["dataset"], params.get("data_dir"), seed=params.get("seed") or 0)
+            user_model_spec(name, data.input_shape, data.num_classes)
+        except (UserCodeError, UnsupportedModel, DatasetError) as exc:
+            raise click.UsageError(str(exc)) from None
+        return
     if name and name.partition("@")[0] not in model_names():
         raise click.UsageError(f"unknown --model {name!r}; the zoo has {', '.join(model_names())} "
                                "(fedsdk-server methods list shows what each method expects)")

@@ -70,6 +70,12 @@ def load_dataset(
     """
     if name.startswith("npz:"):
         return _load_npz_dataset(Path(name[len("npz:"):]), seed, test_fraction)
+    from ..byo.load import is_user_ref
+
+    if is_user_ref(name):  # pkg.module:load or file.py[:load]: a user's loader (byo/dataset.py)
+        from ..byo.dataset import load_user_dataset
+
+        return load_user_dataset(name)
     try:
         dataset = known_dataset(name)
     except DatasetError:
