@@ -16,6 +16,7 @@ module          commands
 ``runs``        runs list | show (run directories and how they ended)
 ``hn``          hn adapt (a new device into a hypernetwork run)
 ``swarm``       swarm (thousands of simulated devices for load tests)
+``new``         new (a small project: model.py, data.py, fedsdk.toml)
 ==============  ===============================================================
 """
 
@@ -31,6 +32,7 @@ from .devices import devices
 from .edge import edge
 from .hn import hn
 from .methods import methods
+from .new import new
 from .oneline import OneLineGroup
 from .pairing import pair_code
 from .report import report
@@ -51,5 +53,5 @@ def main(verbose: int) -> None:
 
 
 for command in (simulate, run, edge, devices, pair_code, broker, certs, security, datasets, methods, report,
-                runs, hn, swarm):
+                runs, hn, swarm, new):
     main.add_command(command)

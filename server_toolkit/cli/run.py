@@ -10,6 +10,7 @@ import click
 from fedcore.recipe import Recipe
 
 from .aliases import Aliased
+from .config_file import config_option
 from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
@@ -86,6 +87,7 @@ from .validate import validated
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @pairing_options
 @observe_options
+@config_option
 @validated
 def run(
     broker_url,

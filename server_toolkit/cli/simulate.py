@@ -8,6 +8,7 @@ import click
 
 from fedcore.recipe import Recipe
 
+from .config_file import config_option
 from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
@@ -109,6 +110,7 @@ from .validate import validated
     help="Continue the run in this directory from its last checkpoint.",
 )
 @observe_options
+@config_option
 @validated
 def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr, optimizer,
              dashboard, dashboard_token, dashboard_hold, log_to, **options) -> None:
