@@ -71,6 +71,7 @@ def validate_values(params: dict) -> None:
 def validate_broker(params: dict) -> None:
     """``--broker`` answers as an MQTT broker; the embedded broker's port (``run``) is free."""
     from sdk_device.transport.mqtt_link import BrokerAddress
+    from sdk_device.transport.tls import InsecureTransportError, check_plain_tcp
 
     from ..broker.ports import broker_problem, port_in_use
 
@@ -80,6 +81,11 @@ def validate_broker(params: dict) -> None:
             address = BrokerAddress.parse(url)
         except ValueError as exc:
             raise click.UsageError(f"--broker: {exc}") from None
+        try:  # run's policy first: no plain TCP off this machine unless --insecure
+            if params["_command"] == "run":
+                check_plain_tcp(address.host, address.tls, bool(params.get("insecure")))
+        except InsecureTransportError as exc:
+            raise click.UsageError(str(exc)) from None
         problem = broker_problem(address.host, address.port, tls=address.tls)
         if problem:
             raise click.ClickException(f"--broker {url}: {problem}; start one (`fedsdk-server broker`) "

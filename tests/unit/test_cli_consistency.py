@@ -68,9 +68,10 @@ def test_devices_list_shows_last_seen_and_no_stale_online(tmp_path, monkeypatch)
     registry.record_hello("pi-1", {"arch": "aarch64"}, ["torch"], 100)
     registry.close()
     runner = CliRunner()
-    now = runner.invoke(server_main, ["devices", "list", "--run-dir", str(tmp_path)], terminal_width=200).output
+    listing = ["devices", "list", "--run-dir", str(tmp_path)]
+    now = runner.invoke(server_main, listing, terminal_width=200).output
     assert "online" in now and "s ago" in now
     later = time.time() + 600  # everything stopped ten minutes ago
     monkeypatch.setattr(time, "time", lambda: later)
-    stale = runner.invoke(server_main, ["devices", "list", "--run-dir", str(tmp_path)], terminal_width=200).output
+    stale = runner.invoke(server_main, listing, terminal_width=200).output
     assert "online" not in stale and "offline" in stale and "min ago" in stale
