@@ -193,12 +193,17 @@ def check_model(name: str | None, params: dict) -> None:
     from ..byo.load import UserCodeError, is_user_ref
     from ..models.zoo import model_names
 
-    if is_user_ref(name):  # traced now, on the dataset's shapes (loading the dataset once more)
-        from ..byo.model import UnsupportedModel, user_model_spec
+    if is_user_ref(name):  # traced now; a builder of (input_shape, num_classes) on the dataset's
+        import inspect  # shapes (the dataset is loaded once more for that)
+
+        from ..byo.load import load_user_function
+        from ..byo.model import UnsupportedModel, build_user_module, module_layers, user_model_spec
         from ..data.datasets import load_dataset
         from ..data.errors import DatasetError
 
         try:
+            if len(inspect.signature(load_user_function(name, "build", "--model")).parameters) < 2:
+                module_layers(build_user_module(name), name)  # fails fast on an unsupported layer
             data = load_dataset(params["dataset"], params.get("data_dir"), seed=params.get("seed") or 0)
             user_model_spec(name, data.input_shape, data.num_classes)
         except (UserCodeError, UnsupportedModel, DatasetError) as exc:

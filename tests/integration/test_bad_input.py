@@ -65,8 +65,12 @@ def files(tmp_path_factory) -> dict[str, Path]:
     a corrupt state.json, no config.json; a non-empty directory."""
     root = tmp_path_factory.mktemp("bad")
     (root / "notes.txt").write_text("not an npz\n")
+    (root / "gelu_model.py").write_text("from torch import nn\n\n\ndef build():\n    return nn.Sequential("
+                                        "nn.Flatten(), nn.Linear(64, 32), nn.GELU(), nn.Linear(32, 10))\n")
+    (root / "no_loader.py").write_text("def something_else():\n    return None\n")
     np.savez(root / "no_y.npz", x=np.zeros((4, 1, 8, 8), np.float32))
     (root / "empty_data").mkdir()
+    (root / "bad_config.toml").write_text("[simulate]\nround = 3\n")
     (root / "full").mkdir()
     (root / "full" / "something").write_text("x")
     for name in ("truncated", "bad_state", "good", "no_config"):
@@ -135,6 +139,11 @@ CASES = [
     ("method option of the wrong type", ["simulate", "--method", "fedprox", "--method-option", "mu=abc"],
      "expected float", True),
     ("unknown model", ["simulate", "--model", "resnet99"], "unknown --model", True),
+    ("user model with an unsupported layer", ["simulate", "--model", "{gelu_model}:build"],
+     "layer GELU", True),
+    ("user model file missing", ["simulate", "--model", "{tmp}/nothing.py:build"], "no such file", True),
+    ("user data loader missing", ["simulate", "--dataset", "{no_loader}:load"], "no function 'load'", False),
+    ("config file with an unknown key", ["simulate", "--config", "{bad_config}"], "no option 'round'", False),
 ]
 
 
