@@ -90,7 +90,20 @@ def validate_broker(params: dict) -> None:
         if problem:
             raise click.ClickException(f"--broker {url}: {problem}; start one (`fedsdk-server broker`) "
                                        "or leave --broker out to use the embedded one")
-    elif params["_command"] == "run" and not params.get("security_dir"):
+    elif params.get("security_dir"):  # run's broker is the one of the security directory
+        from ..broker.secured import local_address
+
+        try:
+            address, _ = local_address(params["security_dir"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise click.UsageError(f"--security-dir {params['security_dir']}: not a broker security "
+                                   f"directory ({exc}); see `fedsdk-server security init`") from None
+        problem = broker_problem(address.host, address.port, tls=address.tls)
+        if problem:
+            raise click.ClickException(
+                f"the broker of {params['security_dir']} is down: {problem}; start it with "
+                f"`fedsdk-server broker --mosquitto --security-dir {params['security_dir']}`")
+    elif params["_command"] == "run":
         host, port = params.get("host") or "127.0.0.1", params.get("port") or 1883
         if port_in_use(host, port):
             raise click.ClickException(

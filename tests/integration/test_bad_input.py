@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from server_toolkit.broker.mosquitto import free_port
+from server_toolkit.broker.mosquitto_auth import MosquittoAuthFiles
 from server_toolkit.rounds.checkpoint import save_checkpoint
 from server_toolkit.sim.simulate import SimulationConfig
 
@@ -70,6 +71,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "no_loader.py").write_text("def something_else():\n    return None\n")
     np.savez(root / "no_y.npz", x=np.zeros((4, 1, 8, 8), np.float32))
     (root / "empty_data").mkdir()
+    MosquittoAuthFiles.create(root / "security", "f", listener={"host": "127.0.0.1", "port": free_port()})
     (root / "bad_config.toml").write_text("[simulate]\nround = 3\n")
     (root / "full").mkdir()
     (root / "full" / "something").write_text("x")
@@ -113,6 +115,7 @@ CASES = [
     ("run embedded port busy", [*RUN, "--port", "{notmqtt}"], "in use",
      False),
     ("broker port busy", ["broker", "--port", "{notmqtt}"], "in use", False),
+    ("run with the broker of a security dir down", [*RUN, "--security-dir", "{security}"], "is down", False),
     ("npz given a text file", ["simulate", "--dataset", "npz:{notes}"], "not an npz file", False),
     ("npz missing", ["simulate", "--dataset", "npz:{tmp}/nothing.npz"], "no such file", False),
     ("npz without labels", ["simulate", "--dataset", "npz:{no_y}"], "no array(s) y", False),
