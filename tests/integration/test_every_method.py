@@ -1,9 +1,9 @@
-"""Every registered method learns on digits through ``fedsdk-server simulate`` with its README
+"""Every registered method learns on digits through ``fedsdk-server simulate`` with its documented
 example, and the MQTT simulation gives the numbers of the in-process grid.
 
 The method list comes from the registry (``server_toolkit.methods.methods()``), so a method
 added later is covered without touching this file: it declares its ``family`` and its
-``example`` arguments, and the README shows that example.
+``example`` arguments, and docs/methods.md shows that example.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def test_every_method_learns_on_digits_over_mqtt_as_it_does_in_process(name, tmp
         assert abs(mqtt_row["accuracy"] - local_row["accuracy"]) <= SAME, (mqtt_row, local_row)
 
 
-def test_the_readme_shows_every_methods_example():
-    readme = (ROOT / "README.md").read_text()
+def test_the_methods_page_shows_every_methods_example():
+    readme = (ROOT / "docs" / "methods.md").read_text()
     for name, cls in methods().items():
         shown = " ".join(["simulate --method", name, cls.example]).strip()
-        assert shown in " ".join(readme.split()), f"README lacks `fedsdk-server {shown}`"
+        assert shown in " ".join(readme.split()), f"docs/methods.md lacks `fedsdk-server {shown}`"
