@@ -122,10 +122,13 @@ def validate_dataset(params: dict) -> None:
     name = params.get("dataset")
     if not name or params.get("resume_dir"):
         return
-    if is_user_ref(name):  # the loader is found now; it runs (and its arrays are checked) at the start
+    if is_user_ref(name):  # the loader runs now (and again at the start): its arrays are checked
+        from ..data.datasets import load_dataset
+
         try:
             load_user_function(name, "load", "--dataset")
-        except UserCodeError as exc:
+            load_dataset(name)
+        except (UserCodeError, DatasetError) as exc:
             raise click.UsageError(str(exc)) from None
         return
     if name.startswith("npz:"):

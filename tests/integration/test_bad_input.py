@@ -69,6 +69,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "gelu_model.py").write_text("from torch import nn\n\n\ndef build():\n    return nn.Sequential("
                                         "nn.Flatten(), nn.Linear(64, 32), nn.GELU(), nn.Linear(32, 10))\n")
     (root / "no_loader.py").write_text("def something_else():\n    return None\n")
+    (root / "three_arrays.py").write_text(
+        "import numpy as np\n\n\ndef load():\n    return np.zeros((4, 8, 8)), np.zeros(4), np.ones(2)\n")
     np.savez(root / "no_y.npz", x=np.zeros((4, 1, 8, 8), np.float32))
     (root / "empty_data").mkdir()
     MosquittoAuthFiles.create(root / "security", "f", listener={"host": "127.0.0.1", "port": free_port()})
@@ -146,6 +148,8 @@ CASES = [
      "layer GELU", True),
     ("user model file missing", ["simulate", "--model", "{tmp}/nothing.py:build"], "no such file", True),
     ("user data loader missing", ["simulate", "--dataset", "{no_loader}:load"], "no function 'load'", False),
+    ("user data loader breaking the contract", ["simulate", "--dataset", "{three_arrays}:load"],
+     "must return (x_train, y_train, x_test, y_test)", False),
     ("config file with an unknown key", ["simulate", "--config", "{bad_config}"], "no option 'round'", False),
 ]
 
