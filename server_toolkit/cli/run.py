@@ -54,12 +54,14 @@ from .validate import validated
 )
 @click.option("--method", default="fedavg", show_default=True, cls=MethodOption, help="Federated method.")
 @click.option("--model", default="small_cnn", show_default=True,
-              help="The global model: a zoo name (see `simulate --help`).")
+              help="The global model: a zoo name (see `simulate --help`), or your nn.Module as "
+              "pkg.module:build or file.py[:build] (docs/byo.md).")
 @click.option(
     "--dataset",
     default="digits",
     show_default=True,
-    help="digits, mnist, fashion_mnist or npz:<path>: defines the model's input/classes; "
+    help="digits, mnist, fashion_mnist, npz:<path> or a loader (docs/byo.md): defines the model's "
+    "input/classes; "
     "its test split evaluates the global model.",
 )
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Where mnist / fashion_mnist live.")

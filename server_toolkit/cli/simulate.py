@@ -22,7 +22,8 @@ from .validate import validated
     "--dataset",
     default="digits",
     show_default=True,
-    help="digits (bundled), mnist, fashion_mnist (see `datasets list`) or npz:<path>.",
+    help="digits (bundled), mnist, fashion_mnist (see `datasets list`), npz:<path>, or your loader "
+    "as pkg.module:load or file.py[:load] (docs/byo.md).",
 )
 @click.option("--train-samples", type=click.IntRange(min=1), default=None,
               help="Use a label-stratified subset of this many training samples (default: all).")
@@ -35,7 +36,8 @@ from .validate import validated
     default="small_cnn",
     show_default=True,
     help="small_cnn, lenet5, vgg_multi_exit, lenet5_multi_exit, resnet_small, lenet, vgg8, "
-    "resnet10/12/18 or mlp (fedsdk-server methods list shows what each method expects).",
+    "resnet10/12/18 or mlp (fedsdk-server methods list shows what each method expects); or your "
+    "nn.Module as pkg.module:build or file.py[:build] (docs/byo.md).",
 )
 @click.option("--devices", default=8, show_default=True, help="Device processes to start (<= 10 here).")
 @click.option("--rounds", default=20, show_default=True, help="Rounds in all (--resume: up to this round).")
