@@ -242,7 +242,7 @@ data="${STATE_DIR:-\$HOME}/data.npz"
 cat <<EOF
 
 fedsdk device agent installed in $VENV.
-Pair this device: on the server run 'fedsdk-server pair-code'; it prints the command to type
+Pair this device: on the server run 'fedsdk-server pair-code --run-dir RUN_DIR'; it prints the command to type
 here. Run it as below, so that the agent finds its configuration later:
 
   ${run_as}$VENV/bin/fedsdk pair --server mqtts://SERVER:8883 --code CODE --data $data

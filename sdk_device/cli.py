@@ -15,6 +15,7 @@ from .profile import device_profile
 
 
 @click.group()
+@click.version_option(package_name="fedsdk", prog_name="fedsdk")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """fedsdk device agent: train federated models on this machine."""

@@ -36,7 +36,7 @@ SECURED_MODE_REFUSAL = (
     "device's pairing answer), it reads its password file once at start (a revoked device "
     "keeps its session and can reconnect until a restart), and with its default auth plugin "
     "allow_anonymous=false accepts any password. Use mosquitto: fedsdk-server broker --mosquitto "
-    "--security DIR."
+    "--security-dir DIR."
 )
 
 

@@ -1,6 +1,6 @@
 """Broker security for mosquitto: a password file and an ACL file, reloaded with SIGHUP.
 
-The security directory (``fedsdk-server security init --dir DIR``) holds:
+The security directory (``fedsdk-server security init --security-dir DIR``) holds:
 
 * ``security.json``   fleet name, the server account's password, the listener (0600);
 * ``mosquitto.passwd`` mosquitto's password file: ``user:$7$<iterations>$<salt>$<hash>``
@@ -125,7 +125,7 @@ class MosquittoAuthFiles:
         if not state_path.is_file():
             raise SecurityDirError(
                 f"{self.directory} is not a broker security directory (no {STATE_FILE}): "
-                f"create it with `fedsdk-server security init --dir {self.directory} --fleet FLEET`"
+                f"create it with `fedsdk-server security init --security-dir {self.directory} --fleet FLEET`"
             )
         self.state = json.loads(state_path.read_text())
         self.broker = broker
@@ -244,7 +244,7 @@ class MosquittoAuthFiles:
         except FileNotFoundError:
             raise SecurityDirError(
                 f"no {pid_path}: is mosquitto running with {self.directory / 'mosquitto.conf'} "
-                "(fedsdk-server broker --mosquitto --security DIR)?"
+                "(fedsdk-server broker --mosquitto --security-dir DIR)?"
             ) from None
         except (ValueError, ProcessLookupError, PermissionError) as exc:
             raise SecurityDirError(f"cannot signal mosquitto (pid file {pid_path}): {exc}") from None
@@ -266,3 +266,14 @@ class MosquittoAuthFiles:
                     f"{self.timeout_s:.0f} s (last login probe: {result})"
                 )
             time.sleep(0.05)
+
+
+def running_mosquitto(directory: str | Path) -> int | None:
+    """The pid of the mosquitto ``directory``'s pid file names, if that process is alive and
+    is mosquitto; None otherwise (no file, a stale pid)."""
+    try:
+        pid = int((Path(directory) / PID_FILE).read_text().strip())
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return pid if comm == "mosquitto" else None

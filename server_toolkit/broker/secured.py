@@ -1,6 +1,6 @@
 """A mosquitto process that enforces a broker security directory (accounts, ACL, TLS).
 
-``start_secured_broker(DIR)`` is what ``fedsdk-server broker --mosquitto --security DIR``
+``start_secured_broker(DIR)`` is what ``fedsdk-server broker --mosquitto --security-dir DIR``
 runs; ``make_secured_broker(root, fleet, tls=...)`` builds a throw-away one for tests
 (fixtures ``secured_mosquitto`` / ``secured_mosquitto_tls`` in ``tests/conftest.py``).
 """
@@ -105,7 +105,7 @@ def make_secured_broker(root: str | Path, fleet: str, tls: bool = False) -> Secu
 def server_connection(
     security_dir: str | Path, broker_url: str | None = None, ca_file: str | None = None
 ) -> tuple[BrokerAddress, str | None, MosquittoAuthFiles]:
-    """What ``fedsdk-server run --broker-security DIR`` connects with.
+    """What ``fedsdk-server run --security-dir DIR`` connects with.
 
     Returns ``(address, CA file, security)``: ``broker_url`` (default: the directory's own
     listener, reached locally) and ``ca_file`` (default: the directory's CA); the security

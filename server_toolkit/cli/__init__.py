@@ -16,6 +16,7 @@ module          commands
 ``runs``        runs list | show (run directories and how they ended)
 ``hn``          hn adapt (a new device into a hypernetwork run)
 ``swarm``       swarm (thousands of simulated devices for load tests)
+``new``         new (a small project: model.py, data.py, fedsdk.toml)
 ==============  ===============================================================
 """
 
@@ -32,6 +33,8 @@ from .devices import devices
 from .edge import edge
 from .hn import hn
 from .methods import methods
+from .new import new
+from .oneline import OneLineGroup
 from .pairing import pair_code
 from .report import report
 from .run import run
@@ -41,7 +44,8 @@ from .simulate import simulate
 from .swarm import swarm
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
+@click.version_option(package_name="fedsdk", prog_name="fedsdk-server")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """fedsdk server: cut models for a fleet of unlike devices and run federated rounds."""
@@ -50,5 +54,5 @@ def main(verbose: int) -> None:
 
 
 for command in (simulate, run, edge, devices, pair_code, broker, certs, security, datasets, methods, report,
-                runs, hn, swarm, bridge_config):
+                runs, hn, swarm, bridge_config, new):
     main.add_command(command)

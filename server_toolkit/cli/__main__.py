@@ -1,5 +1,7 @@
 """``python -m server_toolkit.cli`` = ``fedsdk-server``."""
 
+import sys
+
 from . import main
 
-main()
+sys.exit(main())

@@ -17,7 +17,8 @@ def devices() -> None:
 
 
 @devices.command("add")
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The run directory of `fedsdk-server run` (its registry.sqlite).")
 @click.option("--tier", default=None, help="Tier of every device added (a line's ,TIER wins).")
 @click.option("--count", type=int, default=None, help="Add N devices named PREFIX + zero-padded index.")
 @click.option("--prefix", default="device-", show_default=True, help="Id prefix for --count.")
@@ -60,24 +61,54 @@ def devices_add(run_dir, tier, count, prefix, start, id_file, device_ids) -> Non
 
 
 @devices.command("list")
-@click.option("--run-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
+@click.option("--run-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="The run directory of `fedsdk-server run` (its registry.sqlite).")
 def devices_list(run_dir) -> None:
     """Show the registered devices and what they reported."""
     from rich.table import Table
 
     from ..fleet.registry import FleetRegistry
 
-    table = Table("device", "status", "tier", "samples", "runtimes", "arch")
+    table = Table("device", "status", "last seen", "tier", "samples", "runtimes", "arch")
+    now = time.time()
     for d in FleetRegistry(run_dir / "registry.sqlite").devices():
         table.add_row(
             d["device_id"],
-            d["status"],
+            presence(d["status"], d["last_seen"], now),
+            seen_ago(d["last_seen"], now),
             d["tier"] or "-",
             str(d["num_samples"] or "-"),
             ",".join(d["runtimes"] or []),
             (d["profile"] or {}).get("arch", "-"),
         )
     console.print(table)
+
+
+# A device counts as online when the server heard from it this recently: a working device
+# sends a heartbeat every 10 s while it trains and a status at each task; a stopped server
+# or device leaves its last status ("online") in the registry, which must not read as online.
+ONLINE_WINDOW_S = 120.0
+
+
+def presence(status: str | None, last_seen: float | None, now: float) -> str:
+    """The status to show: the stored one when recent, else ``offline`` (a stale "online")."""
+    if status in (None, "revoked", "registered", "paired", "offline"):
+        return status or "registered"
+    return status if last_seen is not None and now - last_seen <= ONLINE_WINDOW_S else "offline"
+
+
+def seen_ago(last_seen: float | None, now: float) -> str:
+    """``"12 s ago"``, ``"5 min ago"``, ``"3 h ago"``, a date beyond a day; ``-`` when never."""
+    if last_seen is None:
+        return "-"
+    age = max(0.0, now - last_seen)
+    if age < 120:
+        return f"{age:.0f} s ago"
+    if age < 7200:
+        return f"{age / 60:.0f} min ago"
+    if age < 86400:
+        return f"{age / 3600:.0f} h ago"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(last_seen))
 
 
 devices.add_command(devices_show)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from .aliases import Aliased
 from .options import console, method_option, parse_options
 
 
@@ -20,7 +21,8 @@ from .options import console, method_option, parse_options
 @click.option("--group-fleet", default=None, help="Fleet of the group's devices [default: FLEET.EDGE_ID].")
 @click.option("--group-broker", "group_broker_url", default=None,
               help="Broker of the group's devices [default: --broker, or GROUP_SECURITY's listener].")
-@click.option("--group-broker-security", "group_security_dir", type=click.Path(exists=True, file_okay=False),
+@click.option("--group-security-dir", "--group-broker-security", "group_security_dir", cls=Aliased,
+              aliases=["--group-broker-security"], type=click.Path(exists=True, file_okay=False),
               help="Security directory of a secured group broker (security init --fleet GROUP_FLEET): "
                    "the edge serves its group with that directory's server account and CA.")
 @click.option("--min-devices", default=1, show_default=True, help="Group devices to wait for before joining.")
@@ -31,9 +33,10 @@ from .options import console, method_option, parse_options
 @click.option("--pair-threshold", default=1.0, show_default=True,
               help="Link clusters closer than this x the median client-pair KLD.")
 @click.option("--projection-lambda", default=0.5, show_default=True, help="λ of FedConv's Eq. 8.")
-@click.option("--projection-epochs", default=2, show_default=True)
+@click.option("--projection-epochs", default=2, show_default=True,
+              help="Epochs of the projection the edge trains on its clusters.")
 @click.option("--warmup-epochs", default=1, show_default=True, help="Local epochs of the clustering warm-up.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the clustering.")
 @click.option("--method", default=None,
               help="Be a generic edge for this averaging method (the server's --method; fedavg, heterofl, "
                    "fedrolex, depthfl, …): answer with partial sums. Unset: FedConv's clustering edge.")

@@ -210,7 +210,7 @@ def hn() -> None:
 @click.option("--lr", type=float, default=None, help="Adam learning rate (default: the run's hn_lr).")
 @click.option("--test-fraction", default=0.25, show_default=True,
               help="With --data: share held out to report the accuracy before and after.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the adaptation.")
 @click.option("--export", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the device's generated parameters here (safetensors).")
 @click.option("--register/--no-register", default=True, show_default=True,

@@ -9,15 +9,20 @@ from rich.console import Console
 
 console = Console()
 
+# One default for `run` and `simulate`: a round of a real fleet's slow devices (a Pi training a
+# ResNet) needs minutes; a round ends as soon as every update is in, so only failures wait this long.
+ROUND_TIMEOUT_S = 300.0
+
 
 def recipe_options(f):
     """The device recipe options every training command takes."""
     for opt in reversed(
         [
             click.option("--local-epochs", default=5, show_default=True, help="Local epochs per round."),
-            click.option("--batch-size", default=16, show_default=True),
+            click.option("--batch-size", default=16, show_default=True, help="Samples per local step."),
             click.option("--lr", default=0.05, show_default=True, help="Client learning rate."),
-            click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True),
+            click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True,
+                         help="Client optimizer."),
         ]
     ):
         f = opt(f)

@@ -13,6 +13,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from .aliases import Aliased
+
 console = Console(highlight=False, soft_wrap=True)
 RunDir = click.Path(file_okay=False, path_type=Path)
 
@@ -184,7 +186,7 @@ def pair_code(run_dir, ttl, tier, server_url, count) -> None:
 
 
 @click.command("show")
-@click.option("--run-dir", type=RunDir, required=True)
+@click.option("--run-dir", type=RunDir, required=True, help="The run directory of `fedsdk-server run`.")
 @click.argument("device_id")
 def devices_show(run_dir, device_id) -> None:
     """Everything known of one device, and why it has its tier."""
@@ -293,10 +295,13 @@ def _print_reason(reason: dict | None) -> None:
 
 
 @click.command("revoke")
-@click.option("--run-dir", type=RunDir, required=True)
+@click.option("--run-dir", type=RunDir, required=True, help="The run directory of `fedsdk-server run`.")
 @click.option(
+    "--security-dir",
     "--broker-security",
     "security_dir",
+    cls=Aliased,
+    aliases=["--broker-security"],
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     default=None,
     help="Broker security directory (default: the one `run` uses).",
@@ -326,7 +331,7 @@ def devices_revoke(run_dir, security_dir, device_id) -> None:
 
 
 @click.command("retier")
-@click.option("--run-dir", type=RunDir, required=True)
+@click.option("--run-dir", type=RunDir, required=True, help="The run directory of `fedsdk-server run`.")
 @click.argument("device_id")
 @click.argument("tier")
 def devices_retier(run_dir, device_id, tier) -> None:

@@ -9,10 +9,15 @@ import click
 
 from fedcore.recipe import Recipe
 
+from .aliases import Aliased
+from .config_file import config_option
+from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
-from .options import console, method_option, parse_options, recipe_options
+from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
+from .progress import RoundProgress, print_outcome
 from .secagg_options import secagg_options
+from .validate import validated
 
 
 @click.command()
@@ -30,8 +35,11 @@ from .secagg_options import secagg_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Embedded broker address.")
 @click.option("--port", default=1883, show_default=True, help="Embedded broker port.")
 @click.option(
+    "--security-dir",
     "--broker-security",
     "security_dir",
+    cls=Aliased,
+    aliases=["--broker-security"],
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     default=None,
     help="Broker security directory (security init): log in as fedsdk-server, manage device accounts.",
@@ -45,13 +53,16 @@ from .secagg_options import secagg_options
     required=True,
     help="Where the registry, blobs, checkpoints and metrics live.",
 )
-@click.option("--method", default="fedavg", show_default=True)
-@click.option("--model", default="small_cnn", show_default=True)
+@click.option("--method", default="fedavg", show_default=True, cls=MethodOption, help="Federated method.")
+@click.option("--model", default="small_cnn", show_default=True,
+              help="The global model: a zoo name (see `simulate --help`), or your nn.Module as "
+              "pkg.module:build or file.py[:build] (docs/byo.md).")
 @click.option(
     "--dataset",
     default="digits",
     show_default=True,
-    help="digits, mnist, fashion_mnist or npz:<path>: defines the model's input/classes; "
+    help="digits, mnist, fashion_mnist, npz:<path> or a loader (docs/byo.md): defines the model's "
+    "input/classes; "
     "its test split evaluates the global model.",
 )
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Where mnist / fashion_mnist live.")
@@ -63,7 +74,7 @@ from .secagg_options import secagg_options
     "default: the method's share of --dataset's training split.",
 )
 @method_option
-@click.option("--rounds", default=20, show_default=True)
+@click.option("--rounds", default=20, show_default=True, help="Rounds in all (--resume: up to this round).")
 @click.option("--min-devices", default=1, show_default=True,
               help="Devices online before any round starts; fewer: the round waits.")
 @click.option("--fleet-timeout", default=600.0, show_default=True,
@@ -73,13 +84,15 @@ from .secagg_options import secagg_options
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
 @click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
 @click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
-@click.option("--round-timeout", default=300.0, show_default=True)
+@click.option("--round-timeout", default=ROUND_TIMEOUT_S, show_default=True, help="Round time limit, s.")
 @recipe_options
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the models and device sampling.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @pairing_options
 @observe_options
 @secagg_options
+@config_option
+@validated
 def run(
     broker_url,
     insecure_embedded_broker,
@@ -201,22 +214,23 @@ def run(
                    norm_bound=None if secagg else norm_bound or None),  # secagg: no update in the clear
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
-        on_round=lambda row: (report.add_round(row), observers.add_round(row), console.print(row)),
+        on_round=lambda row: (report.add_round(row), observers.add_round(row), progress.round(row)),
     )
     pairing = None
-    with observed(observers, run_dir):
+    progress = RoundProgress(rounds, f"waiting for {min_devices} device(s)")
+    with observed(observers, run_dir), progress:
         try:
             endpoint.start()
             loop.start(resume=resume)
             pairing = start_pairing(run_dir, fleet_info, address, the_method, registry, grid.programs,
                                     username=username, password=password, ca_file=ca_file, insecure=insecure,
                                     security=broker_security if security_dir else None)
-            unsecured = "" if security_dir else " (no --broker-security: the broker enforces no accounts)"
+            unsecured = "" if security_dir else " (no --security-dir: the broker enforces no accounts)"
             console.print(f"pairing open: make a code with `fedsdk-server pair-code --run-dir {run_dir}`"
                           + unsecured)
             console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
             while grid.wait_for_devices(min_devices, timeout_s=30) < min_devices:
-                console.print(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
+                progress.note(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
             loop.run()
         except (FleetLost, NoUpdates) as exc:
             raise click.ClickException(str(exc)) from None
@@ -228,7 +242,9 @@ def run(
             registry.close()  # writes the devices' last hello/status bookkeeping
             if broker:
                 broker.stop()
-        report.write_plot()
-        report.write_summary({"method": method, "dataset": dataset, "fleet": fleet})
-    console.print(report.summary_table(f"{method} on fleet {fleet}"))
+            if report.rows:  # also when stopped (Ctrl-C) or failed: the rounds that finished are kept
+                report.write_plot()
+            report.write_summary({"method": method, "dataset": dataset, "fleet": fleet})
+            stopped = loop.completed_round < rounds
+            print_outcome(report, f"{method} on fleet {fleet}", run_dir, stopped=stopped)
     hold_dashboard(observers, dashboard_hold)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from .aliases import Aliased
+
 SHOWN = ("round", "accuracy", "loss", "accepted", "rejected", "seconds")  # the columns of `runs show`
 
 
@@ -45,7 +47,8 @@ def runs_list(directory: Path) -> None:
 
 @runs.command("show")
 @click.argument("run_id")
-@click.option("--dir", "directory", default=Path("runs"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--runs-dir", "--dir", "directory", cls=Aliased, aliases=["--dir"],
+              default=Path("runs"), show_default=True, type=click.Path(path_type=Path),
               help="The runs directory RUN_ID is in (RUN_ID may also be a path).")
 def runs_show(run_id: str, directory: Path) -> None:
     """One run: its status, config, summary and per-round accuracy."""

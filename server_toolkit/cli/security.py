@@ -8,6 +8,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from .aliases import Aliased
+
 console = Console()
 
 
@@ -37,12 +39,12 @@ def certs_init(directory, hosts, new_ca) -> None:
     console.print(f"CA {'kept' if kept else 'created'}; broker certificate valid for: "
                   f"{', '.join(server_hosts(files))}")
     console.print(f"keep {files.ca_key} secret (it can sign certificates devices would trust). Next: "
-                  f"fedsdk-server security init --dir DIR --fleet FLEET --tls-dir {directory}")
+                  f"fedsdk-server security init --security-dir DIR --fleet FLEET --tls-dir {directory}")
 
 
 @certs.command("show")
 @click.option("--dir", "directory", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              required=True)
+              required=True, help="The certificate directory (`certs init`).")
 def certs_show(directory) -> None:
     """Print the fingerprints and the hosts of the broker certificate."""
     from ..broker.certs import CertFiles, fingerprints, server_hosts
@@ -62,13 +64,15 @@ def security() -> None:
 
 
 @security.command("init")
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--security-dir", "--dir", "directory", cls=Aliased, aliases=["--dir"],
+              type=click.Path(file_okay=False, path_type=Path), required=True,
               help="The broker security directory to create.")
 @click.option("--fleet", required=True, help="Fleet name (one fleet per broker).")
 @click.option("--tls-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Certificates from `certs init` (default: --dir itself if it holds ca.pem).")
 @click.option("--no-tls", is_flag=True, help="Plain TCP listener (loopback only unless --insecure).")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address the broker listens on.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address the broker listens on (0.0.0.0: every interface, for devices on other machines).")
 @click.option("--port", type=int, default=None, help="Listener port (default 8883 with TLS, else 1883).")
 @click.option("--reload-command", default=None,
               help="Command that makes mosquitto re-read its files, e.g. 'systemctl reload mosquitto' "
@@ -111,15 +115,16 @@ def security_init(directory, fleet, tls_dir, no_tls, host, port, reload_command,
     scheme = "mqtts" if tls_dir else "mqtt"
     console.print(f"fleet {fleet}: accounts fedsdk-server, fedsdk-pair in {directory}; "
                   f"broker listens on {scheme}://{listener['host']}:{listener['port']}")
-    console.print(f"start the broker:  fedsdk-server broker --mosquitto --security {directory}\n"
+    console.print(f"start the broker:  fedsdk-server broker --mosquitto --security-dir {directory}\n"
                   f"   (or: mosquitto -c {conf})\n"
-                  f"serve the fleet:   fedsdk-server run --broker-security {directory} --fleet {fleet} "
+                  f"serve the fleet:   fedsdk-server run --security-dir {directory} --fleet {fleet} "
                   "--run-dir RUN_DIR ...")
 
 
 @security.command("show")
-@click.option("--dir", "directory", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              required=True)
+@click.option("--security-dir", "--dir", "directory", cls=Aliased, aliases=["--dir"],
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              required=True, help="The broker security directory (`security init`).")
 def security_show(directory) -> None:
     """Fleet, listener and accounts of a broker security directory."""
     from ..broker.mosquitto_auth import MosquittoAuthFiles, SecurityDirError
@@ -158,8 +163,9 @@ def _change_account(directory: Path, change) -> None:
 
 
 @security.command("grant")
-@click.option("--dir", "directory", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              required=True)
+@click.option("--security-dir", "--dir", "directory", cls=Aliased, aliases=["--dir"],
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              required=True, help="The broker security directory (`security init`).")
 @click.argument("device_id")
 def security_grant(directory, device_id) -> None:
     """Give DEVICE_ID a broker account by hand (pairing does this for you); prints its password."""
@@ -171,8 +177,9 @@ def security_grant(directory, device_id) -> None:
 
 
 @security.command("revoke")
-@click.option("--dir", "directory", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              required=True)
+@click.option("--security-dir", "--dir", "directory", cls=Aliased, aliases=["--dir"],
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              required=True, help="The broker security directory (`security init`).")
 @click.argument("device_id")
 def security_revoke(directory, device_id) -> None:
     """Delete DEVICE_ID's broker account; its live session is cut at once."""

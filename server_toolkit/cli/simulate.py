@@ -5,22 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedcore.recipe import Recipe
 
+from .config_file import config_option
+from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
-from .options import console, method_option, parse_options, recipe_options
+from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
+from .progress import RoundProgress, print_outcome
 from .secagg_options import secagg_options
+from .validate import validated
 
 
 @click.command()
-@click.option("--method", default="fedavg", show_default=True, help="Federated method.")
+@click.option("--method", default="fedavg", show_default=True, cls=MethodOption, help="Federated method.")
 @click.option(
     "--dataset",
     default="digits",
     show_default=True,
-    help="digits (bundled), mnist, fashion_mnist (see `datasets list`) or npz:<path>.",
+    help="digits (bundled), mnist, fashion_mnist (see `datasets list`), npz:<path>, or your loader "
+    "as pkg.module:load or file.py[:load] (docs/byo.md).",
 )
 @click.option("--train-samples", type=click.IntRange(min=1), default=None,
               help="Use a label-stratified subset of this many training samples (default: all).")
@@ -33,10 +37,11 @@ from .secagg_options import secagg_options
     default="small_cnn",
     show_default=True,
     help="small_cnn, lenet5, vgg_multi_exit, lenet5_multi_exit, resnet_small, lenet, vgg8, "
-    "resnet10/12/18 or mlp (fedsdk-server methods list shows what each method expects).",
+    "resnet10/12/18 or mlp (fedsdk-server methods list shows what each method expects); or your "
+    "nn.Module as pkg.module:build or file.py[:build] (docs/byo.md).",
 )
 @click.option("--devices", default=8, show_default=True, help="Device processes to start (<= 10 here).")
-@click.option("--rounds", default=20, show_default=True)
+@click.option("--rounds", default=20, show_default=True, help="Rounds in all (--resume: up to this round).")
 @click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all).")
 @click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices.")
 @click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked.")
@@ -45,6 +50,7 @@ from .secagg_options import secagg_options
     default="dirichlet",
     show_default=True,
     type=click.Choice(["iid", "dirichlet", "k-classes", "quantity-skew"]),
+    help="How the training split is divided among the devices.",
 )
 @click.option("--alpha", default=0.5, show_default=True, help="Dirichlet concentration.")
 @click.option("--classes-per-client", default=2, show_default=True, help="For k-classes.")
@@ -76,8 +82,8 @@ from .secagg_options import secagg_options
     help="Python of the device processes, e.g. .venv-ort/bin/python for --device-runtime onnxruntime.",
 )
 @recipe_options
-@click.option("--seed", default=0, show_default=True)
-@click.option("--round-timeout", default=120.0, show_default=True, help="Seconds per round at most.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the partition, models and sampling.")
+@click.option("--round-timeout", default=ROUND_TIMEOUT_S, show_default=True, help="Round time limit, s.")
 @click.option("--min-devices", default=1, show_default=True,
               help="Devices online before a round starts (the start waits for the whole simulated fleet); "
                    "fewer: the round waits.")
@@ -109,13 +115,14 @@ from .secagg_options import secagg_options
 )
 @observe_options
 @secagg_options
+@config_option
+@validated
 def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr, optimizer,
              dashboard, dashboard_token, dashboard_hold, log_to, **options) -> None:
     """Run a whole federation here: broker, server and N real device processes over MQTT
     (or, with `--grid inprocess`, the same devices trained in this process)."""
     import json
 
-    from ..report.run_report import final_accuracy
     from ..sim.simulate import Simulation, SimulationConfig, new_run_dir
 
     if resume_dir:
@@ -150,46 +157,35 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
         f"-> {run_dir}"
     )
     observers = open_observers(dashboard, dashboard_token, log_to, run_dir.name)
-    with observed(observers, run_dir), Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        bar = progress.add_task("starting broker and devices", total=config.rounds)
+    simulation = None
+    try:
+        with observed(observers, run_dir), RoundProgress(config.rounds, "starting devices") as progress:
 
-        def on_event(kind: str, data: dict) -> None:
-            if kind == "broker":
-                kind_name = "embedded amqtt" if data["embedded"] else "external"
-                progress.console.print(f"broker: {data['url']} ({kind_name})")
-            elif kind == "devices":
-                what = "devices and edges" if config.edges else "devices"
-                progress.console.print(f"{what} online: {data['online']}/{data['expected']}")
-            elif kind == "round":
-                acc = data.get("accuracy")
-                progress.update(
-                    bar,
-                    completed=data["round"],
-                    description=f"round {data['round']}: accuracy {acc:.3f}, "
-                    f"{data['accepted']}/{data['selected']} updates",
-                )
+            def on_event(kind: str, data: dict) -> None:
+                if kind == "broker":
+                    kind_name = "embedded amqtt" if data["embedded"] else "external"
+                    progress.note(f"broker: {data['url']} ({kind_name})")
+                elif kind == "devices":
+                    what = "devices and edges" if config.edges else "devices"
+                    progress.note(f"{what} online: {data['online']}/{data['expected']}")
+                elif kind == "round":
+                    progress.round(data)
 
-        from ..data.errors import DatasetError
-        from ..sim.partition import PartitionError
+            from ..data.errors import DatasetError
+            from ..sim.partition import PartitionError
 
-        try:
-            report = Simulation(config, run_dir, resume=resume_dir is not None, on_event=on_event,
-                                observers=observers).run()
-        except (DatasetError, PartitionError, ValueError, TypeError, RuntimeError, ConnectionError) as exc:
-            raise click.ClickException(str(exc)) from None
-    console.print(report.summary_table(f"{config.method} on {config.dataset}"))
-    acc = final_accuracy(report.rows)
-    console.print(
-        f"final accuracy {acc:.3f}; metrics in {run_dir}/metrics.jsonl, plot {run_dir}/accuracy.png"
-        if acc is not None
-        else f"no rounds completed; see {run_dir}"
-    )
+            simulation = Simulation(config, run_dir, resume=resume_dir is not None, on_event=on_event,
+                                    observers=observers)
+            try:
+                report = simulation.run()
+            except (DatasetError, PartitionError, ValueError, TypeError, RuntimeError,
+                    ConnectionError) as exc:
+                raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:  # the rounds that finished are in the summary and the plot
+        if simulation is not None and simulation.report is not None:
+            print_outcome(simulation.report, f"{config.method} on {config.dataset}", run_dir, stopped=True)
+        raise
+    print_outcome(report, f"{config.method} on {config.dataset}", run_dir)
     hold_dashboard(observers, dashboard_hold)
 
 

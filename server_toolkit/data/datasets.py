@@ -70,6 +70,10 @@ def load_dataset(
     """
     if name.startswith("npz:"):
         return _load_npz_dataset(Path(name[len("npz:"):]), seed, test_fraction)
+    from ..byo.load import is_user_ref
+
+    if is_user_ref(name):  # pkg.module:load or file.py[:load]: a user's loader (user_loader.py)
+        return _load_user_dataset(name)
     try:
         dataset = known_dataset(name)
     except DatasetError:
@@ -97,6 +101,21 @@ def _load_npz_dataset(path: Path, seed: int, test_fraction: float) -> Dataset:
     x = _to_nchw(arrays["x"], path)
     y = _check_labels(arrays["y"], len(x), path, "y")
     return _split_dataset(f"npz:{path}", x, y, seed, test_fraction)
+
+
+def _load_user_dataset(ref: str) -> Dataset:
+    from .user_loader import call_user_loader
+
+    x_train, y_train, x_test, y_test = call_user_loader(ref)
+    source = Path(ref)
+    x_train, x_test = _to_nchw(x_train, source), _to_nchw(x_test, source)
+    y_train = _check_labels(y_train, len(x_train), source, "y_train")
+    y_test = _check_labels(y_test, len(x_test), source, "y_test")
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise DatasetError(f"--dataset {ref}: train samples are {x_train.shape[1:]}, "
+                           f"test samples {x_test.shape[1:]}")
+    classes = int(max(y_train.max(initial=0), y_test.max(initial=0))) + 1
+    return Dataset(ref, x_train, y_train, x_test, y_test, classes)
 
 
 def _to_nchw(x: np.ndarray, source: Path) -> np.ndarray:

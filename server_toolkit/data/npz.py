@@ -15,6 +15,9 @@ def read_npz(path: str | Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"npz file not found: {path}")
+    if not zipfile.is_zipfile(path):
+        raise DatasetError(f"{path} is not an npz file (not a zip archive); write one with "
+                           "numpy.savez(path, x=..., y=...)")
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in keys if k not in npz.files]
@@ -34,6 +37,9 @@ def npz_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     beyond it, so this is fast on large compressed files)."""
     path = Path(path)
     shapes = {}
+    if not zipfile.is_zipfile(path):
+        raise DatasetError(f"{path} is not an npz file (not a zip archive); write one with "
+                           "numpy.savez(path, x=..., y=...)")
     try:
         with zipfile.ZipFile(path) as archive:
             for member in archive.namelist():

@@ -22,7 +22,7 @@ class FleetInfo:
     server's own address); ``tier_costs``: tier -> SpecCost dict; ``full_cost``: the model the
     devices benchmark; ``recipe``: the devices' recipe (dict); ``ca_file``: the CA that signed
     the broker's certificate (mqtts), handed to paired devices; ``security_dir``: the broker
-    security directory (``--broker-security``), None when the broker enforces no accounts."""
+    security directory (``--security-dir``), None when the broker enforces no accounts."""
 
     fleet: str
     broker_url: str

@@ -229,7 +229,7 @@ class PairingService:
         self.endpoint.withdraw(client)
         self.paired.append(device_id)
         summary = reason.get("summary") or reason.get("note", "")
-        log.warning("pairing: paired %s as %s (%s)", confirm.name, device_id, summary)
+        log.info("pairing: paired %s as %s (%s)", confirm.name, device_id, summary)
         return msgs.PairAccept(
             device_id=device_id,
             username=device_id,

@@ -8,6 +8,10 @@ once, on first use.
 Method ids are kebab-case (``mh-pfedhn``, ``fedavg-l-exit``). ``ALIASES`` maps the older
 snake_case ids to them, so ``--method mh_pfedhn``, ``methods show mh_pfedhn`` and runs saved
 under an old id (``config.json``, ``state.json``) still work.
+
+Methods of other packages join through the ``fedsdk.methods`` entry-point group: an entry
+``my-method = my_package.module:MyMethod`` (a ``Method`` subclass) in the package's metadata
+makes ``--method my-method`` work once the package is installed (docs/byo.md).
 """
 
 from __future__ import annotations
@@ -53,7 +57,31 @@ def methods() -> dict[str, type[Method]]:
             except ImportError as exc:  # e.g. an optional dependency: the other methods still work
                 log.warning("method module %s is unavailable: %s", module.name, exc)
         _METHODS.update({cls.name: cls for cls in _subclasses(Method) if cls.name})
+        _METHODS.update(_entry_point_methods())
     return _METHODS
+
+
+ENTRY_POINT_GROUP = "fedsdk.methods"
+
+
+def _entry_point_methods() -> dict[str, type[Method]]:
+    """The methods other packages register in the ``fedsdk.methods`` entry-point group, by id
+    (the class's ``name``); one that fails to load is logged and left out."""
+    from importlib.metadata import entry_points
+
+    found = {}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = entry.load()
+        except Exception as exc:  # noqa: BLE001 - another package's bug must not stop the others
+            log.warning("method entry point %s (%s) is unavailable: %s", entry.name, entry.value, exc)
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, Method) and cls.name):
+            log.warning("method entry point %s (%s) is not a Method subclass with a name", entry.name,
+                        entry.value)
+            continue
+        found[cls.name] = cls
+    return found
 
 
 def method_class(name: str) -> type[Method]:

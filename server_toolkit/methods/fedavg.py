@@ -15,6 +15,7 @@ from .summands import Summand, whole
 class FedAvg(Method):
     name = "fedavg"
     family = "averaging"
+    ignores_tiers = True  # one model for every device: `--tiers` only warns (cli/run_checks.py)
     planner = FullModel()
 
     def configure_train(self, round_number: int, global_weights: Weights,

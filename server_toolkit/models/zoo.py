@@ -42,6 +42,12 @@ def model_spec(name: str, input_shape: Shape, num_classes: int, **kwargs) -> dic
     ``NAME@R`` (e.g. ``small_cnn@0.25``) is model NAME with every hidden layer cut to a
     fraction R of its channels: the width sub-model HeteroFL gives a tier of ratio R (the
     model FedAvg-S trains)."""
+    from ..byo.load import is_user_ref
+
+    if is_user_ref(name):  # pkg.module:build or file.py[:build]: a user's nn.Module (byo/model.py)
+        from ..byo.model import user_model_spec
+
+        return user_model_spec(name, input_shape, num_classes)
     builders = _builders()
     base, cut, ratio = name.partition("@")
     if base not in builders:

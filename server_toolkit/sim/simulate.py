@@ -154,6 +154,7 @@ class Simulation:
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.on_event = on_event or (lambda kind, data: None)
+        self.report: RunReport | None = None  # the rounds so far, once run() has begun them
         self.device_procs: list[subprocess.Popen] = []
         self.edge_procs: list[subprocess.Popen] = []
         if not config.fleet:
@@ -257,8 +258,19 @@ class Simulation:
         devices, server_data = self.prepare_data(data, share)
         if server_data is not None:
             method.attach_server_data(*server_data)
-        report = RunReport.load(self.run_dir) if self.resume else RunReport(self.run_dir)
+        report = self.report = RunReport.load(self.run_dir) if self.resume else RunReport(self.run_dir)
         self.observers.begin(asdict(c), report.rows)
+        try:
+            self._run_rounds(setup, method, devices, report)
+        finally:  # also when stopped (Ctrl-C) or failed: the rounds that finished are kept
+            if report.rows:
+                report.write_plot()
+            report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
+                                  "edges": c.edges, "grid": c.grid})
+        return report
+
+    def _run_rounds(self, setup, method, devices: list[LocalDevice], report: RunReport) -> None:
+        c, data = self.config, setup.data
 
         def on_round(row: dict) -> None:
             report.add_round(row)
@@ -276,11 +288,6 @@ class Simulation:
             loop.run()
         else:
             self._run_over_mqtt(method, self.loop_config(setup.tier_map), test_data, on_round)
-        if report.rows:
-            report.write_plot()
-        report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
-                              "edges": c.edges, "grid": c.grid})
-        return report
 
     def _run_over_mqtt(self, method, loop_config: LoopConfig, test_data: tuple, on_round) -> None:
         """Broker, device (and edge) processes, the server's MQTT grid and the round loop."""

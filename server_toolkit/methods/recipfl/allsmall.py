@@ -23,6 +23,7 @@ from .strong_weak import StrongWeakOptions, strong_weak
 
 class AllSmall(FedAvg):
     name = "allsmall"
+    ignores_tiers = False  # strong / weak tiers pick its reports
     asks = {"label_counts": {}}  # accuracy_strong / accuracy_weak weigh the test set by them
     family = "resource-skew"
     example = ("--model lenet5 --devices 6 --partition quantity-skew --num-strong 1 "
