@@ -16,6 +16,7 @@ module          commands
 ``runs``        runs list | show (run directories and how they ended)
 ``hn``          hn adapt (a new device into a hypernetwork run)
 ``swarm``       swarm (thousands of simulated devices for load tests)
+``conformance`` conformance (drive one device client through every protocol path)
 ==============  ===============================================================
 """
 
@@ -26,6 +27,7 @@ import logging
 import click
 
 from .broker import broker
+from .conformance import conformance
 from .datasets import datasets
 from .devices import devices
 from .edge import edge
@@ -48,6 +50,7 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+main.add_command(conformance)
 for command in (simulate, run, edge, devices, pair_code, broker, certs, security, datasets, methods, report,
                 runs, hn, swarm):
     main.add_command(command)
