@@ -95,6 +95,7 @@ def check_offers_withdrawn_after_ack(ctx: Context) -> None:
     ref = result["arrays"]["model"]["id"]
     since = time.monotonic()
     ctx.peer.send(message("ack", ref=result["task_id"], detail="persisted"))
+    time.sleep(1.0)  # the answer is handled in turn with other work (§9.1), not at once
     ctx.peer.send(message("blob_request", blob=ref, indices=[0], chunk_bytes=65536))
     _expect_error(ctx, "not_offered", ref)
     _require(ctx.peer.wait_for(_is("error", ref=result["task_id"]), 1.5, since) is None, "the device answered a duplicate ack")
