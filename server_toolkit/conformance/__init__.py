@@ -23,9 +23,17 @@ class Outcome:
     seconds: float
 
 
-def run_checks(broker_url: str, fleet: str, device_id: str, formats: list[str], *, ca_file: str | None = None,
-               ready: Callable[[], None] | None = None, only: list[str] | None = None,
-               report: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+def run_checks(
+    broker_url: str,
+    fleet: str,
+    device_id: str,
+    formats: list[str],
+    *,
+    ca_file: str | None = None,
+    ready: Callable[[], None] | None = None,
+    only: list[str] | None = None,
+    report: Callable[[Outcome], None] | None = None,
+) -> list[Outcome]:
     """Connect as the server, call ``ready()`` (e.g. start the device), run the checks.
 
     ``formats``: the program formats offered (the device picks one it runs). ``only``: check

@@ -50,8 +50,12 @@ class ServerPeer:
         self.requests: list[dict] = []
         self.refuse: set[str] = set()  # blob ids answered with not_offered
         self._cond = threading.Condition()
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"fedsdk-server-{fleet}",
-                                   clean_session=True, protocol=mqtt.MQTTv311)
+        self._client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=f"fedsdk-server-{fleet}",
+            clean_session=True,
+            protocol=mqtt.MQTTv311,
+        )
         if self.address.username:
             self._client.username_pw_set(self.address.username, self.address.password)
         if self.address.tls:
@@ -79,13 +83,16 @@ class ServerPeer:
         self._client.loop_stop()
 
     def status(self, value: str) -> None:
-        self._client.publish(self.topics.server_status, value.encode(), qos=1, retain=True).wait_for_publish(5)
+        self._client.publish(self.topics.server_status, value.encode(), qos=1, retain=True).wait_for_publish(
+            5
+        )
 
     def new_epoch(self, window_s: float) -> None:
         """Publish a new server epoch (retained, live to subscribers): a 'restarted server'."""
         body = {"epoch": uuid.uuid4().hex, "started_at": time.time(), "announce_window_s": window_s}
-        self._client.publish(self.topics.server_epoch, json.dumps(body).encode(), qos=1,
-                             retain=True).wait_for_publish(5)
+        self._client.publish(
+            self.topics.server_epoch, json.dumps(body).encode(), qos=1, retain=True
+        ).wait_for_publish(5)
 
     # -- sending ---------------------------------------------------------------------------
     def send(self, body: dict) -> None:
@@ -121,8 +128,14 @@ class ServerPeer:
         with self._cond:
             self.chunks.clear()
         for start in range(0, count, 64):
-            self.send(message("blob_request", blob=ref["id"], indices=list(range(start, min(count, start + 64))),
-                              chunk_bytes=chunk_bytes))
+            self.send(
+                message(
+                    "blob_request",
+                    blob=ref["id"],
+                    indices=list(range(start, min(count, start + 64))),
+                    chunk_bytes=chunk_bytes,
+                )
+            )
         parts: dict[int, bytes] = {}
         end = time.monotonic() + timeout_s
         with self._cond:
@@ -132,15 +145,20 @@ class ServerPeer:
                     if chunk.blob == ref["id"]:
                         parts[chunk.index] = chunk.data
                 self.chunks.clear()
-                refused = [r for r in self.received if not r.used and r.body.get("type") == "error"
-                           and r.body.get("ref") == ref["id"]]
+                refused = [
+                    r
+                    for r in self.received
+                    if not r.used and r.body.get("type") == "error" and r.body.get("ref") == ref["id"]
+                ]
                 if refused:
                     refused[0].used = True
                     raise RuntimeError(f"the device refused to serve its blob: {refused[0].body.get('code')}")
                 if len(parts) < count:
                     left = end - time.monotonic()
                     if left <= 0:
-                        raise RuntimeError(f"pulling {ref['id'][:12]} timed out ({len(parts)}/{count} chunks)")
+                        raise RuntimeError(
+                            f"pulling {ref['id'][:12]} timed out ({len(parts)}/{count} chunks)"
+                        )
                     self._cond.wait(left)
         data = b"".join(parts[i] for i in range(count))
         if sha256_hex(data) != ref["id"]:
@@ -175,7 +193,7 @@ class ServerPeer:
             return
         data = self.offered[blob_id]
         for index in request.get("indices", []):
-            piece = data[index * chunk_bytes:(index + 1) * chunk_bytes]
+            piece = data[index * chunk_bytes : (index + 1) * chunk_bytes]
             frame = encode_chunk(blob_id, index, len(data), chunk_bytes, piece)
             times = self.served.get((blob_id, index), 0)
             self.served[(blob_id, index)] = times + 1

@@ -25,8 +25,13 @@ RECIPE = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9, seed=7)
 class TaskFactory:
     """Builds tasks for ``model`` on ``input_shape``/``num_classes`` with programs in ``formats``."""
 
-    def __init__(self, formats: list[str], model: str = "small_cnn", input_shape: tuple[int, int, int] = (1, 8, 8),
-                 num_classes: int = 10) -> None:
+    def __init__(
+        self,
+        formats: list[str],
+        model: str = "small_cnn",
+        input_shape: tuple[int, int, int] = (1, 8, 8),
+        num_classes: int = 10,
+    ) -> None:
         self.spec = model_spec(model, input_shape, num_classes)
         self.programs = ProgramCache(formats).programs(self.spec, RECIPE)  # exported once
         self.weights = state_numpy(build_model(self.spec, seed=0))
@@ -41,19 +46,37 @@ class TaskFactory:
         weights[first] = weights[first] + np.float32(1e-6 * self._serial)
         return encode_tensors(weights)
 
-    def task(self, peer: ServerPeer, *, deadline_s: float = 120.0, config: dict | None = None,
-             formats: list[str] | None = None, weights: bytes | None = None) -> dict:
+    def task(
+        self,
+        peer: ServerPeer,
+        *,
+        deadline_s: float = 120.0,
+        config: dict | None = None,
+        formats: list[str] | None = None,
+        weights: bytes | None = None,
+    ) -> dict:
         """Offer this task's blobs to the device and return the task message (not sent)."""
         weights = weights if weights is not None else self.fresh_weights()
-        programs = [peer.offer(data, "program", fmt) for fmt, data in self.programs
-                    if formats is None or fmt in formats]
+        programs = [
+            peer.offer(data, "program", fmt)
+            for fmt, data in self.programs
+            if formats is None or fmt in formats
+        ]
         if formats is not None:
-            programs += [peer.offer(b"unknown program " + fmt.encode(), "program", fmt)
-                         for fmt in formats if fmt not in dict(self.programs)]
+            programs += [
+                peer.offer(b"unknown program " + fmt.encode(), "program", fmt)
+                for fmt in formats
+                if fmt not in dict(self.programs)
+            ]
         task_id = uuid.uuid4().hex
         self.sent[task_id] = decode_tensors(weights)
-        return message("task", task_id=task_id, round=1, programs={"model": programs},
-                       arrays={"model": peer.offer(weights, "weights", "safetensors")},
-                       config=config or {"steps": [{"train": "model", "recipe": RECIPE.to_dict()}],
-                                         "return": ["model"], "report": {}},
-                       deadline=time.time() + deadline_s)
+        return message(
+            "task",
+            task_id=task_id,
+            round=1,
+            programs={"model": programs},
+            arrays={"model": peer.offer(weights, "weights", "safetensors")},
+            config=config
+            or {"steps": [{"train": "model", "recipe": RECIPE.to_dict()}], "return": ["model"], "report": {}},
+            deadline=time.time() + deadline_s,
+        )

@@ -30,8 +30,17 @@ def executorch_root() -> Path:
 def build_client() -> Path:
     """Configure (once) and build the client; returns the binary. Raises with the build log."""
     if not (BUILD / "CMakeCache.txt").exists():
-        _run(["cmake", "-S", str(SOURCE), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release",
-              f"-DEXECUTORCH_ROOT={executorch_root()}"])
+        _run(
+            [
+                "cmake",
+                "-S",
+                str(SOURCE),
+                "-B",
+                str(BUILD),
+                "-DCMAKE_BUILD_TYPE=Release",
+                f"-DEXECUTORCH_ROOT={executorch_root()}",
+            ]
+        )
     _run(["cmake", "--build", str(BUILD), "-j2"])
     return BINARY
 
@@ -50,11 +59,32 @@ def write_data(directory: Path, x: np.ndarray, y: np.ndarray) -> Path:
     return directory
 
 
-def start_client(binary: Path, broker_url: str, fleet: str, device_id: str, data_dir: Path, work_dir: Path,
-                 log_path: Path, *extra: str) -> subprocess.Popen:
+def start_client(
+    binary: Path,
+    broker_url: str,
+    fleet: str,
+    device_id: str,
+    data_dir: Path,
+    work_dir: Path,
+    log_path: Path,
+    *extra: str,
+) -> subprocess.Popen:
     """Start ``fedsdk-device run`` as a process logging to ``log_path``."""
-    cmd = [str(binary), "run", "--broker", broker_url, "--fleet", fleet, "--device-id", device_id,
-           "--data", str(data_dir), "--work-dir", str(work_dir), *extra]
+    cmd = [
+        str(binary),
+        "run",
+        "--broker",
+        broker_url,
+        "--fleet",
+        fleet,
+        "--device-id",
+        device_id,
+        "--data",
+        str(data_dir),
+        "--work-dir",
+        str(work_dir),
+        *extra,
+    ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)

@@ -20,8 +20,19 @@ def test_cpp_client_passes_every_conformance_check(cpp_device, mosquitto, tmp_pa
     procs = []
 
     def start_device() -> None:
-        procs.append(start_client(cpp_device, mosquitto.url, "conf", "cpp-dev", data_dir, tmp_path / "work",
-                                  tmp_path / "device.log", "--heartbeat", "1"))
+        procs.append(
+            start_client(
+                cpp_device,
+                mosquitto.url,
+                "conf",
+                "cpp-dev",
+                data_dir,
+                tmp_path / "work",
+                tmp_path / "device.log",
+                "--heartbeat",
+                "1",
+            )
+        )
 
     try:
         outcomes = run_checks(mosquitto.url, "conf", "cpp-dev", ["pte/1"], ready=start_device)

@@ -20,8 +20,11 @@ def test_python_agent_passes_every_conformance_check(mosquitto, tmp_path):
     procs = []
 
     def start_device() -> None:
-        procs.append(start_device_process(mosquitto.url, "conf", "py-dev", data_path, tmp_path / "work",
-                                          tmp_path / "device.log"))
+        procs.append(
+            start_device_process(
+                mosquitto.url, "conf", "py-dev", data_path, tmp_path / "work", tmp_path / "device.log"
+            )
+        )
 
     try:
         outcomes = run_checks(mosquitto.url, "conf", "py-dev", ["torchspec/1"], ready=start_device)

@@ -54,9 +54,20 @@ def test_one_cpp_train_step_gives_the_python_runtimes_weights(cpp_device, progra
     make_optimizer(recipe).step(runtime._params, grads)
     expected = runtime.get_weights()
 
-    done = subprocess.run([str(cpp_device), "train-once", str(program), str(tmp_path / "start.safetensors"),
-                           str(tmp_path / "data"), str(tmp_path / "recipe.json"), str(tmp_path / "out.safetensors")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            str(cpp_device),
+            "train-once",
+            str(program),
+            str(tmp_path / "start.safetensors"),
+            str(tmp_path / "data"),
+            str(tmp_path / "recipe.json"),
+            str(tmp_path / "out.safetensors"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     got = load_file(str(tmp_path / "out.safetensors"))
     assert json.loads(done.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(loss, rel=1e-5)

@@ -32,7 +32,9 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "server_toolkit.cli", *args], **kw)
 
 
-def test_cpp_client_and_python_agent_complete_fedavg_rounds_and_accuracy_rises(cpp_device, mosquitto, tmp_path):
+def test_cpp_client_and_python_agent_complete_fedavg_rounds_and_accuracy_rises(
+    cpp_device, mosquitto, tmp_path
+):
     run_dir = tmp_path / "run"
     assert _cli("devices", "add", "--run-dir", str(run_dir), "cpp-0", "py-0").wait(60) == 0
     data = load_dataset("digits", seed=0)
@@ -43,14 +45,45 @@ def test_cpp_client_and_python_agent_complete_fedavg_rounds_and_accuracy_rises(c
     save_npz(py_data, data.x_train[halves[1]], data.y_train[halves[1]])
 
     with open(tmp_path / "server.log", "wb") as server_log:
-        server = _cli("run", "--broker", mosquitto.url, "--fleet", "cpp", "--run-dir", str(run_dir),
-                      "--programs", "torchspec/1,pte/1", "--rounds", str(ROUNDS), "--min-devices", "2",
-                      "--local-epochs", "2", "--round-timeout", "300", "--fleet-timeout", "300",
-                      stdout=server_log, stderr=subprocess.STDOUT)
-    procs = [start_client(cpp_device, mosquitto.url, "cpp", "cpp-0", cpp_data, tmp_path / "cpp-0" / "work",
-                          tmp_path / "cpp-0.log", "--heartbeat", "1"),
-             start_device_process(mosquitto.url, "cpp", "py-0", py_data, tmp_path / "py-0" / "work",
-                                  tmp_path / "py-0.log")]
+        server = _cli(
+            "run",
+            "--broker",
+            mosquitto.url,
+            "--fleet",
+            "cpp",
+            "--run-dir",
+            str(run_dir),
+            "--programs",
+            "torchspec/1,pte/1",
+            "--rounds",
+            str(ROUNDS),
+            "--min-devices",
+            "2",
+            "--local-epochs",
+            "2",
+            "--round-timeout",
+            "300",
+            "--fleet-timeout",
+            "300",
+            stdout=server_log,
+            stderr=subprocess.STDOUT,
+        )
+    procs = [
+        start_client(
+            cpp_device,
+            mosquitto.url,
+            "cpp",
+            "cpp-0",
+            cpp_data,
+            tmp_path / "cpp-0" / "work",
+            tmp_path / "cpp-0.log",
+            "--heartbeat",
+            "1",
+        ),
+        start_device_process(
+            mosquitto.url, "cpp", "py-0", py_data, tmp_path / "py-0" / "work", tmp_path / "py-0.log"
+        ),
+    ]
     try:
         code = server.wait(timeout=500)
     finally:
