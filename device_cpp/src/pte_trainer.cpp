@@ -168,9 +168,19 @@ struct DropoutMask {
   int64_t count;
 };
 
-// The padded buffers of one batch; run_train reads them through batch.tensors.
-static void build_batch(const nlohmann::json& meta, std::map<std::string, Tensor>& running, Batch& batch,
-                        std::vector<float*>& x_buf, float** mask, std::vector<DropoutMask>& dropout) {
+// The padded buffers of one batch (run_train reads them through batch.tensors), and where
+// the data, the sample mask and the dropout masks go.
+struct Inputs {
+  Batch batch;
+  float* x = nullptr;
+  float* mask = nullptr;
+  std::vector<DropoutMask> dropout;
+};
+
+static Inputs make_inputs(const nlohmann::json& meta, std::map<std::string, Tensor>& running) {
+  Inputs out;
+  Batch& batch = out.batch;
+  batch.floats.reserve(64);
   for (auto& in : meta["train_inputs"]) {
     std::string name = in[0], dtype = in[2];
     auto shape = in[1].get<std::vector<int64_t>>();
@@ -183,28 +193,28 @@ static void build_batch(const nlohmann::json& meta, std::map<std::string, Tensor
       batch.floats.emplace_back(numel(shape), 1.0f);
       float* data = batch.floats.back().data();
       batch.tensors.push_back(from_blob(data, sizes(shape)));
-      if (name == "x") x_buf.push_back(data);
-      else if (name == "sample_mask") *mask = data;
+      if (name == "x") out.x = data;
+      else if (name == "sample_mask") out.mask = data;
       else if (name.rfind("dropout:", 0) == 0) {
         double p = 0;
         for (auto& d : meta["dropout"]) if (d[0] == name) p = d[1];
-        dropout.push_back({data, p, numel(shape)});
+        out.dropout.push_back({data, p, numel(shape)});
       } else {
         throw CodedError("unsupported_task", "the program's loss reads " + name + " (a teacher), which this client does not compute");
       }
     }
   }
+  return out;
 }
 
 StepStats PteTrainer::train(const Dataset& data, const Recipe& recipe, const std::function<void(double)>& progress) {
   const int64_t b = meta_["max_batch"], batch_size = recipe.batch_size;
   if (batch_size > b) throw CodedError("device_failure", "recipe batch exceeds the program's batch");
-  Batch batch;
-  batch.floats.reserve(64);
-  std::vector<float*> xs;
-  float* mask = nullptr;
-  std::vector<DropoutMask> dropout;
-  build_batch(meta_, running_, batch, xs, &mask, dropout);
+  Inputs in = make_inputs(meta_, running_);
+  Batch& batch = in.batch;
+  float* x_buf = in.x;
+  float* mask = in.mask;
+  std::vector<DropoutMask>& dropout = in.dropout;
   const std::vector<float> x = channels_last(data);
   const int64_t sample = data.c * data.h * data.w;
   std::mt19937_64 gen(static_cast<uint64_t>(recipe.seed));
@@ -220,12 +230,12 @@ StepStats PteTrainer::train(const Dataset& data, const Recipe& recipe, const std
     for (int64_t i = data.n - 1; i > 0; --i) std::swap(order[i], order[gen() % static_cast<uint64_t>(i + 1)]);
     for (int64_t step = 0; step < steps; ++step) {
       const int64_t start = step * batch_size, real = std::min(batch_size, data.n - start);
-      std::fill(xs[0], xs[0] + b * sample, 0.0f);
+      std::fill(x_buf, x_buf + b * sample, 0.0f);
       std::fill(batch.y.begin(), batch.y.end(), 0);
       for (int64_t j = 0; j < b; ++j) mask[j] = j < real ? 1.0f : 0.0f;
       for (int64_t j = 0; j < real; ++j) {
         const int64_t s = order[start + j];
-        std::memcpy(xs[0] + j * sample, x.data() + s * sample, sample * 4);
+        std::memcpy(x_buf + j * sample, x.data() + s * sample, sample * 4);
         batch.y[j] = data.y[s];
       }
       for (auto& drop : dropout)  // keep with probability 1 - p, scaled by 1 / (1 - p)
@@ -266,17 +276,16 @@ double PteTrainer::train_one_batch(const Dataset& data, const std::vector<int64_
   Recipe r = recipe;
   r.epochs = 1;
   r.batch_size = sub.n;
-  Batch batch;
-  batch.floats.reserve(64);
-  std::vector<float*> xs;
-  float* mask = nullptr;
-  std::vector<DropoutMask> dropout;
-  build_batch(meta_, running_, batch, xs, &mask, dropout);
+  Inputs in = make_inputs(meta_, running_);
+  Batch& batch = in.batch;
+  float* x_buf = in.x;
+  float* mask = in.mask;
+  // dropout masks stay all ones: no dropout in a parity step
   const std::vector<float> x = channels_last(sub);
   const int64_t b = meta_["max_batch"];
-  std::fill(xs[0], xs[0] + b * sample, 0.0f);
+  std::fill(x_buf, x_buf + b * sample, 0.0f);
   for (int64_t j = 0; j < b; ++j) mask[j] = j < sub.n ? 1.0f : 0.0f;
-  std::memcpy(xs[0], x.data(), x.size() * 4);
+  std::memcpy(x_buf, x.data(), x.size() * 4);
   for (int64_t j = 0; j < sub.n; ++j) batch.y[j] = sub.y[j];
   double loss = 0;
   std::vector<int64_t> predictions;
