@@ -6,6 +6,7 @@ cache never hides a transfer.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 
@@ -22,6 +23,14 @@ from .peer import ServerPeer, message
 RECIPE = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9, seed=7)
 
 
+@functools.cache
+def _programs(
+    formats: tuple[str, ...], model: str, input_shape: tuple[int, ...], num_classes: int
+) -> list[tuple[str, bytes]]:
+    """The programs of ``model`` in ``formats``, exported once per process (pte/1 takes seconds)."""
+    return ProgramCache(list(formats)).programs(model_spec(model, input_shape, num_classes), RECIPE)
+
+
 class TaskFactory:
     """Builds tasks for ``model`` on ``input_shape``/``num_classes`` with programs in ``formats``."""
 
@@ -33,7 +42,7 @@ class TaskFactory:
         num_classes: int = 10,
     ) -> None:
         self.spec = model_spec(model, input_shape, num_classes)
-        self.programs = ProgramCache(formats).programs(self.spec, RECIPE)  # exported once
+        self.programs = _programs(tuple(formats), model, tuple(input_shape), num_classes)
         self.weights = state_numpy(build_model(self.spec, seed=0))
         self.sent: dict[str, dict[str, np.ndarray]] = {}  # task id -> the weights it carried
         self._serial = 0
