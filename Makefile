@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedsdk-installed
 
-.PHONY: demo test lint bench mosquitto shellcheck chromium fashion-mnist ort-env litert-env clean
+.PHONY: demo test lint bench mosquitto cpp-deps shellcheck chromium fashion-mnist ort-env litert-env clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +18,14 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/fedsdk-server simulate
 
-test: $(STAMP) mosquitto shellcheck chromium fashion-mnist ort-env litert-env
+test: $(STAMP) mosquitto cpp-deps shellcheck chromium fashion-mnist ort-env litert-env
 	$(BIN)/pytest -q
 
 mosquitto:
 	@sh scripts/ensure-mosquitto.sh
+
+cpp-deps:  # builds the C++ device client (device_cpp/) in the tests
+	@sh scripts/ensure-cpp-deps.sh
 
 shellcheck:  # lints firmware_scripts/install-device.sh in the tests
 	@sh scripts/ensure-tool.sh shellcheck shellcheck
@@ -46,4 +49,4 @@ bench: $(STAMP) mosquitto
 	$(BIN)/python bench/transport.py
 
 clean:
-	rm -rf $(VENV) .venv-ort .venv-litert runs .pytest_cache
+	rm -rf $(VENV) .venv-ort .venv-litert runs .pytest_cache device_cpp/build

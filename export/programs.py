@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable
 
 from fedcore import modelspec
 from fedcore.recipe import Recipe
 
 Exporter = Callable[[dict, Recipe], bytes]
+
+# torch.export is not thread-safe (two at once fail with "ProxyTorchDispatchMode slot already
+# occupied"): `fedsdk-server run` exports for round 1 while its pairing service prepares the
+# same programs, so every export in the process runs under this lock.
+_EXPORT_LOCK = threading.Lock()
 
 
 def _torchspec(spec: dict, recipe: Recipe) -> bytes:
@@ -71,7 +77,8 @@ class ProgramCache:
         out = []
         for fmt in self.formats:
             key = self._key(spec, fmt, recipe)
-            if key not in self._built:
-                self._built[key] = EXPORTERS[fmt](spec, recipe)
+            with _EXPORT_LOCK:
+                if key not in self._built:
+                    self._built[key] = EXPORTERS[fmt](spec, recipe)
             out.append((fmt, self._built[key]))
         return out

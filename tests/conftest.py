@@ -77,3 +77,11 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def cpp_device() -> Path:
+    """The C++ device client binary (device_cpp/), built once per session (Release, -j2)."""
+    from tests.integration.cpp_client import build_client
+
+    return build_client()

@@ -17,6 +17,8 @@ module          commands
 ``hn``          hn adapt (a new device into a hypernetwork run)
 ``swarm``       swarm (thousands of simulated devices for load tests)
 ``new``         new (a small project: model.py, data.py, fedsdk.toml)
+``conformance`` conformance (drive one device client through every protocol path)
+``bridge``      bridge-config (a site broker's mosquitto bridge to the central one)
 ==============  ===============================================================
 """
 
@@ -28,6 +30,7 @@ import click
 
 from .bridge import bridge_config
 from .broker import broker
+from .conformance import conformance
 from .datasets import datasets
 from .devices import devices
 from .edge import edge
@@ -54,5 +57,5 @@ def main(verbose: int) -> None:
 
 
 for command in (simulate, run, edge, devices, pair_code, broker, certs, security, datasets, methods, report,
-                runs, hn, swarm, bridge_config, new):
+                runs, hn, swarm, bridge_config, new, conformance):
     main.add_command(command)
