@@ -15,6 +15,7 @@ class FedAvg(Method):
     name = "fedavg"
     family = "averaging"
     planner = FullModel()
+    asynchronous = True  # a sample-weighted average (rounds/staleness.py)
 
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:
