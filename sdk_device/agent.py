@@ -57,6 +57,7 @@ class AgentConfig:
     announce_window_s: float | None = None  # hello spread after a server restart; None: the server's
     extra_profile: dict = field(default_factory=dict)
     share_smashed: bool = True  # send the "features" output (last-layer inputs) when a task asks
+    slowdown: float = 1.0  # simulation knob: after training sleep (slowdown - 1) x its time (stragglers)
 
 
 class DeviceAgent:
@@ -176,6 +177,8 @@ class DeviceAgent:
                           progress=lambda f: self._heartbeat("training", task.task_id, f),
                           share_features=self.config.share_smashed)
         train_s = time.perf_counter() - train_started
+        if self.config.slowdown > 1.0:  # a simulated straggler: FACTOR x the training time in all
+            self._stop.wait((self.config.slowdown - 1.0) * train_s)
         for name, tensors in output.arrays.items():
             if not all(np.isfinite(v).all() for v in tensors.values() if v.dtype.kind == "f"):
                 log.warning("%s holds NaN/Inf (training diverged?); sent anyway, the server refuses it", name)

@@ -9,6 +9,7 @@ import click
 
 from fedcore.recipe import Recipe
 
+from .async_options import async_options
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import console, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
@@ -78,6 +79,7 @@ from .pairing import pairing_options, parse_tiers
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @pairing_options
 @observe_options
+@async_options
 def run(
     broker_url,
     insecure_embedded_broker,
@@ -117,6 +119,11 @@ def run(
     dashboard_token,
     dashboard_hold,
     log_to,
+    mode,
+    buffer,
+    max_staleness,
+    concurrency,
+    server_lr,
 ) -> None:
     """Serve a real fleet, and pair new devices meanwhile (`fedsdk-server pair-code`).
 
@@ -135,8 +142,8 @@ def run(
     from ..fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
     from ..fleet.registry import FleetRegistry
     from ..report.run_report import RunReport
-    from ..rounds.loop import FleetLost, LoopConfig, NoUpdates, RoundLoop
-    from ..rounds.mqtt_grid import MqttGrid
+    from ..rounds.loop import FleetLost, LoopConfig, NoUpdates
+    from ..rounds.modes import async_config, make_loop, mqtt_grid_class
 
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
     try:
@@ -182,20 +189,24 @@ def run(
     report = (
         RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
     )
-    grid = MqttGrid(endpoint, registry, program_formats=[f.strip() for f in program_formats.split(",")],
-                    fetch_timeout_s=round_timeout)
+    settings = async_config(mode, buffer, max_staleness, concurrency, server_lr)
+    grid = mqtt_grid_class(settings)(endpoint, registry, fetch_timeout_s=round_timeout,
+                                     program_formats=[f.strip() for f in program_formats.split(",")])
     config = {"method": method, "model": model, "dataset": dataset, "fleet": fleet, "rounds": rounds,
               "clients_per_round": clients_per_round, "fraction": fraction, "round_timeout_s": round_timeout,
-              "seed": seed, "recipe": recipe.to_dict(), "method_options": parse_options(method_options)}
+              "seed": seed, "recipe": recipe.to_dict(), "method_options": parse_options(method_options),
+              "mode": mode, "buffer": buffer, "max_staleness": max_staleness, "concurrency": concurrency,
+              "server_lr": server_lr}
     (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     observers.begin(config, report.rows)
     observers.watch_registry(registry, run_dir / "registry.sqlite", grid)
-    loop = RoundLoop(
+    loop = make_loop(
         the_method, grid,
         LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
                    over_select=over_select, round_timeout_s=round_timeout, seed=seed,
                    tier_map=setup.tier_map, min_devices=min_devices, fleet_timeout_s=fleet_timeout,
                    norm_bound=norm_bound or None),
+        settings,
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
         on_round=lambda row: (report.add_round(row), observers.add_round(row), console.print(row)),

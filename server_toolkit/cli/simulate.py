@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fedcore.recipe import Recipe
 
+from .async_options import async_options, straggler_options
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import console, method_option, parse_options, recipe_options
 
@@ -106,6 +107,8 @@ from .options import console, method_option, parse_options, recipe_options
     help="Continue the run in this directory from its last checkpoint.",
 )
 @observe_options
+@async_options
+@straggler_options
 def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr, optimizer,
              dashboard, dashboard_token, dashboard_hold, log_to, **options) -> None:
     """Run a whole federation here: broker, server and N real device processes over MQTT
