@@ -54,7 +54,7 @@ def main(verbose: int) -> None:
                    "window the server's epoch asks for, about 1 s per 333 registered devices).")
 @click.option("--slowdown", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
               help="Simulation knob: after training, sleep (FACTOR - 1) x the training time, so the "
-                   "device looks FACTOR times slower (stragglers in `simulate --slow-devices`).")
+                   "device looks FACTOR times slower (from its second task on: the first is warm-up).")
 def run(
     broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, insecure,
     max_tasks, no_smashed, announce_window, slowdown,
