@@ -28,6 +28,7 @@ class AsyncMqttGrid(MqttGrid, AsyncGrid):
         self._expires: dict[str, float] = {}  # open task id -> when it expires (unix seconds)
         self._version = 0  # the newest version tasks are made from
         self._rejected = self._expired = 0  # since the last counters() call
+        self._settled: set[str] = set()  # accepted tasks whose ack is sent and offers withdrawn
 
     # -- MqttGrid hooks ------------------------------------------------------------------------
     def _task_open(self, pending: PendingTask) -> bool:
@@ -35,8 +36,17 @@ class AsyncMqttGrid(MqttGrid, AsyncGrid):
 
     def _record_rejection(self, *args) -> None:  # (rnd, dev, task_id, code, detail): also counted here
         super()._record_rejection(*args)
+        _rnd, dev, task_id, code, _detail = args
         with self._lock:
             self._rejected += 1
+            pending = self._pending.get(task_id or "")
+            if code.startswith("device:") and pending is not None and pending.instruction.device_id == dev:
+                self._expires[task_id] = 0.0  # it refused its task: free it for a new one now
+
+    def _accept(self, *args) -> None:  # (dev, result, pending, key), on a fetch thread
+        super()._accept(*args)
+        with self._lock:  # only now may the device get a new task: the ack's withdraw() is done
+            self._settled.add(args[1].task_id)
 
     # -- the AsyncGrid interface ---------------------------------------------------------------
     def idle(self) -> list[DeviceInfo]:
@@ -61,13 +71,17 @@ class AsyncMqttGrid(MqttGrid, AsyncGrid):
 
     def arrivals(self, timeout_s: float) -> list[Arrival]:
         until = time.monotonic() + timeout_s
-        while not self._accepted and time.monotonic() < until:
+        while not self._settled and time.monotonic() < until:
             self._pump(timeout_s=min(0.05, max(0.0, until - time.monotonic())))
         while self._pump_ready():
             pass
         self._expire(time.time())
-        with self._lock:
-            taken, self._accepted = self._accepted, []
+        with self._lock:  # the longest prefix (acceptance order) of updates whose ack is out
+            count = 0
+            while count < len(self._accepted) and self._accepted[count] in self._settled:
+                count += 1
+            taken, self._accepted = self._accepted[:count], self._accepted[count:]
+            self._settled -= set(taken)
             self._resolved, self._left = set(), set()  # (MqttGrid's round bookkeeping: unused here)
         rows = self._rows({self._pending[t].round for t in taken})
         out = [Arrival(self._load_update(rows[t]), self._pending[t].round - 1) for t in taken]
