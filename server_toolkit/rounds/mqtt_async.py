@@ -46,7 +46,8 @@ class AsyncMqttGrid(MqttGrid, AsyncGrid):
     def _accept(self, *args) -> None:  # (dev, result, pending, key), on a fetch thread
         super()._accept(*args)
         with self._lock:  # only now may the device get a new task: the ack's withdraw() is done
-            self._settled.add(args[1].task_id)
+            if args[1].task_id in self._accepted:  # (not when the pull or the checks failed)
+                self._settled.add(args[1].task_id)
 
     # -- the AsyncGrid interface ---------------------------------------------------------------
     def idle(self) -> list[DeviceInfo]:
