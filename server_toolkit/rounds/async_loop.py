@@ -104,7 +104,7 @@ class AsyncLoop(RoundLoop):
                 self._take(pending.pop(0))
                 if len(self.buffer) >= self.async_config.buffer:
                     last = self.completed_round + 1 == self.config.rounds
-                    rows.append(self._fold(buffered=len(self.buffer) + len(pending) if last else 0))
+                    rows.append(self._fold(buffered=len(pending) if last else 0))  # the buffer empties
             if time.monotonic() - last_take > patience:
                 raise NoUpdates(f"no update accepted for {patience:.0f} s (--round-timeout + "
                                 f"--fleet-timeout) at version {self.completed_round}")
