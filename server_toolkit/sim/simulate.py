@@ -283,7 +283,7 @@ class Simulation:
         if report.rows:
             report.write_plot()
         report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
-                              "edges": c.edges, "grid": c.grid})
+                              "edges": c.edges, "grid": c.grid, "mode": c.mode})
         return report
 
     def _run_over_mqtt(self, method, loop_config: LoopConfig, test_data: tuple, on_round) -> None:
