@@ -58,6 +58,9 @@ class AgentConfig:
     announce_window_s: float | None = None  # hello spread after a server restart; None: the server's
     extra_profile: dict = field(default_factory=dict)
     share_smashed: bool = True  # send the "features" output (last-layer inputs) when a task asks
+    # simulation knob (stragglers): after training sleep (slowdown - 1) x the training time; not after
+    # the process's first task, whose time is mostly the runtime's warm-up (~10x a later task's)
+    slowdown: float = 1.0
 
 
 class DeviceAgent:
@@ -88,6 +91,7 @@ class DeviceAgent:
         self.announcer: Announcer | None = None  # made by run(): hellos and result re-offers
         self.tasks_done = 0
         self.secagg = SecAggSessions(config.device_id, self.endpoint)  # secure rounds (--secagg)
+        self._trained = 0  # tasks trained by this process
 
     def stop(self) -> None:
         self._stop.set()
@@ -180,6 +184,9 @@ class DeviceAgent:
                           progress=lambda f: self._heartbeat("training", task.task_id, f),
                           share_features=self.config.share_smashed)
         train_s = time.perf_counter() - train_started
+        if self.config.slowdown > 1.0 and self._trained:  # a simulated straggler (not while warming up)
+            self._stop.wait((self.config.slowdown - 1.0) * train_s)
+        self._trained += 1
         for name, tensors in output.arrays.items():
             if not all(np.isfinite(v).all() for v in tensors.values() if v.dtype.kind == "f"):
                 log.warning("%s holds NaN/Inf (training diverged?); sent anyway, the server refuses it", name)

@@ -53,9 +53,12 @@ def main(verbose: int) -> None:
 @click.option("--announce-window", type=click.FloatRange(0, 300), default=None,
               help="Say hello to a restarted server within this many seconds, at random (default: the "
                    "window the server's epoch asks for, about 1 s per 333 registered devices).")
+@click.option("--slowdown", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
+              help="Simulation knob: after training, sleep (FACTOR - 1) x the training time, so the "
+                   "device looks FACTOR times slower (from its second task on: the first is warm-up).")
 def run(
     broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, insecure,
-    max_tasks, no_smashed, announce_window,
+    max_tasks, no_smashed, announce_window, slowdown,
 ) -> None:
     """Connect to the fleet and train whatever tasks the server sends, until stopped.
 
@@ -103,6 +106,7 @@ def run(
         client_id=client_id,
         share_smashed=not no_smashed,
         announce_window_s=announce_window,
+        slowdown=slowdown,
     )
     try:
         agent = DeviceAgent(config)

@@ -10,6 +10,7 @@ import click
 from fedcore.recipe import Recipe
 
 from .aliases import Aliased
+from .async_options import async_options
 from .config_file import config_option
 from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
@@ -91,6 +92,7 @@ from .validate import validated
 @pairing_options
 @observe_options
 @secagg_options
+@async_options
 @config_option
 @validated
 def run(
@@ -133,6 +135,11 @@ def run(
     dashboard_token,
     dashboard_hold,
     log_to,
+    mode,
+    buffer,
+    max_staleness,
+    concurrency,
+    server_lr,
 ) -> None:
     """Serve a real fleet, and pair new devices meanwhile (`fedsdk-server pair-code`).
 
@@ -151,7 +158,8 @@ def run(
     from ..fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
     from ..fleet.registry import FleetRegistry
     from ..report.run_report import RunReport
-    from ..rounds.loop import FleetLost, LoopConfig, NoUpdates, RoundLoop
+    from ..rounds.loop import FleetLost, LoopConfig, NoUpdates
+    from ..rounds.modes import async_config, make_loop
     from ..secagg.mqtt_grid import secagg_grid
 
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
@@ -198,20 +206,24 @@ def run(
     report = (
         RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
     )
-    grid = secagg_grid(endpoint, registry, the_method, secagg, seed, fetch_timeout_s=round_timeout,
+    settings = async_config(mode, buffer, max_staleness, concurrency, server_lr)
+    grid = secagg_grid(endpoint, registry, the_method, secagg, seed, settings, fetch_timeout_s=round_timeout,
                        program_formats=[f.strip() for f in program_formats.split(",")])
     config = {"method": method, "model": model, "dataset": dataset, "fleet": fleet, "rounds": rounds,
               "clients_per_round": clients_per_round, "fraction": fraction, "round_timeout_s": round_timeout,
-              "seed": seed, "recipe": recipe.to_dict(), "method_options": parse_options(method_options)}
+              "seed": seed, "recipe": recipe.to_dict(), "method_options": parse_options(method_options),
+              "mode": mode, "buffer": buffer, "max_staleness": max_staleness, "concurrency": concurrency,
+              "server_lr": server_lr}
     (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     observers.begin(config, report.rows)
     observers.watch_registry(registry, run_dir / "registry.sqlite", grid)
-    loop = RoundLoop(
+    loop = make_loop(
         the_method, grid,
         LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
                    over_select=over_select, round_timeout_s=round_timeout, seed=seed,
                    tier_map=setup.tier_map, min_devices=min_devices, fleet_timeout_s=fleet_timeout,
                    norm_bound=None if secagg else norm_bound or None),  # secagg: no update in the clear
+        settings,
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
         on_round=lambda row: (report.add_round(row), observers.add_round(row), progress.round(row)),

@@ -8,6 +8,7 @@ import click
 
 from fedcore.recipe import Recipe
 
+from .async_options import async_options, straggler_options
 from .config_file import config_option
 from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
@@ -115,6 +116,8 @@ from .validate import validated
 )
 @observe_options
 @secagg_options
+@async_options
+@straggler_options
 @config_option
 @validated
 def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr, optimizer,

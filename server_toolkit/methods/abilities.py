@@ -9,6 +9,9 @@ Some can do more, and whoever drives them asks this module instead of probing at
 * server data — it trains something on labelled data the server keeps (FedConv):
   ``server_fraction`` > 0 says which share of the training split, ``attach_server_data``
   takes it (``assembly.attach_server_data``, ``sim``).
+* asynchronous — ``Method.asynchronous``: its ``aggregate_train`` averages the updates per
+  element, so ``--mode async`` can fold staleness-weighted deltas through it
+  (``rounds/staleness.py``); ``async_refusal`` is the one-line error for the others.
 * ``tier_plan`` — every method has it (default: the global model); methods whose tiers train
   different models override it, and pairing sizes a device's tier with it.
 
@@ -25,6 +28,7 @@ from .base import Method, Weights
 PERSONAL_MODELS = "personal models"
 SERVER_DATA = "server data"
 TIER_PLANS = "per-tier models"
+ASYNCHRONOUS = "asynchronous (--mode async)"
 
 
 @runtime_checkable
@@ -56,7 +60,21 @@ def abilities(method: Method | type[Method]) -> list[str]:
         found.append(SERVER_DATA)
     if "tier_plan" in _own_members(cls):
         found.append(TIER_PLANS)
+    if cls.asynchronous:
+        found.append(ASYNCHRONOUS)
     return found
+
+
+def async_refusal(method: Method | type[Method]) -> str | None:
+    """Why ``method`` cannot run with ``--mode async`` (one line), or None when it can."""
+    cls = method if isinstance(method, type) else type(method)
+    if cls.asynchronous:
+        return None
+    from . import methods
+
+    able = sorted(name for name, klass in methods().items() if klass.asynchronous)
+    return (f"method {cls.name} does not support --mode async (its aggregation is not a per-element "
+            f"average of the updates; see docs/async.md); methods that do: {', '.join(able)}")
 
 
 def _own_members(cls: type) -> set[str]:

@@ -144,6 +144,9 @@ class Method(ABC):
     asks: dict[str, dict] = {}  # outputs every task asks devices for (``sdk_device.outputs``)
     server_fraction: float = 0.0  # share of the training data the server keeps (0: none)
     bounds_updates: bool = True  # the round loop clips outsized update deltas (rounds/norm_bound.py)
+    # aggregate_train averages the updates per element with value-independent coefficients, so
+    # --mode async can fold staleness-weighted deltas through it (rounds/staleness.py)
+    asynchronous: bool = False
     server_data: tuple[np.ndarray, np.ndarray] | None = None
     Options: type[MethodOptions] = MethodOptions  # the method's options (a frozen dataclass)
 

@@ -17,6 +17,7 @@ class FedAvg(Method):
     family = "averaging"
     ignores_tiers = True  # one model for every device: `--tiers` only warns (cli/run_checks.py)
     planner = FullModel()
+    asynchronous = True  # a sample-weighted average (rounds/staleness.py)
 
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:

@@ -183,8 +183,7 @@ class MqttGrid(Grid):
         self.endpoint.send(dev, task)
 
     # -- incoming traffic ----------------------------------------------------------------------
-    def _pump(self, timeout_s: float) -> None:
-        """Handle one incoming item (if any arrives within ``timeout_s``)."""
+    def _pump(self, timeout_s: float) -> None:  # one incoming item, if any arrives within timeout_s
         try:
             incoming = self.endpoint.inbox.get(timeout=timeout_s)
         except queue.Empty:
@@ -293,7 +292,7 @@ class MqttGrid(Grid):
             log.info("ignoring a second result for task %s from %s", result.task_id[:8], dev)
             return
         try:
-            if result.round != pending.round or pending.round != open_round:
+            if result.round != pending.round or not self._task_open(pending):
                 raise ProtocolError("invalid_field", f"task is of round {pending.round}")
             check_records(result, pending, self.max_update_factor)
         except ProtocolError as err:
@@ -314,7 +313,7 @@ class MqttGrid(Grid):
             with self._lock:
                 self._pulls.pop(key, None)
         with self._lock:
-            if self._open_round != pending.round:
+            if not self._task_open(pending):
                 self._reject(dev, result.task_id, ProtocolError("round_closed", "the round closed meanwhile"),
                              pending.round)
                 return
@@ -333,10 +332,13 @@ class MqttGrid(Grid):
         log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
                  result.metrics["samples"])
 
+    def _task_open(self, pending: PendingTask) -> bool:  # its results are taken (async: mqtt_async.py)
+        return pending.round == self._open_round
+
     def _pull_result(self, dev: str, result: msgs.Result, pending: PendingTask) -> None:
         """Pull and check every array record of ``result`` (raises ProtocolError)."""
         for name, ref in sorted(result.arrays.items()):
-            if self._open_round != pending.round:
+            if not self._task_open(pending):
                 raise ProtocolError("round_closed", f"round {pending.round} closed during the pull")
             try:
                 data = self.endpoint.fetch(dev, ref, durable=True, timeout_s=self.fetch_timeout_s,
@@ -351,8 +353,7 @@ class MqttGrid(Grid):
 
     def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None,
                 tell: bool = True) -> None:
-        """Record (under round ``rnd``), log and (``tell``) tell the device: an Error with the
-        reason's code, ``ref`` = task id. The task stays open."""
+        """Record (round ``rnd``), log, and (``tell``) send the device an Error; the task stays open."""
         log.warning("rejected result from %s (round %s): %s", dev, rnd, err)
         self._record_rejection(rnd, dev, task_id, err.code, err.detail)
         if tell:

@@ -23,7 +23,9 @@ from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.errors import ProtocolError
 
 from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
+from ..rounds.async_loop import AsyncConfig
 from ..rounds.grid import Exchange
+from ..rounds.modes import mqtt_grid_class
 from ..rounds.mqtt_grid import MqttGrid
 from .aggregate import layout_for, next_weights
 from .protocol import SecAggFailed, SecAggRound
@@ -169,9 +171,13 @@ class SecAggMqttGrid(MqttGrid):
         self.endpoint.send(dev, msgs.SecAgg(round=rnd, stage=stage, data=data))
 
 
-def secagg_grid(endpoint, registry, method: Method, secagg: dict | None, seed: int, **kwargs) -> MqttGrid:
+def secagg_grid(endpoint, registry, method: Method, secagg: dict | None, seed: int,
+                async_settings: AsyncConfig | None = None, **kwargs) -> MqttGrid:
     """The MQTT grid of a run: ``SecAggMqttGrid`` when ``secagg`` holds settings (the dict of
-    ``SecAggSettings``), else the plain ``MqttGrid``."""
+    ``SecAggSettings``), else the mode's grid (``AsyncMqttGrid`` for async settings, else the
+    plain ``MqttGrid``). Secure aggregation runs synchronous rounds only."""
     if secagg is None:
-        return MqttGrid(endpoint, registry, **kwargs)
+        return mqtt_grid_class(async_settings)(endpoint, registry, **kwargs)
+    if async_settings is not None:
+        raise ValueError("--secagg runs synchronous rounds only: leave out --mode async")
     return SecAggMqttGrid(endpoint, registry, method, SecAggSettings(**secagg), seed=seed, **kwargs)

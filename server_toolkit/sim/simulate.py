@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ from ..rounds.grid import Grid
 from ..rounds.inprocess_grid import InProcessGrid
 from ..rounds.local_device import LocalDevice
 from ..rounds.loop import LoopConfig, RoundLoop
+from ..rounds.modes import async_config, make_loop
 from ..secagg.mqtt_grid import secagg_grid
 from .edges import deal_edges, plan_edges, register_group, start_edge_process
 from .partition import partition
@@ -95,6 +97,13 @@ class SimulationConfig:
     label: str | None = None  # a name for this run in reports (benchmarks set it, e.g. "FedAvg-S")
     setting: str | None = None  # what runs compare within, in reports (benchmarks set it)
     secagg: dict | None = None  # secure aggregation settings (cli/secagg_options.py); None: off
+    mode: str = "sync"  # "async": buffered asynchronous aggregation (rounds/async_loop.py)
+    buffer: int | None = None  # async: K, updates per version
+    max_staleness: int | None = None  # async: S, versions an update may lag
+    concurrency: int | None = None  # async: devices training at once (None: all)
+    server_lr: float | None = None  # async: step on the folded delta (None: 1.0)
+    slow_devices: float = 0.0  # simulation knob: this share of the devices are stragglers (by seed)
+    slowdown: float = 10.0  # ... each sleeping (slowdown - 1) x its training time after training
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -102,13 +111,15 @@ class SimulationConfig:
 
 def start_device_process(broker_url: str, fleet: str, device_id: str, data_path: Path, work_dir: Path,
                          log_path: Path, runtime: str | None = None,
-                         python: str | None = None) -> subprocess.Popen:
+                         python: str | None = None, slowdown: float = 1.0) -> subprocess.Popen:
     """Start one device agent process (``fedsdk run``), logging to ``log_path``."""
     cmd = [python or sys.executable, "-m", "sdk_device.cli", "run", "--broker", broker_url,
            "--fleet", fleet, "--device-id", device_id, "--data", str(data_path),
            "--work-dir", str(work_dir)]
     if runtime:
         cmd += ["--runtime", runtime]
+    if slowdown > 1.0:
+        cmd += ["--slowdown", str(slowdown)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
@@ -207,13 +218,19 @@ class Simulation:
             self.edge_procs.append(start_edge_process(broker.url, self.config.fleet, edge, edge_dir,
                                                       seed=self.config.seed, **generic))
 
+    def slow_device_ids(self) -> set[str]:
+        """The stragglers: ``round(slow_devices x devices)`` of them, drawn by the seed."""
+        count = round(self.config.slow_devices * self.config.devices)
+        return set(random.Random(self.config.seed).sample(self.device_ids(), count))
+
     def start_devices(self, broker: BrokerAddress) -> None:
+        slow = self.slow_device_ids()
         for dev in self.device_ids():
             dev_dir = self.run_dir / "devices" / dev
             self.device_procs.append(start_device_process(
                 broker.url, self.fleet_of(dev), dev, dev_dir / "data.npz", dev_dir / "work",
                 dev_dir / "agent.log", runtime=self.config.device_runtime,
-                python=self.config.device_python))
+                python=self.config.device_python, slowdown=self.config.slowdown if dev in slow else 1.0))
 
     def wait_for_fleet(self, grid: Grid, expected: int, timeout_s: float) -> int:
         """Wait until ``expected`` devices and edges said hello; fail early if an edge died."""
@@ -245,8 +262,8 @@ class Simulation:
         c = self.config
         if c.grid not in GRIDS:
             raise ValueError(f"unknown grid {c.grid!r}; choose one of {', '.join(GRIDS)}")
-        if c.grid == "inprocess" and c.edges:
-            raise ValueError("edge aggregators are processes on a broker: --edges needs --grid mqtt")
+        if c.grid == "inprocess" and (c.edges or c.mode == "async"):
+            raise ValueError("edge aggregators and --mode async need device processes: --grid mqtt")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(c.to_json())
         setup = assemble(c.method, c.model, c.dataset, c.data_dir, Recipe.from_dict(c.recipe),
@@ -266,7 +283,7 @@ class Simulation:
             if report.rows:
                 report.write_plot()
             report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
-                                  "edges": c.edges, "grid": c.grid})
+                                  "edges": c.edges, "grid": c.grid, "mode": c.mode})
         return report
 
     def _run_rounds(self, setup, method, devices: list[LocalDevice], report: RunReport) -> None:
@@ -309,14 +326,15 @@ class Simulation:
         self.on_event("broker", {"url": address.url, "embedded": broker is not None})
         endpoint = Endpoint(address, FleetTopics(c.fleet), BlobStore(self.run_dir / "blobs"),
                             is_known_peer=registry.is_known)
-        grid = secagg_grid(endpoint, registry, method, c.secagg, c.seed, program_formats=c.program_formats,
-                           fetch_timeout_s=c.round_timeout_s)
+        settings = async_config(c.mode, c.buffer, c.max_staleness, c.concurrency, c.server_lr)
+        grid = secagg_grid(endpoint, registry, method, c.secagg, c.seed, settings,
+                           program_formats=c.program_formats, fetch_timeout_s=c.round_timeout_s)
         self.observers.watch_registry(registry, self.run_dir / "registry.sqlite", grid, "--tiers")
         try:
             endpoint.start()
             self.start_edges(address)
             self.start_devices(address)
-            loop = RoundLoop(method, grid, loop_config, run_dir=self.run_dir, test_data=test_data,
+            loop = make_loop(method, grid, loop_config, settings, run_dir=self.run_dir, test_data=test_data,
                              on_round=on_round)
             loop.start(resume=self.resume)
             expected = len(self.direct_devices) + len(self.edges)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fedcore.recipe import Recipe
 from server_toolkit.methods import method_class, methods
 from server_toolkit.methods.abilities import (
+    ASYNCHRONOUS,
     PERSONAL_MODELS,
     SERVER_DATA,
     TIER_PLANS,
@@ -20,7 +21,7 @@ def test_each_family_declares_what_it_can_do():
     assert SERVER_DATA in abilities(method_class("fedconv"))
     assert PERSONAL_MODELS in abilities(method_class("mh-pfedhn"))
     assert TIER_PLANS in abilities(method_class("heterofl"))
-    assert abilities(method_class("fedavg")) == []
+    assert abilities(method_class("fedavg")) == [ASYNCHRONOUS]
     personal = [name for name, cls in methods().items() if has_personal_models(cls)]
     assert {"pfedhn", "mh-pfedhn", "mh-pfedhngd", "local", "fedavg-groups"} <= set(personal)
 

@@ -115,6 +115,7 @@ class DepthFL(Method):
     family = "exit"
     example = "--model vgg_multi_exit --tiers 1,2,3"
     asks = {"label_counts": {}}  # the per-class weights of the classifier rows
+    asynchronous = True  # per tensor present (classifier rows per class): an average of the updates
     Options = DepthFLOptions
     options: MultiExitOptions  # DepthFLOptions; HypeMeFed's (no tier_exits) in the subclass
 

@@ -87,6 +87,7 @@ class HypeMeFed(DepthFL):
     example = "--model vgg_multi_exit --tiers 1,2,3"
     Options = HypeMeFedOptions
     options: HypeMeFedOptions
+    asynchronous = False  # its hypernetworks train on each round's absolute client weights
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)

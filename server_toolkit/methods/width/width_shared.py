@@ -42,6 +42,7 @@ class WidthSharedMethod(Method):
 
     Options = WidthOptions
     options: WidthOptions
+    asynchronous = True  # coverage_average: per element, an average of the covering updates
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(static_bn(global_spec), recipe, **options)

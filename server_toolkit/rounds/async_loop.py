@@ -1,0 +1,186 @@
+"""The asynchronous loop (``--mode async``): buffered asynchronous aggregation (FedBuff).
+
+No rounds: every idle device gets a task made from the newest global version (at most
+``concurrency`` devices train at once), and the server takes updates as they are accepted.
+An update made from version ``b`` arriving at version ``v`` has staleness ``tau = v - b``;
+with ``tau > max_staleness`` it is dropped (counted in ``dropped_stale``), else it joins the
+buffer. Every ``buffer`` (K) updates the buffer is folded into the global model
+(``rounds/staleness.py``: staleness-weighted deltas through the method's own aggregation,
+times ``server_lr``), which makes the next version; then evaluate, checkpoint, one metrics
+row. ``LoopConfig.rounds`` is the number of versions to make; ``round_timeout_s`` is a task's
+time limit (then it expires and its device gets a new one).
+
+The versions devices still train on stay alive in their tasks: a task carries the weights
+it was made from (persisted with the task on the MQTT grid), and the delta is taken against
+those, so nothing else is kept; ``versions_alive`` in a row counts them (``in_flight``).
+
+A metrics row per version: ``round`` (= ``version``), ``accepted`` (updates taken since the
+previous row), ``folded`` (K), ``dropped_stale``, ``staleness_mean`` / ``staleness_max`` (of
+the folded ones), ``rejected``, ``expired`` (tasks that timed out), ``versions_alive``,
+``tasks_sent``, ``buffered`` (last row only: updates the loop had taken but not folded when the
+run ended; the grid may have accepted more meanwhile: a ``--resume`` folds them all),
+``accuracy`` / ``loss``, ``seconds`` (since the previous row) and ``wall_s`` (since start).
+
+Checkpoints: as the round loop's, plus ``async``: the updates consumed so far (folded or
+dropped, a prefix of the grid's acceptance order; the buffer is empty after a fold). A
+resumed run asks the grid for the updates accepted after that prefix (``recovered``), so an
+acknowledged update is never lost to a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+from ..methods.abilities import async_refusal
+from ..methods.base import Method
+from .async_grid import Arrival, AsyncGrid
+from .checkpoint import load_checkpoint, save_checkpoint
+from .loop import LoopConfig, NoUpdates, RoundLoop
+from .norm_bound import bound_updates
+from .staleness import BufferedUpdate, fold_buffer, staleness_stats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AsyncConfig:
+    """``buffer``: K, updates per version (>= 1); ``max_staleness``: S, versions an update may
+    lag (>= 0); ``concurrency``: devices training at once (None: every online device);
+    ``server_lr``: the step on the folded delta (1.0: plain average; see ``staleness.py``)."""
+
+    buffer: int = 5  # FedBuff's experiments use 10 with hundreds of concurrent clients
+    max_staleness: int = 20  # a 10x straggler among 10 devices lags ~14 versions at K = 5
+    concurrency: int | None = None
+    server_lr: float = 1.0
+
+
+class AsyncLoop(RoundLoop):
+    """Drives ``method`` over the devices of an async ``grid`` (ValueError, one line, when the
+    method cannot run asynchronously). Checkpoints, evaluation and callbacks as ``RoundLoop``."""
+
+    def __init__(self, method: Method, grid: AsyncGrid, config: LoopConfig, async_config: AsyncConfig,
+                 **kwargs) -> None:
+        refusal = async_refusal(method)
+        if refusal:
+            raise ValueError(refusal)
+        super().__init__(method, grid, config, **kwargs)  # type: ignore[arg-type] - online(), wait_for_devices()
+        self.grid: AsyncGrid = grid
+        self.async_config = async_config
+        self.buffer: list[BufferedUpdate] = []
+        self.consumed = 0  # updates taken from the grid and folded or dropped, over the run
+        self.tasks_sent = 0
+        self._since = {"accepted": 0, "dropped_stale": 0, "tasks_sent": 0}
+        self._started = self._last_row = time.monotonic()
+
+    def start(self, resume: bool = False) -> None:
+        super().start(resume)
+        found = load_checkpoint(self.run_dir) if resume and self.run_dir is not None else None
+        if found:
+            state = found[2].get("async", {})
+            self.consumed, self.tasks_sent = int(state.get("consumed", 0)), int(state.get("tasks_sent", 0))
+        self.grid.open_version(self.completed_round)
+        self._recovered = self.grid.recovered(self.consumed) if resume else []
+        if self._recovered:
+            log.info("resuming: %d updates accepted before the restart join the buffer", len(self._recovered))
+
+    def run(self) -> list[dict]:
+        """Make versions ``completed_round + 1 .. config.rounds``; their metric rows. Raises
+        ``FleetLost`` (``min_devices``) or ``NoUpdates`` (nothing accepted for a task time
+        limit plus ``fleet_timeout_s``)."""
+        rows: list[dict] = []
+        pending, self._recovered = list(self._recovered), []
+        self._started = self._last_row = last_take = time.monotonic()
+        patience = self.config.round_timeout_s + self.config.fleet_timeout_s
+        while self.completed_round < self.config.rounds:
+            self.wait_for_fleet(self.completed_round + 1)
+            self._dispatch()
+            pending += self.grid.arrivals(timeout_s=0.2)
+            if pending:
+                last_take = time.monotonic()
+            while pending and self.completed_round < self.config.rounds:
+                self._take(pending.pop(0))
+                if len(self.buffer) >= self.async_config.buffer:
+                    last = self.completed_round + 1 == self.config.rounds
+                    rows.append(self._fold(buffered=len(pending) if last else 0))  # the buffer empties
+            if time.monotonic() - last_take > patience:
+                raise NoUpdates(f"no update accepted for {patience:.0f} s (--round-timeout + "
+                                f"--fleet-timeout) at version {self.completed_round}")
+        return rows
+
+    # -- steps -------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """A task from the newest version for idle devices, up to ``concurrency`` training."""
+        busy = sum(self.grid.in_flight().values())
+        idle = self.grid.idle()
+        limit = self.async_config.concurrency or len(self.grid.online())
+        room = min(len(idle), limit - busy)
+        if room <= 0:
+            return
+        chosen = self._select(idle, room if room < len(idle) else None, exclude=set())[:room]
+        version = self.completed_round
+        instructions = [self._finish(self.tasks_sent + i + 1, ins) for i, ins in  # a seed per task
+                        enumerate(self.method.configure_train(version + 1, self.global_weights, chosen))]
+        self.grid.submit(version, instructions, self.config.round_timeout_s)
+        self.tasks_sent += len(instructions)
+        self._since["tasks_sent"] += len(instructions)
+
+    def _take(self, arrival: Arrival) -> None:
+        """Into the buffer, or dropped when older than ``max_staleness`` versions."""
+        staleness = self.completed_round - arrival.base
+        self._since["accepted"] += 1
+        if staleness > self.async_config.max_staleness:
+            log.info("version %d: dropped the update of %s made from version %d (staleness %d > %d)",
+                     self.completed_round, arrival.update.device_id, arrival.base, staleness,
+                     self.async_config.max_staleness)
+            self._since["dropped_stale"] += 1
+            self.consumed += 1
+            return
+        self.buffer.append(BufferedUpdate(arrival.update, arrival.base, staleness))
+
+    def _fold(self, buffered: int) -> dict:
+        """Fold the buffer into the next version; evaluate, checkpoint, report it."""
+        version = self.completed_round + 1
+        batch, self.buffer = self.buffer, []
+        row: dict = {"round": version, "version": version, "accepted": self._since["accepted"],
+                     "selected": self._since["tasks_sent"],
+                     "folded": len(batch), "dropped_stale": self._since["dropped_stale"],
+                     **staleness_stats(batch), **self.grid.counters()}
+        clock = time.perf_counter()
+        if self.config.norm_bound is not None and self.method.bounds_updates:
+            updates = [b.update for b in batch]
+            bounded, row["clipped"] = bound_updates(version, updates, self.config.norm_bound)
+            batch = [dataclasses.replace(b, update=u) for b, u in zip(batch, bounded, strict=True)]
+        self.global_weights = fold_buffer(self.method, version, self.global_weights, batch,
+                                          self.async_config.server_lr)
+        row.update(self.method.aggregate_evaluate(version, [b.update for b in batch]))
+        aggregate_s = time.perf_counter() - clock
+        clock = time.perf_counter()
+        if self.test_data is not None:
+            row.update(self.method.evaluate(self.global_weights, *self.test_data))
+        for evaluator in self.evaluators:
+            row.update(evaluator(version, self.global_weights))
+        self.consumed += len(batch)
+        now = time.monotonic()
+        row.update(versions_alive=len(self.grid.in_flight()), tasks_sent=self._since["tasks_sent"],
+                   buffered=buffered, seconds=now - self._last_row, wall_s=now - self._started,
+                   time_aggregate_s=aggregate_s, time_evaluate_s=time.perf_counter() - clock)
+        row["bytes_down"], row["bytes_up"] = self.grid.traffic()
+        self._last_row = now
+        self._since = dict.fromkeys(self._since, 0)
+        if self.run_dir is not None:
+            save_checkpoint(self.run_dir, version, self.global_weights,
+                            {"method_state": self.method.state_dict(), "rng": self._rng.getstate(),
+                             "method": self.method.name, "mode": "async",
+                             "async": {"consumed": self.consumed, "tasks_sent": self.tasks_sent}},
+                            keep=self.config.keep_checkpoints)
+        self.completed_round = version
+        self.last_updates = [b.update for b in batch]
+        self.grid.open_version(version)
+        log.info("version %d: folded %d updates (staleness mean %.2f, max %d), %d dropped as stale",
+                 version, len(batch), row["staleness_mean"], row["staleness_max"], row["dropped_stale"])
+        if self.on_round:
+            self.on_round(row)
+        return row
