@@ -12,9 +12,7 @@ import uuid
 
 import numpy as np
 
-from export.programs import ProgramCache
 from fedcore.recipe import Recipe
-from fedcore.torch_model import build_model, state_numpy
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from server_toolkit.models.zoo import model_spec
 
@@ -28,6 +26,8 @@ def _programs(
     formats: tuple[str, ...], model: str, input_shape: tuple[int, ...], num_classes: int
 ) -> list[tuple[str, bytes]]:
     """The programs of ``model`` in ``formats``, exported once per process (pte/1 takes seconds)."""
+    from export.programs import ProgramCache  # torch: imported when a task is made, not by --help
+
     return ProgramCache(list(formats)).programs(model_spec(model, input_shape, num_classes), RECIPE)
 
 
@@ -41,6 +41,8 @@ class TaskFactory:
         input_shape: tuple[int, int, int] = (1, 8, 8),
         num_classes: int = 10,
     ) -> None:
+        from fedcore.torch_model import build_model, state_numpy  # torch, only when checks run
+
         self.spec = model_spec(model, input_shape, num_classes)
         self.programs = _programs(tuple(formats), model, tuple(input_shape), num_classes)
         self.weights = state_numpy(build_model(self.spec, seed=0))

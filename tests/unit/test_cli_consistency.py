@@ -4,6 +4,9 @@ share their defaults."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -75,3 +78,9 @@ def test_devices_list_shows_last_seen_and_no_stale_online(tmp_path, monkeypatch)
     monkeypatch.setattr(time, "time", lambda: later)
     stale = runner.invoke(server_main, listing, terminal_width=200).output
     assert "online" not in stale and "offline" in stale and "min ago" in stale
+
+
+def test_loading_the_server_cli_does_not_import_torch():
+    """Usage errors must come back at once: torch (~2 s to import) loads only when a command needs it."""
+    code = "import sys, server_toolkit.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
