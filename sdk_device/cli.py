@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from . import pair_cli
+from .policy_options import make_policy, policy_options
 from .profile import device_profile
 
 
@@ -52,14 +53,20 @@ def main(verbose: int) -> None:
 @click.option("--announce-window", type=click.FloatRange(0, 300), default=None,
               help="Say hello to a restarted server within this many seconds, at random (default: the "
                    "window the server's epoch asks for, about 1 s per 333 registered devices).")
+@policy_options
 def run(
     broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, insecure,
-    max_tasks, no_smashed, announce_window,
+    max_tasks, no_smashed, announce_window, only_when, policy_root,
 ) -> None:
     """Connect to the fleet and train whatever tasks the server sends, until stopped.
 
     With no options it uses what `fedsdk pair` stored; given options override it. Without a
-    pairing, --broker, --fleet, --device-id and --data are needed."""
+    pairing, --broker, --fleet, --device-id and --data are needed.
+
+    With --only-when, a task that arrives while a condition does not hold is refused with the
+    code `policy` (the server counts it and asks the device again in later rounds):
+    charging = on external power (or no battery at all); idle = 1-minute load average below
+    0.5 per CPU; cool = every /sys/class/thermal zone below 70 °C."""
     from .agent import AgentConfig, DeviceAgent
     from .data.npz import DataError
     from .device_config import DeviceConfig, config_dir
@@ -102,6 +109,7 @@ def run(
         client_id=client_id,
         share_smashed=not no_smashed,
         announce_window_s=announce_window,
+        policy=make_policy(only_when, policy_root),
     )
     try:
         agent = DeviceAgent(config)
