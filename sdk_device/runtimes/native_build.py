@@ -110,7 +110,8 @@ def build(et_dir: str | Path | None = None, cxx: str | None = None, out: Path | 
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
-        raise NativeBuildError(f"compiling the native ExecuTorch runtime failed: {errors[0] if errors else '?'}")
+        first = errors[0] if errors else "?"
+        raise NativeBuildError(f"compiling the native ExecuTorch runtime failed: {first}")
     partial.replace(target)  # atomic: a concurrent loader never sees half a library
     return target
 
