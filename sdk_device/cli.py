@@ -13,6 +13,7 @@ import click
 from . import pair_cli
 from .policy_options import make_policy, policy_options
 from .profile import device_profile
+from .runtimes import native_build
 
 
 @click.group()
@@ -155,6 +156,12 @@ def info() -> None:
     click.echo(json.dumps(device_profile(available_runtimes()), indent=2))
 
 
+@main.group()
+def runtime() -> None:
+    """Training runtimes on this device (build the torch-free native ExecuTorch runtime)."""
+
+
+runtime.add_command(native_build.build_command)
 main.add_command(pair_cli.pair)
 main.add_command(pair_cli.status)
 main.add_command(pair_cli.unpair)
