@@ -126,6 +126,7 @@ uninstall() {
     fi
     say "removing $VENV"
     rm -rf "$VENV"
+    rm -rf "$PREFIX/native"
     rm -f "$UNIT_FILE" "$MARKER"
     rmdir "$PREFIX" 2>/dev/null || true
     if [ "$PURGE" = 1 ] && [ -n "$STATE_DIR" ]; then
@@ -241,7 +242,9 @@ pip_install "$target"
 NATIVE_OUT="$PREFIX/native/libfedsdk_executorch.so"
 if [ "$RUNTIME" = executorch ]; then
     say "installing executorch $EXECUTORCH_VERSION (--no-deps: no torch)"
-    pip_install --no-deps "executorch==$EXECUTORCH_VERSION"
+    # --no-compile: the native runtime uses the wheel's include/ and lib/ only, never its Python
+    # (47 MB of .pyc, and most of the install time on a slow board)
+    pip_install --no-deps --no-compile "executorch==$EXECUTORCH_VERSION"
     mkdir -p "$PREFIX/native"
     if [ -n "$NATIVE_LIB" ]; then
         [ -f "$NATIVE_LIB" ] || die "--native-lib $NATIVE_LIB does not exist"
