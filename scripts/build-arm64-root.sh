@@ -31,7 +31,6 @@ pin() { grep -i "^$1==" "$REPO/constraints.txt" | head -n1; }
 WHEELS="$(pin executorch) $(pin numpy) $(pin paho-mqtt) $(pin safetensors) $(pin click) $(pin rich)"
 
 digest() { sha256sum | cut -c1-16; }
-children_cpu_s() { times | awk 'NR == 2 {split($1, u, /[ms]/); split($2, s, /[ms]/); print u[1] * 60 + u[2] + s[1] * 60 + s[2]}'; }
 seconds_since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN {printf "%.1f", (b - a) / 1e9}'; }
 BASE_KEY="$( { cat "$0"; echo "$SUITE $DEBIAN_PACKAGES $WHEELS"; } | digest)"
 SOURCES_KEY="$(cd "$REPO" && find fedcore sdk_device server_toolkit export firmware_scripts pyproject.toml \
@@ -97,11 +96,10 @@ in_root() {
         -b "$REPO/firmware_scripts:/installer" -w / /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root "$@"
 }
 echo "arm64 root: install-device.sh under qemu-user ($(qemu-aarch64-static --version | head -n1))"
-started="$(date +%s%N)" cpu_before="$(children_cpu_s)"
+started="$(date +%s%N)"
 in_root /bin/bash /installer/install-device.sh --no-systemd --prefix "$PREFIX" --state-dir /var/lib/fedsdk \
     --wheel "/wheels/$wheel" --no-native-build --pip-args "--no-index --find-links /wheels --no-compile"
 install_s="$(seconds_since "$started")"
-install_cpu_s="$(awk -v a="$cpu_before" -v b="$(children_cpu_s)" 'BEGIN {printf "%.1f", b - a}')"
 load="$(cut -d' ' -f1 /proc/loadavg)"
 mv "$work" "$INSTALLED"   # before compiling: the shim's run path is the wheel's lib/ in its final place
 work="$INSTALLED"
@@ -115,7 +113,7 @@ compile_s="$(seconds_since "$started")"
 
 mb() { du -sm "$@" | awk '{s += $1} END {print s}'; }
 cat >"$work/install.json" <<EOF
-{"install_s": $install_s, "install_cpu_s": $install_cpu_s, "load_average": $load, "cross_compile_s": $compile_s, "qemu": "$(qemu-aarch64-static --version | head -n1)",
+{"install_s": $install_s, "load_average": $load, "cross_compile_s": $compile_s, "qemu": "$(qemu-aarch64-static --version | head -n1)",
  "venv_mb": $(mb "$work/root$PREFIX/venv"), "site_packages_mb": $(mb "$site"),
  "executorch_mb": $(mb "$site/executorch"), "numpy_mb": $(mb "$site"/numpy "$site"/numpy.libs),
  "fedsdk_mb": $(mb "$site"/fedcore "$site"/sdk_device "$site"/server_toolkit "$site"/export),

@@ -50,11 +50,12 @@ def arm64_root() -> Path:
 
 
 def emulated(installed: Path, data_dir: Path, *command: str) -> list[str]:
-    """``command`` run in the arm64 root under qemu-user; ``data_dir`` is /data there. The
-    root is also bound at its own host path: the cross-compiled shim's run path."""
+    """``command`` run in the arm64 root under qemu-user. ``data_dir`` and the root itself (the
+    cross-compiled shim's run path) are bound at their host paths: Debian's proot 5.1 does not
+    translate the paths of newer system calls (faccessat2, statx), so those must agree."""
     return ["proot", "-q", "qemu-aarch64-static", "-r", str(installed / "root"), "-b", "/proc", "-b", "/dev",
-            "-b", "/sys", "-b", f"{data_dir}:/data", "-b", str(installed / "root"), "-w", "/data",
-            "/usr/bin/env", "-i", "PATH=/usr/bin:/bin", "HOME=/data", "PYTHONUNBUFFERED=1",
+            "-b", "/sys", "-b", str(data_dir), "-b", str(installed / "root"), "-w", str(data_dir),
+            "/usr/bin/env", "-i", "PATH=/usr/bin:/bin", f"HOME={data_dir}", "PYTHONUNBUFFERED=1",
             f"FEDSDK_NATIVE_LIB={PREFIX}/native/libfedsdk_executorch.so", *command]
 
 
@@ -87,7 +88,7 @@ def test_an_emulated_arm64_device_trains_a_round_with_the_native_executorch_runt
         fleet.procs.append(subprocess.Popen(
             emulated(installed, data_dir, f"{PREFIX}/venv/bin/fedsdk", "-v", "run", "--broker",
                      mosquitto.address.url, "--fleet", fleet.fleet, "--device-id", "pi", "--data",
-                     "/data/data.npz", "--work-dir", "/data/work", "--runtime", "executorch-native",
+                     str(data_dir / "data.npz"), "--work-dir", str(data_dir / "work"), "--runtime", "executorch-native",
                      "--max-tasks", "1"),
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ}))
     try:
