@@ -46,6 +46,7 @@ from export.parity import gradient_parity  # noqa: E402
 from fedcore import modelspec  # noqa: E402
 from fedcore.recipe import Recipe  # noqa: E402
 from fedcore.torch_model import build_model, state_numpy  # noqa: E402
+from sdk_device.runtimes.executorch_native_runtime import NativeExecutorchRuntime  # noqa: E402
 from sdk_device.runtimes.executorch_runtime import ExecutorchRuntime  # noqa: E402
 from sdk_device.runtimes.torch_runtime import TorchRuntime  # noqa: E402
 from server_toolkit.models.zoo import model_spec  # noqa: E402
@@ -129,9 +130,22 @@ def executorch_rows(setup: Setup, reference: Callable[[], float]) -> list[Row]:
     b = setup.recipe.batch_size
     parity = gradient_parity(program, setup.spec, setup.weights, setup.x[:b], setup.y[:b], {"kind": "ce"})
     torch_ms, ms = measure_pair(reference, time_train(runtime, setup), setup.args.repeats)
-    return [Row(setup.name, "torch", torch_ms, 1.0),
+    rows = [Row(setup.name, "torch", torch_ms, 1.0),
             Row(setup.name, "executorch", ms, ms / torch_ms, len(program) / 1024, stats["export_s"],
                 parity.loss_error, parity.grad_error)]
+    return rows + native_rows(setup, reference, program)
+
+
+def native_rows(setup: Setup, reference: Callable[[], float], program: bytes) -> list[Row]:
+    """The same program on the torch-free runtime (native shim over the wheel's libraries)."""
+    native = NativeExecutorchRuntime(threads=setup.args.threads)
+    native.load_program(program, "pte/1")
+    b = setup.recipe.batch_size
+    parity = gradient_parity(program, setup.spec, setup.weights, setup.x[:b], setup.y[:b], {"kind": "ce"},
+                             runtime_class=NativeExecutorchRuntime)
+    torch_ms, ms = measure_pair(reference, time_train(native, setup), setup.args.repeats)
+    return [Row(setup.name, "executorch-native", ms, ms / torch_ms, len(program) / 1024, None,
+                parity.loss_error, parity.grad_error, note=f"torch {torch_ms:.1f} ms in this pairing")]
 
 
 # PART B adds its runtimes here: a function (setup, torch timer) -> rows, like executorch_rows.
