@@ -11,8 +11,9 @@ the wheel with ``pip install --no-deps executorch==1.5.1``. Decisions:
 * The library's run path is the wheel's ``lib`` directory, so it loads without LD_LIBRARY_PATH.
 * Output: ``$FEDSDK_NATIVE_DIR`` or ``~/.cache/fedsdk/native``, file named by a hash of the
   source, the compiler and the ExecuTorch directory, so a new wheel or source rebuilds.
-* Cross-compiling: give ``--cxx aarch64-linux-gnu-g++`` (or ``CXX``) and
-  ``--executorch-dir`` pointing at the target's unpacked ``executorch`` package directory.
+* Cross-compiling: give ``--cxx aarch64-linux-gnu-g++`` (or ``CXX``), ``--executorch-dir``
+  pointing at the target's unpacked ``executorch`` package directory, ``--rpath`` its path
+  on the device and ``--out``; the device then sets ``FEDSDK_NATIVE_LIB`` to the library.
 
 CLI: ``fedsdk runtime build`` or ``python -m sdk_device.runtimes.native_build``.
 """
@@ -81,7 +82,9 @@ def library_path(et_dir: Path, cxx: str) -> Path:
     return cache_dir() / f"libfedsdk_executorch-{digest.hexdigest()[:16]}.so"
 
 
-def compile_command(et_dir: Path, cxx: str, out: Path) -> list[str]:
+def compile_command(et_dir: Path, cxx: str, out: Path, rpath: str | None = None) -> list[str]:
+    """The g++ command line; ``rpath`` (default: ``et_dir/lib``) is where the library will
+    look for the wheel's libraries at run time."""
     include = et_dir / "include"
     lib = et_dir / "lib"
     return [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-Wno-deprecated-declarations",
@@ -89,11 +92,11 @@ def compile_command(et_dir: Path, cxx: str, out: Path) -> list[str]:
             f"-I{include}", f"-I{include / 'executorch/runtime/core/portable_type/c10'}",
             str(SOURCE), "-o", str(out), f"-L{lib}",
             "-Wl,--no-as-needed", *(f"-l{name}" for name in LIBRARIES), "-Wl,--as-needed",
-            f"-Wl,-rpath,{lib.resolve()}"]
+            f"-Wl,-rpath,{rpath or lib.resolve()}"]
 
 
 def build(et_dir: str | Path | None = None, cxx: str | None = None, out: Path | None = None,
-          force: bool = False) -> Path:
+          force: bool = False, rpath: str | None = None) -> Path:
     """Compile the shim (if not already built) and return the library's path.
     NativeBuildError when the wheel's native files or the compiler are missing, or g++ fails."""
     root = executorch_dir(et_dir)
@@ -106,7 +109,7 @@ def build(et_dir: str | Path | None = None, cxx: str | None = None, out: Path | 
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}")
-    done = subprocess.run(compile_command(root, command, partial), capture_output=True, text=True)
+    done = subprocess.run(compile_command(root, command, partial, rpath), capture_output=True, text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
@@ -143,10 +146,14 @@ def can_build_or_load() -> bool:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the library here (default: the per-user cache, $FEDSDK_NATIVE_DIR).")
 @click.option("--force", is_flag=True, help="Rebuild even if the library exists.")
-def build_command(executorch_dir: Path | None, cxx: str | None, out: Path | None, force: bool) -> None:
+@click.option("--rpath", default=None,
+              help="Where the library finds the wheel's lib/ at run time (default: the --executorch-dir "
+                   "lib/); for a cross-build, that directory's path on the device.")
+def build_command(executorch_dir: Path | None, cxx: str | None, out: Path | None, force: bool,
+                  rpath: str | None) -> None:
     """Compile the native ExecuTorch runtime (torch-free training) and print its path."""
     try:
-        click.echo(build(executorch_dir, cxx, out, force))
+        click.echo(build(executorch_dir, cxx, out, force, rpath))
     except NativeBuildError as exc:
         raise click.ClickException(str(exc)) from None
 

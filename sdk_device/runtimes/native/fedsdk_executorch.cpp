@@ -173,4 +173,28 @@ int fx_output(void* hv, int i, int32_t* kind, int32_t* dtype, int32_t* ndim, int
   return 0;
 }
 
+// Every output of the last run in one call: ``info`` is count x 21 int64 rows of
+// (kind, dtype, ndim, data address, nbytes, shape[16]); kind as fx_output (0 tensor; read other
+// kinds with fx_output). Returns the number of outputs, or -1 if ``count`` is too small.
+int fx_outputs(void* hv, int count, int64_t* info) {
+  auto* h = static_cast<Handle*>(hv);
+  const int n = static_cast<int>(h->outputs.size());
+  if (count < n) return -1;
+  std::memset(info, 0, sizeof(int64_t) * 21 * n);
+  for (int i = 0; i < n; ++i) {
+    int64_t* row = info + 21 * i;
+    const EValue& value = h->outputs[i];
+    row[0] = value.isTensor() ? 0 : -1;
+    if (!value.isTensor()) continue;
+    const auto& t = value.toTensor();
+    if (t.dim() > 16) return fail(h, 0, "output rank above 16");
+    row[1] = static_cast<int64_t>(t.scalar_type());
+    row[2] = t.dim();
+    row[3] = reinterpret_cast<int64_t>(t.mutable_data_ptr());
+    row[4] = static_cast<int64_t>(t.nbytes());
+    for (ssize_t d = 0; d < t.dim(); ++d) row[5 + d] = t.size(d);
+  }
+  return n;
+}
+
 }  // extern "C"
