@@ -101,14 +101,13 @@ in_root /bin/bash /installer/install-device.sh --no-systemd --prefix "$PREFIX" -
     --wheel "/wheels/$wheel" --no-native-build --pip-args "--no-index --find-links /wheels --no-compile"
 install_s="$(seconds_since "$started")"
 load="$(cut -d' ' -f1 /proc/loadavg)"
-mv "$work" "$INSTALLED"   # before compiling: the shim's run path is the wheel's lib/ in its final place
-work="$INSTALLED"
 
 echo "arm64 root: native ExecuTorch shim, cross-compiled with aarch64-linux-gnu-g++"
 site="$work/root$PREFIX/venv/lib/python3.11/site-packages"
 started="$(date +%s%N)"
 PYTHONPATH="$REPO" "$PYTHON" -m sdk_device.runtimes.native_build --cxx aarch64-linux-gnu-g++ \
-    --executorch-dir "$site/executorch" --out "$work/root$PREFIX/native/libfedsdk_executorch.so" >/dev/null
+    --executorch-dir "$site/executorch" --rpath "${site#"$work/root"}/executorch/lib" \
+    --out "$work/root$PREFIX/native/libfedsdk_executorch.so" >/dev/null
 compile_s="$(seconds_since "$started")"
 
 mb() { du -sm "$@" | awk '{s += $1} END {print s}'; }
@@ -120,6 +119,5 @@ cat >"$work/install.json" <<EOF
  "paho_mb": $(mb "$site/paho"), "native_lib_kb": $(du -sk "$work/root$PREFIX/native" | cut -f1),
  "root_mb": $(mb "$work/root")}
 EOF
-# The shim's run path is the host path of the wheel's lib/: the test binds $INSTALLED/root at
-# that same path in the root.
+mv "$work" "$INSTALLED"
 echo "arm64 root ready: $INSTALLED ($(tr -d '\n' <"$INSTALLED/install.json"))"

@@ -50,11 +50,10 @@ def arm64_root() -> Path:
 
 
 def emulated(installed: Path, data_dir: Path, *command: str) -> list[str]:
-    """``command`` run in the arm64 root under qemu-user. ``data_dir`` and the root itself (the
-    cross-compiled shim's run path) are bound at their host paths: Debian's proot 5.1 does not
-    translate the paths of newer system calls (faccessat2, statx), so those must agree."""
+    """``command`` run in the arm64 root under qemu-user. ``data_dir`` is bound at its host path:
+    Debian's proot 5.1 does not translate the paths of newer system calls (faccessat2, statx)."""
     return ["proot", "-q", "qemu-aarch64-static", "-r", str(installed / "root"), "-b", "/proc", "-b", "/dev",
-            "-b", "/sys", "-b", str(data_dir), "-b", str(installed / "root"), "-w", str(data_dir),
+            "-b", "/sys", "-b", str(data_dir), "-w", str(data_dir),
             "/usr/bin/env", "-i", "PATH=/usr/bin:/bin", f"HOME={data_dir}", "PYTHONUNBUFFERED=1",
             f"FEDSDK_NATIVE_LIB={PREFIX}/native/libfedsdk_executorch.so", *command]
 
