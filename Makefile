@@ -9,7 +9,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedsdk-installed
 
-.PHONY: demo test lint bench mosquitto shellcheck chromium fashion-mnist ort-env litert-env arm64-root clean
+.PHONY: demo test lint bench mosquitto gxx shellcheck chromium fashion-mnist ort-env litert-env arm64-root clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +19,14 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/fedsdk-server simulate
 
-test: $(STAMP) mosquitto shellcheck chromium fashion-mnist ort-env litert-env arm64-root
+test: $(STAMP) mosquitto shellcheck chromium fashion-mnist ort-env litert-env gxx arm64-root
 	$(BIN)/pytest -q
 
 mosquitto:
 	@sh scripts/ensure-mosquitto.sh
+
+gxx:  # compiles the torch-free executorch-native runtime (fedsdk runtime build) in the tests
+	@sh scripts/ensure-tool.sh g++ g++
 
 shellcheck:  # lints firmware_scripts/install-device.sh in the tests
 	@sh scripts/ensure-tool.sh shellcheck shellcheck
