@@ -1,6 +1,7 @@
 # The two set-up commands of the README:
 #   make demo   - install into .venv and run a real federated simulation (embedded broker, digits)
-#   make test   - install into .venv (+ mosquitto, shellcheck, chromium, Fashion-MNIST) and run the test suite
+#   make test   - install into .venv (+ mosquitto, shellcheck, chromium, Fashion-MNIST, an arm64 device root)
+#                 and run the test suite
 # Versions come from constraints.txt (torch 2.13.0 CPU etc.); override PYTHON to pick another interpreter.
 
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedsdk-installed
 
-.PHONY: demo test lint bench mosquitto cpp-deps shellcheck chromium fashion-mnist ort-env litert-env clean
+.PHONY: demo test lint bench mosquitto cpp-deps gxx shellcheck chromium fashion-mnist ort-env litert-env arm64-root clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/fedsdk-server simulate
 
-test: $(STAMP) mosquitto cpp-deps shellcheck chromium fashion-mnist ort-env litert-env
+test: $(STAMP) mosquitto cpp-deps shellcheck chromium fashion-mnist ort-env litert-env gxx arm64-root
 	$(BIN)/pytest -q
 
 mosquitto:
@@ -26,6 +27,9 @@ mosquitto:
 
 cpp-deps:  # builds the C++ device client (device_cpp/) in the tests
 	@sh scripts/ensure-cpp-deps.sh
+
+gxx:  # compiles the torch-free executorch-native runtime (fedsdk runtime build) in the tests
+	@sh scripts/ensure-tool.sh g++ g++
 
 shellcheck:  # lints firmware_scripts/install-device.sh in the tests
 	@sh scripts/ensure-tool.sh shellcheck shellcheck
@@ -41,6 +45,9 @@ ort-env:  # .venv-ort: ONNX Runtime training (its wheel replaces onnxruntime, so
 
 litert-env:  # .venv-litert: litert-torch for .tflite export (~2 GB, optional outside tests)
 	@sh scripts/setup-litert-env.sh
+
+arm64-root: $(STAMP)  # an arm64 Debian root with the torch-free device, for tests/integration/test_arm64_device.py
+	@FEDSDK_HOST_PYTHON=$(BIN)/python bash scripts/build-arm64-root.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

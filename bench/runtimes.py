@@ -18,9 +18,13 @@ Usage:
     .venv/bin/python bench/runtimes.py [--batch 32] [--threads 1] [--steps 8] [--repeats 3]
                                        [--models small_cnn,vgg_multi_exit,resnet18_tier] [--variants]
 
+The ``executorch-native`` row is the torch-free runtime (the same program through the native
+shim, ``sdk_device.runtimes.native_program``), timed in turn with torch and ``executorch``.
+
 Timing: each row's median over ``repeats`` runs of ``steps`` steps, after a warm-up
 step; torch and the other runtimes are measured in alternation so load changes on a
-shared machine hit both. The machine's load average is printed with the table.
+shared machine hit both (the note of the executorch rows: the ratio of the fastest repeats,
+less sensitive to load). The machine's load average is printed with the table.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from export.parity import gradient_parity  # noqa: E402
 from fedcore import modelspec  # noqa: E402
 from fedcore.recipe import Recipe  # noqa: E402
 from fedcore.torch_model import build_model, state_numpy  # noqa: E402
+from sdk_device.runtimes.executorch_native_runtime import NativeExecutorchRuntime  # noqa: E402
 from sdk_device.runtimes.executorch_runtime import ExecutorchRuntime  # noqa: E402
 from sdk_device.runtimes.torch_runtime import TorchRuntime  # noqa: E402
 from server_toolkit.models.zoo import model_spec  # noqa: E402
@@ -123,15 +128,36 @@ def torch_timer(setup: Setup) -> Callable[[], float]:
 
 
 def executorch_rows(setup: Setup, reference: Callable[[], float]) -> list[Row]:
+    """torch, the Python-bindings ``executorch`` runtime and the torch-free ``executorch-native``
+    runtime on the same program, timed in alternation (one of each per repeat)."""
     program, stats = export_with_stats(setup.spec, {"kind": "ce"}, setup.recipe.batch_size)
-    runtime = ExecutorchRuntime(threads=setup.args.threads)
-    runtime.load_program(program, "pte/1")
     b = setup.recipe.batch_size
-    parity = gradient_parity(program, setup.spec, setup.weights, setup.x[:b], setup.y[:b], {"kind": "ce"})
-    torch_ms, ms = measure_pair(reference, time_train(runtime, setup), setup.args.repeats)
-    return [Row(setup.name, "torch", torch_ms, 1.0),
-            Row(setup.name, "executorch", ms, ms / torch_ms, len(program) / 1024, stats["export_s"],
-                parity.loss_error, parity.grad_error)]
+    rows = [Row(setup.name, "torch", 0.0, 1.0)]
+    timers = [reference]
+    for runtime_class in (ExecutorchRuntime, NativeExecutorchRuntime):
+        runtime = runtime_class(threads=setup.args.threads)
+        runtime.load_program(program, "pte/1")
+        parity = gradient_parity(program, setup.spec, setup.weights, setup.x[:b], setup.y[:b],
+                                 {"kind": "ce"}, runtime_class=runtime_class)
+        timers.append(time_train(runtime, setup))
+        rows.append(Row(setup.name, runtime.name, 0.0, None, len(program) / 1024, stats["export_s"],
+                        parity.loss_error, parity.grad_error))
+    samples = measure_alternating(timers, setup.args.repeats)
+    for row, times in zip(rows, samples, strict=True):
+        row.ms_per_step = statistics.median(times)
+        row.ratio = row.ms_per_step / statistics.median(samples[0])
+        best = min(times) / min(samples[0])
+        row.note = f"fastest repeat {best:.2f}x torch's fastest" if row.runtime != "torch" else ""
+    return rows
+
+
+def measure_alternating(timers: list[Callable[[], float]], repeats: int) -> list[list[float]]:
+    """ms/step of each timer, ``repeats`` times, one of each in turn."""
+    samples: list[list[float]] = [[] for _ in timers]
+    for _ in range(repeats):
+        for timer, times in zip(timers, samples, strict=True):
+            times.append(timer())
+    return samples
 
 
 # PART B adds its runtimes here: a function (setup, torch timer) -> rows, like executorch_rows.

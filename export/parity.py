@@ -97,10 +97,11 @@ def reference_gradients(spec: dict, weights: dict[str, np.ndarray], x: np.ndarra
 
 def gradient_parity(program: bytes, spec: dict, weights: dict[str, np.ndarray], x: np.ndarray,
                     y: np.ndarray, loss: dict, extras: dict[str, np.ndarray] | None = None,
-                    dropout_seed: int | None = 0) -> GradientParity:
+                    dropout_seed: int | None = 0, runtime_class: type = ExecutorchRuntime) -> GradientParity:
     """Compare one forward+backward of ``program`` with torch autograd (see module doc).
-    ``dropout_seed`` draws dropout masks shared by both sides (None: dropout off)."""
-    runtime = ExecutorchRuntime()
+    ``dropout_seed`` draws dropout masks shared by both sides (None: dropout off).
+    ``runtime_class``: the pte/1 runtime under test (the bindings one, or executorch-native)."""
+    runtime = runtime_class()
     runtime.load_program(program, "pte/1")
     runtime.set_weights(weights)
     masks = None
@@ -149,9 +150,10 @@ def reference_training(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray
 
 def training_parity(program: bytes, spec: dict, weights: dict[str, np.ndarray], x: np.ndarray,
                     y: np.ndarray, recipe: Recipe, loss: dict,
-                    extras: dict[str, np.ndarray] | None = None) -> float:
+                    extras: dict[str, np.ndarray] | None = None, runtime_class: type = ExecutorchRuntime
+                    ) -> float:
     """Max |weight difference| after the runtime's training loop vs ``reference_training``."""
-    runtime = ExecutorchRuntime()
+    runtime = runtime_class()
     runtime.load_program(program, "pte/1")
     runtime.set_weights(weights)
     runtime.dropout_enabled = False
@@ -161,9 +163,10 @@ def training_parity(program: bytes, spec: dict, weights: dict[str, np.ndarray], 
     return max(float(np.abs(trained[k] - v).max()) for k, v in reference.items())
 
 
-def eval_parity(program: bytes, spec: dict, weights: dict[str, np.ndarray], x: np.ndarray) -> float:
+def eval_parity(program: bytes, spec: dict, weights: dict[str, np.ndarray], x: np.ndarray,
+                runtime_class: type = ExecutorchRuntime) -> float:
     """Max |logit difference| over all outputs: the program's eval method vs torch eval mode."""
-    runtime = ExecutorchRuntime()
+    runtime = runtime_class()
     runtime.load_program(program, "pte/1")
     runtime.set_weights(weights)
     logits, _ = runtime.predict(x)

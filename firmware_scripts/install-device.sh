@@ -2,6 +2,7 @@
 # Install the fedsdk device agent on Raspberry Pi OS (64-bit), Debian, Ubuntu or JetPack.
 #
 #   sudo ./install-device.sh                  # venv in /opt/fedsdk, systemd service, user "fedsdk"
+#   sudo ./install-device.sh --wheel fedsdk-0.1.0-py3-none-any.whl    # fedsdk is not on PyPI
 #   ./install-device.sh --prefix ~/fedsdk --no-systemd        # just the venv, no root needed
 #   sudo ./install-device.sh --uninstall [--purge]
 #
@@ -17,8 +18,11 @@ UNIT_DIR=/etc/systemd/system
 USE_SYSTEMD=1
 UNINSTALL=0
 PURGE=0
-SOURCE="fedsdk"            # what pip installs: a name on PyPI, a source tree or a wheel
-RUNTIME=auto              # auto | torch | none
+SOURCE=""                  # what pip installs: a source tree or a wheel (fedsdk is not on PyPI)
+RUNTIME=auto              # auto | executorch | torch | none
+EXECUTORCH_VERSION=1.5.1  # the wheel the native runtime is built against (constraints.txt)
+NATIVE_LIB=""             # a prebuilt native ExecuTorch shim to install instead of compiling one
+NATIVE_BUILD=1
 TORCH_WHEEL=""
 SYSTEM_SITE=0
 REUSE_SITE=""
@@ -36,9 +40,18 @@ Usage: install-device.sh [options]
                           the user's own ~/.config/fedsdk)
   --user NAME             service user (default fedsdk)
   --no-systemd            no service, no user, no root needed (pair and run by hand)
-  --source PATH|NAME      install fedsdk from a source tree or wheel instead of PyPI
-  --runtime auto|torch|none
-                          training runtime extra (auto: torch on aarch64/x86_64)
+  --wheel FILE            install fedsdk from this wheel (copied to the device); fedsdk is
+                          not on PyPI, so give --wheel or --source unless this script sits in
+                          a fedsdk checkout (then that checkout is installed)
+  --source PATH           install fedsdk from a source tree (or a wheel)
+  --runtime auto|executorch|torch|none
+                          training runtime (auto: torch on a Jetson, whose CUDA wheel is right
+                          there; executorch elsewhere on aarch64/x86_64: the torch-free native
+                          ExecuTorch runtime, the executorch wheel with --no-deps, built with g++)
+  --native-lib FILE       with executorch: install this prebuilt native shim (e.g. built with
+                          aarch64-linux-gnu-g++ on another machine) instead of compiling it here
+  --no-native-build       with executorch: do not compile the shim now (put one in
+                          PREFIX/native/ yourself; the runtime stays unavailable until then)
   --torch-wheel FILE      install this torch wheel first (e.g. NVIDIA's JetPack wheel)
   --system-site-packages  let the venv see system packages (JetPack's own torch)
   --reuse-site-packages DIR
@@ -61,8 +74,13 @@ while [ $# -gt 0 ]; do
         --state-dir) STATE_DIR="${2:?--state-dir needs a directory}"; shift 2 ;;
         --user) SERVICE_USER="${2:?--user needs a name}"; shift 2 ;;
         --no-systemd) USE_SYSTEMD=0; shift ;;
-        --source) SOURCE="${2:?--source needs a path or name}"; shift 2 ;;
-        --runtime) RUNTIME="${2:?--runtime needs auto, torch or none}"; shift 2 ;;
+        --source) SOURCE="${2:?--source needs a path}"; shift 2 ;;
+        --wheel) SOURCE="${2:?--wheel needs a file}"
+                 case "$SOURCE" in *.whl) ;; *) die "--wheel needs a .whl file, not '$SOURCE'" ;; esac
+                 shift 2 ;;
+        --runtime) RUNTIME="${2:?--runtime needs auto, executorch, torch or none}"; shift 2 ;;
+        --native-lib) NATIVE_LIB="${2:?--native-lib needs a file}"; shift 2 ;;
+        --no-native-build) NATIVE_BUILD=0; shift ;;
         --torch-wheel) TORCH_WHEEL="${2:?--torch-wheel needs a file}"; shift 2 ;;
         --system-site-packages) SYSTEM_SITE=1; shift ;;
         --reuse-site-packages) REUSE_SITE="${2:?--reuse-site-packages needs a directory}"; shift 2 ;;
@@ -75,7 +93,13 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-case "$RUNTIME" in auto|torch|none) ;; *) die "--runtime must be auto, torch or none, not '$RUNTIME'" ;; esac
+case "$RUNTIME" in
+    auto|executorch|torch|none) ;;
+    *) die "--runtime must be auto, executorch, torch or none, not '$RUNTIME'" ;;
+esac
+if [ -z "$SOURCE" ] && [ -f "$HERE/../pyproject.toml" ] && [ -d "$HERE/../sdk_device" ]; then
+    SOURCE="$(cd "$HERE/.." && pwd)"   # this script's own checkout
+fi
 PREFIX="$(realpath -m "$PREFIX")"
 if [ -z "$STATE_DIR" ] && [ "$USE_SYSTEMD" = 1 ]; then STATE_DIR=/var/lib/fedsdk; fi
 if [ -n "$STATE_DIR" ]; then STATE_DIR="$(realpath -m "$STATE_DIR")"; fi
@@ -102,6 +126,7 @@ uninstall() {
     fi
     say "removing $VENV"
     rm -rf "$VENV"
+    rm -rf "$PREFIX/native"
     rm -f "$UNIT_FILE" "$MARKER"
     rmdir "$PREFIX" 2>/dev/null || true
     if [ "$PURGE" = 1 ] && [ -n "$STATE_DIR" ]; then
@@ -139,11 +164,14 @@ if [ -f /etc/nv_tegra_release ] || [[ "$BOARD" == *Jetson* ]]; then
 fi
 say "platform: $OS_NAME, $ARCH${BOARD:+, $BOARD}"
 
+if [ -z "$SOURCE" ]; then
+    die "fedsdk is not on PyPI: copy a wheel to the device and pass --wheel FILE (build it in a checkout with 'python3 -m pip wheel --no-deps -w dist .'), or run this script from a fedsdk checkout"
+fi
 if [ "$RUNTIME" = auto ]; then
     case "$ARCH" in
-        x86_64|aarch64|arm64) RUNTIME=torch ;;
+        x86_64|aarch64|arm64) if [ "$JETSON" = 1 ]; then RUNTIME=torch; else RUNTIME=executorch; fi ;;
         *) RUNTIME=none
-           echo "note: no PyTorch wheels for $ARCH (a 32-bit OS?): installing without a training"
+           echo "note: no PyTorch or ExecuTorch wheels for $ARCH (a 32-bit OS?): installing without a training"
            echo "      runtime. Use a 64-bit OS (Raspberry Pi OS 64-bit) to train on this board." ;;
     esac
 fi
@@ -203,14 +231,41 @@ if [ "$RUNTIME" = torch ]; then
         extras="device,torch"
     fi
 fi
-case "$SOURCE" in
-    */*|*.whl) [ -e "$SOURCE" ] || die "--source $SOURCE does not exist"
-               target="$(realpath "$SOURCE")[$extras]" ;;
-    *) target="${SOURCE}[$extras]" ;;
-esac
+[ -e "$SOURCE" ] || die "$SOURCE does not exist (fedsdk is not on PyPI: --wheel FILE or --source DIR)"
+target="$(realpath "$SOURCE")[$extras]"
 say "installing $target"
 pip_install "$target"
 "$VENV/bin/fedsdk" --help >/dev/null || die "the installed fedsdk does not start"
+
+# The torch-free runtime: the executorch wheel without its dependencies (they name torch, and
+# PyPI's aarch64 torch is a CUDA build of ~2.8 GB), and the native shim compiled against it.
+NATIVE_OUT="$PREFIX/native/libfedsdk_executorch.so"
+if [ "$RUNTIME" = executorch ]; then
+    say "installing executorch $EXECUTORCH_VERSION (--no-deps: no torch)"
+    # --no-compile: the native runtime uses the wheel's include/ and lib/ only, never its Python
+    # (47 MB of .pyc, and most of the install time on a slow board)
+    pip_install --no-deps --no-compile "executorch==$EXECUTORCH_VERSION"
+    mkdir -p "$PREFIX/native"
+    if [ -n "$NATIVE_LIB" ]; then
+        [ -f "$NATIVE_LIB" ] || die "--native-lib $NATIVE_LIB does not exist"
+        say "installing the prebuilt native runtime $NATIVE_LIB"
+        install -m 0644 "$NATIVE_LIB" "$NATIVE_OUT"
+    elif [ "$NATIVE_BUILD" = 1 ]; then
+        if ! command -v "${CXX:-g++}" >/dev/null 2>&1; then
+            if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+                say "installing g++ (apt-get) to build the native ExecuTorch runtime"
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null
+            else
+                die "no C++ compiler for the native ExecuTorch runtime: sudo apt-get install -y g++ (or --native-lib FILE, or --no-native-build)"
+            fi
+        fi
+        say "building the native ExecuTorch runtime (${CXX:-g++})"
+        "$VENV/bin/python" -m sdk_device.runtimes.native_build --out "$NATIVE_OUT" >/dev/null \
+            || die "building the native ExecuTorch runtime failed (see above)"
+    else
+        echo "note: --no-native-build: put the native runtime in $NATIVE_OUT before 'fedsdk run'"
+    fi
+fi
 
 # ---------------------------------------------------------------------------------------
 # The unit file is always written next to the venv (inspect it, or install it by hand).
@@ -237,6 +292,10 @@ elif [ -n "$STATE_DIR" ]; then
 else
     run_as=""
 fi
+native_env=""
+if [ "$RUNTIME" = executorch ]; then
+    native_env="FEDSDK_NATIVE_LIB=$NATIVE_OUT "   # the unit file sets it for the service
+fi
 data="${STATE_DIR:-\$HOME}/data.npz"
 
 cat <<EOF
@@ -256,7 +315,7 @@ State: ${run_as}$VENV/bin/fedsdk status
 EOF
 else
     cat <<EOF
-Then:  ${run_as}$VENV/bin/fedsdk run
+Then:  ${run_as}${native_env}$VENV/bin/fedsdk run
 (a unit file for later is in $UNIT_FILE)
 EOF
 fi

@@ -21,6 +21,7 @@ from .announce import Announcer
 from .data.npz import load_npz
 from .local_tensors import LocalTensors
 from .outputs import OUTPUTS, check_reports
+from .policy import DevicePolicy
 from .profile import device_profile, peak_rss_mb
 from .protocol import messages as msgs
 from .protocol.blobs import DEFAULT_CHUNK_BYTES, decode_tensors, encode_tensors
@@ -61,6 +62,7 @@ class AgentConfig:
     # simulation knob (stragglers): after training sleep (slowdown - 1) x the training time; not after
     # the process's first task, whose time is mostly the runtime's warm-up (~10x a later task's)
     slowdown: float = 1.0
+    policy: DevicePolicy | None = None  # train only while its conditions hold (else refuse: policy)
 
 
 class DeviceAgent:
@@ -159,6 +161,10 @@ class DeviceAgent:
         started = time.time()
         if task.deadline < started:
             self._refuse(task, "deadline_passed", "the task arrived after its deadline")
+            return
+        blocked = self.config.policy.blocked() if self.config.policy is not None else None
+        if blocked is not None:
+            self._refuse(task, "policy", f"this device may not train now: {blocked}")
             return
         try:
             plan = parse_plan(task.config, set(task.programs), set(OUTPUTS))

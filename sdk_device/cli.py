@@ -11,7 +11,9 @@ from pathlib import Path
 import click
 
 from . import pair_cli
+from .policy_options import make_policy, policy_options
 from .profile import device_profile
+from .runtimes import native_build
 
 
 @click.group()
@@ -56,14 +58,20 @@ def main(verbose: int) -> None:
 @click.option("--slowdown", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
               help="Simulation knob: after training, sleep (FACTOR - 1) x the training time, so the "
                    "device looks FACTOR times slower (from its second task on: the first is warm-up).")
+@policy_options
 def run(
     broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, insecure,
-    max_tasks, no_smashed, announce_window, slowdown,
+    max_tasks, no_smashed, announce_window, slowdown, only_when, policy_root,
 ) -> None:
     """Connect to the fleet and train whatever tasks the server sends, until stopped.
 
     With no options it uses what `fedsdk pair` stored; given options override it. Without a
-    pairing, --broker, --fleet, --device-id and --data are needed."""
+    pairing, --broker, --fleet, --device-id and --data are needed.
+
+    With --only-when, a task that arrives while a condition does not hold is refused with the
+    code `policy` (the server counts it and asks the device again in later rounds):
+    charging = on external power (or no battery at all); idle = 1-minute load average below
+    0.5 per CPU; cool = every /sys/class/thermal zone below 70 °C."""
     from .agent import AgentConfig, DeviceAgent
     from .data.npz import DataError
     from .device_config import DeviceConfig, config_dir
@@ -107,6 +115,7 @@ def run(
         share_smashed=not no_smashed,
         announce_window_s=announce_window,
         slowdown=slowdown,
+        policy=make_policy(only_when, policy_root),
     )
     try:
         agent = DeviceAgent(config)
@@ -152,6 +161,12 @@ def info() -> None:
     click.echo(json.dumps(device_profile(available_runtimes()), indent=2))
 
 
+@main.group()
+def runtime() -> None:
+    """Training runtimes on this device (build the torch-free native ExecuTorch runtime)."""
+
+
+runtime.add_command(native_build.build_command)
 main.add_command(pair_cli.pair)
 main.add_command(pair_cli.status)
 main.add_command(pair_cli.unpair)

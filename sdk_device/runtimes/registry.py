@@ -23,6 +23,18 @@ def _executorch() -> Runtime:
     return ExecutorchRuntime(threads=1)
 
 
+def _executorch_native() -> Runtime:
+    from .executorch_native_runtime import NativeExecutorchRuntime
+
+    return NativeExecutorchRuntime(threads=1)
+
+
+def _native_usable() -> bool:
+    from .native_build import can_build_or_load
+
+    return can_build_or_load()
+
+
 def _onnxruntime() -> Runtime:
     from .onnxruntime_runtime import OrtTrainingRuntime
 
@@ -41,15 +53,20 @@ def _litert() -> Runtime:
     return LiteRTRuntime(threads=1)
 
 
-# name -> (python module that must be importable, factory); preference order = dict order.
-RUNTIMES: dict[str, tuple[str, Callable[[], Runtime]]] = {
+# name -> (python module(s) that must be importable, or a check, factory); preference order =
+# dict order. The executorch wheel installs without torch (--no-deps), so its Python-bindings
+# runtime also needs torch; executorch-native needs the wheel's native files and the shim.
+Check = str | tuple[str, ...] | Callable[[], bool]
+RUNTIMES: dict[str, tuple[Check, Callable[[], Runtime]]] = {
     "torch": ("torch", _torch),
-    "executorch": ("executorch", _executorch),
+    "executorch": (("torch", "executorch"), _executorch),
+    "executorch-native": (_native_usable, _executorch_native),
     "onnxruntime": ("onnxruntime.training", _onnxruntime),  # the onnxruntime-training build
     "onnx": ("onnxruntime", _onnx),  # evaluation only
     "litert": ("ai_edge_litert", _litert),  # evaluation only
 }
 FORMATS: dict[str, tuple[str, ...]] = {"torch": ("torchspec/1",), "executorch": ("pte/1",),
+                                       "executorch-native": ("pte/1",),
                                        "onnxruntime": ("ort-training/1",), "onnx": ("onnx/1",),
                                        "litert": ("tflite/1",)}
 
@@ -59,7 +76,11 @@ def available_runtimes() -> list[str]:
     return [name for name, (module, _) in RUNTIMES.items() if _installed(module)]
 
 
-def _installed(module: str) -> bool:
+def _installed(module: Check) -> bool:
+    if callable(module):
+        return module()
+    if isinstance(module, tuple):
+        return all(_installed(m) for m in module)
     try:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # the parent package of a dotted name is missing

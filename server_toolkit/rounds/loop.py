@@ -175,7 +175,8 @@ class RoundLoop:
         # arrival order differs between grids and runs; the aggregate must not depend on it
         updates = sorted(already + exchange.updates, key=lambda u: u.device_id)
         row: dict = {"round": rnd, "selected": len(selected) + len(already), "accepted": len(updates),
-                     "rejected": exchange.rejected}
+                     "rejected": exchange.rejected,
+                     "refused_policy": exchange.rejections.get("device:policy", 0)}  # fedsdk run --only-when
         clock = time.perf_counter()
         secure = exchange.secure  # secure aggregation: only the sum is in the clear (secagg/)
         if updates and secure is None and self.config.norm_bound is not None and self.method.bounds_updates:

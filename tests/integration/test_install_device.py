@@ -29,7 +29,7 @@ def test_install_script_is_shellcheck_clean():
         pytest.fail("shellcheck is not installed: sh scripts/ensure-tool.sh shellcheck shellcheck "
                     "(make test does this)")
     scripts = [str(SCRIPT), str(REPO / "scripts" / "ensure-tool.sh"),
-               str(REPO / "scripts" / "ensure-mosquitto.sh")]
+               str(REPO / "scripts" / "ensure-mosquitto.sh"), str(REPO / "scripts" / "build-arm64-root.sh")]
     out = subprocess.run(["shellcheck", "--severity=style", *scripts], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
 
@@ -71,7 +71,7 @@ def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    for package in ("sdk_device", "server_toolkit", "export"):
+    for package in ("fedcore", "sdk_device", "server_toolkit", "export"):
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     out_dir = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
@@ -88,12 +88,16 @@ def install(prefix: Path, state: Path, *args: str) -> subprocess.CompletedProces
 def test_install_run_again_verify_unit_and_uninstall(wheel, tmp_path):
     prefix, state = tmp_path / "opt" / "fedsdk", tmp_path / "state"
     site = sysconfig.get_paths()["purelib"]  # this environment's packages (numpy, paho, torch...)
-    offline = ["--source", str(wheel), "--reuse-site-packages", site, "--pip-args", "--no-index"]
+    offline = ["--wheel", str(wheel), "--reuse-site-packages", site, "--pip-args", "--no-index"]
 
     first = install(prefix, state, *offline)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "creating the venv" in first.stdout
     assert f"FEDSDK_CONFIG_DIR={state} {prefix}/venv/bin/fedsdk pair --server mqtts://" in first.stdout
+    # torch-free by default off a Jetson: the executorch wheel and the native shim built with g++
+    native = prefix / "native" / "libfedsdk_executorch.so"
+    assert "building the native ExecuTorch runtime" in first.stdout and native.is_file()
+    assert f"FEDSDK_NATIVE_LIB={native} {prefix}/venv/bin/fedsdk run" in first.stdout
 
     # The installed CLI starts, from the venv (not from this checkout).
     fedsdk = prefix / "venv" / "bin" / "fedsdk"
@@ -113,6 +117,7 @@ def test_install_run_again_verify_unit_and_uninstall(wheel, tmp_path):
     unit = prefix / "fedsdk-agent.service"
     text = unit.read_text()
     assert f"ExecStart={fedsdk} -v run" in text and f"FEDSDK_CONFIG_DIR={state}" in text
+    assert f"FEDSDK_NATIVE_LIB={prefix}/native/libfedsdk_executorch.so" in text
     assert unit_file_problems(text) == []
     assert unit_file_problems(UNIT_TEMPLATE.read_text())  # the raw template still has placeholders
     if shutil.which("systemd-analyze"):
@@ -123,7 +128,9 @@ def test_install_run_again_verify_unit_and_uninstall(wheel, tmp_path):
 
     # Bad input gets a clear error.
     bad = install(prefix, state, "--runtime", "cuda")
-    assert bad.returncode != 0 and "--runtime must be auto, torch or none" in bad.stderr
+    assert bad.returncode != 0 and "--runtime must be auto, executorch, torch or none" in bad.stderr
+    not_a_wheel = install(prefix, state, "--wheel", str(UNIT_TEMPLATE))
+    assert not_a_wheel.returncode != 0 and "--wheel needs a .whl file" in not_a_wheel.stderr
 
     # Uninstall keeps the pairing state; --purge removes it too.
     (state / "device.json").write_text("{}")
@@ -132,6 +139,16 @@ def test_install_run_again_verify_unit_and_uninstall(wheel, tmp_path):
     assert not prefix.exists() and (state / "device.json").exists()
     purged = install(prefix, state, "--uninstall", "--purge")
     assert purged.returncode == 0 and not state.exists()
+
+
+def test_outside_a_checkout_without_a_wheel_the_script_says_fedsdk_is_not_on_pypi(tmp_path):
+    alone = tmp_path / "firmware_scripts"
+    alone.mkdir()
+    shutil.copy(SCRIPT, alone / SCRIPT.name)
+    cmd = ["bash", str(alone / SCRIPT.name), "--prefix", str(tmp_path / "p"), "--no-systemd"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=60)
+    assert out.returncode != 0 and "fedsdk is not on PyPI" in out.stderr and "--wheel FILE" in out.stderr
+    assert not (tmp_path / "p").exists()
 
 
 def test_uninstall_refuses_a_venv_it_did_not_make(tmp_path):

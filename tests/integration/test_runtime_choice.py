@@ -25,12 +25,12 @@ def test_devices_choose_a_runtime_that_passed_parity(mosquitto, tmp_path):
     choice = json.loads((work / "runtime_choice.json").read_text())
     (entry,) = choice.values()
     rows = {r["runtime"]: r for r in entry["rows"]}
-    assert set(rows) == {"torch", "executorch"}
+    assert set(rows) == {"torch", "executorch", "executorch-native"}
     assert rows[entry["runtime"]]["passed"] is True
     assert entry["runtime"] == min((r for r in rows.values() if r["passed"]),
                                    key=lambda r: r["ms_per_step"])["runtime"]
     used = {u["metrics"]["runtime"] for u in FleetRegistry(run_dir / "registry.sqlite").updates(1)}
-    assert used <= {"torch", "executorch"} and len(used) >= 1
+    assert used <= {"torch", "executorch", "executorch-native"} and len(used) >= 1
 
     bench = subprocess.run([sys.executable, "-m", "sdk_device.cli", "bench", "--work-dir", str(work),
                             "--data", str(run_dir / "devices" / "dev000" / "data.npz"), "--steps", "2"],
