@@ -28,7 +28,7 @@ DEBIAN_PACKAGES="bash,coreutils,sed,python3,python3-venv,libstdc++6,ca-certifica
 PREFIX=/opt/fedsdk                             # where install-device.sh puts the device, in the root
 
 pin() { grep -i "^$1==" "$REPO/constraints.txt" | head -n1; }
-WHEELS="$(pin executorch) $(pin numpy) $(pin paho-mqtt) $(pin safetensors) $(pin click) $(pin rich)"
+WHEELS="$(pin executorch) $(pin numpy) $(pin paho-mqtt) $(pin safetensors) $(pin click) $(pin rich) $(pin cryptography)"
 
 digest() { sha256sum | cut -c1-16; }
 seconds_since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN {printf "%.1f", (b - a) / 1e9}'; }
@@ -67,7 +67,7 @@ if [ ! -f "$BASE/done" ]; then
     "$PYTHON" -m pip download -q --disable-pip-version-check "${platform[@]}" -d "$BASE/wheels" \
         --no-deps $WHEELS
     "$PYTHON" -m pip download -q --disable-pip-version-check "${platform[@]}" -d "$BASE/wheels" \
-        -c "$REPO/constraints.txt" rich   # rich's own dependencies (pure Python)
+        -c "$REPO/constraints.txt" rich cryptography   # with their dependencies (cryptography: --secagg)
     touch "$BASE/done"
 fi
 
