@@ -12,6 +12,7 @@ from fedcore.recipe import Recipe
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import console, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
+from .privacy_options import privacy_options, privacy_settings
 
 
 @click.command()
@@ -77,6 +78,7 @@ from .pairing import pairing_options, parse_tiers
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @pairing_options
+@privacy_options
 @observe_options
 def run(
     broker_url,
@@ -117,6 +119,7 @@ def run(
     dashboard_token,
     dashboard_hold,
     log_to,
+    **privacy_values,
 ) -> None:
     """Serve a real fleet, and pair new devices meanwhile (`fedsdk-server pair-code`).
 
@@ -134,11 +137,13 @@ def run(
     from ..fleet.pair_codes import LockoutPolicy
     from ..fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
     from ..fleet.registry import FleetRegistry
+    from ..privacy.round_privacy import privacy_summary
     from ..report.run_report import RunReport
     from ..rounds.loop import FleetLost, LoopConfig, NoUpdates, RoundLoop
     from ..rounds.mqtt_grid import MqttGrid
 
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    privacy = privacy_settings(privacy_values, method)
     try:
         setup = assemble(method, model, dataset, data_dir, recipe, parse_options(method_options), seed)
         described = attach_server_data(setup.method, setup.data, server_data, seed)
@@ -195,7 +200,7 @@ def run(
         LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
                    over_select=over_select, round_timeout_s=round_timeout, seed=seed,
                    tier_map=setup.tier_map, min_devices=min_devices, fleet_timeout_s=fleet_timeout,
-                   norm_bound=norm_bound or None),
+                   norm_bound=norm_bound or None, privacy=privacy),
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
         on_round=lambda row: (report.add_round(row), observers.add_round(row), console.print(row)),
@@ -226,6 +231,6 @@ def run(
             if broker:
                 broker.stop()
         report.write_plot()
-        report.write_summary({"method": method, "dataset": dataset, "fleet": fleet})
+        report.write_summary({"method": method, "dataset": dataset, "fleet": fleet, **privacy_summary(loop)})
     console.print(report.summary_table(f"{method} on fleet {fleet}"))
     hold_dashboard(observers, dashboard_hold)

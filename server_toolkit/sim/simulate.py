@@ -36,6 +36,8 @@ from ..fleet.registry import FleetRegistry
 from ..methods.abilities import wants_server_data
 from ..methods.base import DeviceInfo
 from ..observe.observers import RunObservers
+from ..privacy.round_privacy import privacy_summary
+from ..privacy.settings import PrivacySettings
 from ..report.run_report import RunReport
 from ..rounds.grid import Grid
 from ..rounds.inprocess_grid import InProcessGrid
@@ -92,6 +94,7 @@ class SimulationConfig:
     grid: str = "mqtt"  # "mqtt": device processes over a broker; "inprocess": devices trained here
     label: str | None = None  # a name for this run in reports (benchmarks set it, e.g. "FedAvg-S")
     setting: str | None = None  # what runs compare within, in reports (benchmarks set it)
+    privacy: dict | None = None  # PrivacySettings as a dict (--dp-*, --label-noise-epsilon, --robust)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -228,7 +231,8 @@ class Simulation:
         c = self.config
         return LoopConfig(rounds=c.rounds, clients_per_round=c.clients_per_round, fraction=c.fraction,
                           over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed,
-                          tier_map=tier_map, fleet_timeout_s=c.fleet_timeout_s, norm_bound=c.norm_bound)
+                          tier_map=tier_map, fleet_timeout_s=c.fleet_timeout_s, norm_bound=c.norm_bound,
+                          privacy=PrivacySettings.from_dict(c.privacy))
 
     def run(self) -> RunReport:
         c = self.config
@@ -263,14 +267,14 @@ class Simulation:
             self.on_event("devices", {"online": len(devices), "expected": len(devices)})
             loop.run()
         else:
-            self._run_over_mqtt(method, self.loop_config(setup.tier_map), test_data, on_round)
+            loop = self._run_over_mqtt(method, self.loop_config(setup.tier_map), test_data, on_round)
         if report.rows:
             report.write_plot()
         report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
-                              "edges": c.edges, "grid": c.grid})
+                              "edges": c.edges, "grid": c.grid, **privacy_summary(loop)})
         return report
 
-    def _run_over_mqtt(self, method, loop_config: LoopConfig, test_data: tuple, on_round) -> None:
+    def _run_over_mqtt(self, method, loop_config: LoopConfig, test_data: tuple, on_round) -> RoundLoop:
         """Broker, device (and edge) processes, the server's MQTT grid and the round loop."""
         c = self.config
         registry = FleetRegistry(self.run_dir / "registry.sqlite")
@@ -309,6 +313,7 @@ class Simulation:
                 raise RuntimeError(f"no device came online; see {self.run_dir}/devices/*/agent.log "
                                    f"(and edges/*/edge.log)")
             loop.run()
+            return loop
         finally:
             grid.close()
             self.stop_devices()
