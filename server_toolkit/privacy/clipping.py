@@ -34,7 +34,7 @@ import numpy as np
 from sdk_device.privacy import clip_delta, float_names
 
 from ..methods.base import Weights
-from ..reconstruct.coverage import IndexMap, coverage_counts
+from ..methods.width.coverage import IndexMap, coverage_counts
 
 
 def clipped_deltas(pairs: list[tuple[Weights, Weights]],

@@ -4,7 +4,7 @@
   past ``--dp-epsilon`` (a budget stop ends the run cleanly: rounds so far stand);
 * ``stamp``: a task's recipe gets ``dp_clip``/``dp_noise`` (local mode) and its
   ``label_counts`` report the Laplace parameters (``--label-noise-epsilon``);
-* ``aggregate``: the private (``clipping``) or robust (``reconstruct/robust``) aggregate in
+* ``aggregate``: the private (``clipping``) or robust (``rounds/robust``) aggregate in
   place of the method's, with its metrics (``dp_epsilon``, ``dp_clip``, ...) in the row;
 * ``state_dict``: the rates spent and the adaptive clip, saved with each checkpoint.
 """
@@ -19,7 +19,7 @@ import numpy as np
 
 from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
 from ..methods.records import LABEL_COUNTS
-from ..reconstruct.robust import coverage_robust
+from ..rounds.robust import coverage_robust
 from .accountant import epsilon
 from .adaptive import count_noise, next_clip, update_noise_multiplier
 from .clipping import clipped_deltas, noised_window_mean

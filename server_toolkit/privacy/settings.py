@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..methods.base import Method
 from ..methods.records import LABEL_COUNTS
-from ..reconstruct.robust import RULES
+from ..rounds.robust import RULES
 from .accountant import epsilon
 from .windows import WHY_NOT, averages_windows
 

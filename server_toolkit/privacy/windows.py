@@ -15,8 +15,8 @@ import numpy as np
 
 from ..methods.base import ClientUpdate, Method, Weights
 from ..methods.fedavg import FedAvg
+from ..methods.width.coverage import Contribution, IndexMap
 from ..methods.width.width_shared import WidthSharedMethod
-from ..reconstruct.coverage import Contribution, IndexMap
 
 WHY_NOT = ("its aggregate is not a per-element average of the devices' models (it trains a "
            "hypernetwork, distils, keeps per-device or per-cluster models, or adds server momentum)")

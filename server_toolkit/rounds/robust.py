@@ -1,6 +1,6 @@
 """Robust reconstruction by coverage: coordinate-wise median and trimmed mean.
 
-Like ``coverage.coverage_average`` each client trained a block of every global tensor (its
+Like ``methods/width/coverage.coverage_average`` each client trained a block of every global tensor (its
 index map); per element the result is taken over the clients whose block covers it (a
 device covers an element when its window includes it), unweighted: a robust statistic
 must not let one client claim a large sample count. An element nobody covers keeps its
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .coverage import Contribution, Weights
+from ..methods.width.coverage import Contribution, Weights
 
 RULES = ("median", "trimmed-mean")
 
