@@ -14,6 +14,7 @@ Gaussian mechanism with multiplier z/2; worst case, the device takes part in eve
 
 from __future__ import annotations
 
+import logging
 import math
 
 import dp_accounting
@@ -22,9 +23,14 @@ from dp_accounting import rdp
 
 def _epsilon(events: list[tuple[dp_accounting.DpEvent, int]], delta: float) -> float:
     accountant = rdp.RdpAccountant()
-    for event, count in events:
-        accountant.compose(event, count)
-    return float(accountant.get_epsilon(delta))
+    absl = logging.getLogger("absl")  # it warns for every RDP order whose series it cuts short
+    level, absl.level = absl.level, logging.ERROR
+    try:
+        for event, count in events:
+            accountant.compose(event, count)
+        return float(accountant.get_epsilon(delta))
+    finally:
+        absl.level = level
 
 
 def _runs(rates: list[float]) -> list[tuple[float, int]]:
