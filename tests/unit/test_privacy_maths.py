@@ -90,7 +90,8 @@ def test_local_epsilon_is_the_gaussian_mechanism_with_sensitivity_2c_composed_ev
     # classic RDP of the Gaussian mechanism: alpha * T * (2C)^2 / (2 (zC)^2); the library's
     # conversion to (eps, delta) is at least as tight as the classic one
     z, rounds, delta = 8.0, 10, 1e-5
-    classic = min(a * rounds * 2 / z ** 2 + math.log(1 / delta) / (a - 1) for a in np.linspace(1.01, 200, 20000))
+    orders = np.linspace(1.01, 200, 20000)
+    classic = min(a * rounds * 2 / z ** 2 + math.log(1 / delta) / (a - 1) for a in orders)
     assert 0.8 * classic <= local_epsilon(z, rounds, delta) <= classic
 
 
