@@ -12,6 +12,10 @@ Some can do more, and whoever drives them asks this module instead of probing at
 * ``tier_plan`` — every method has it (default: the global model); methods whose tiers train
   different models override it, and pairing sizes a device's tier with it.
 
+* private aggregation — its aggregate is an average of model windows, so ``--dp-*`` and
+  ``--robust`` can replace it (``privacy/windows.py``); label-histogram noise — it asks devices
+  for ``label_counts``, which ``--label-noise-epsilon`` noises (``docs/privacy.md``).
+
 ``abilities(method)`` names what a method declares; ``fedsdk-server methods show`` prints it.
 """
 
@@ -25,6 +29,8 @@ from .base import Method, Weights
 PERSONAL_MODELS = "personal models"
 SERVER_DATA = "server data"
 TIER_PLANS = "per-tier models"
+PRIVATE_AGGREGATION = "DP and robust aggregation (--dp-*, --robust)"
+LABEL_NOISE = "label-histogram noise (--label-noise-epsilon)"
 
 
 @runtime_checkable
@@ -56,6 +62,12 @@ def abilities(method: Method | type[Method]) -> list[str]:
         found.append(SERVER_DATA)
     if "tier_plan" in _own_members(cls):
         found.append(TIER_PLANS)
+    from ..privacy.windows import averages_windows  # privacy/ builds on the methods
+
+    if averages_windows(cls):
+        found.append(PRIVATE_AGGREGATION)
+    if "label_counts" in cls.asks:
+        found.append(LABEL_NOISE)
     return found
 
 

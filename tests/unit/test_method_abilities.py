@@ -5,7 +5,9 @@ from __future__ import annotations
 from fedcore.recipe import Recipe
 from server_toolkit.methods import method_class, methods
 from server_toolkit.methods.abilities import (
+    LABEL_NOISE,
     PERSONAL_MODELS,
+    PRIVATE_AGGREGATION,
     SERVER_DATA,
     TIER_PLANS,
     PersonalModels,
@@ -20,7 +22,9 @@ def test_each_family_declares_what_it_can_do():
     assert SERVER_DATA in abilities(method_class("fedconv"))
     assert PERSONAL_MODELS in abilities(method_class("mh-pfedhn"))
     assert TIER_PLANS in abilities(method_class("heterofl"))
-    assert abilities(method_class("fedavg")) == []
+    assert abilities(method_class("fedavg")) == [PRIVATE_AGGREGATION]
+    assert PRIVATE_AGGREGATION not in abilities(method_class("pfedhn"))
+    assert LABEL_NOISE in abilities(method_class("recipfl"))
     personal = [name for name, cls in methods().items() if has_personal_models(cls)]
     assert {"pfedhn", "mh-pfedhn", "mh-pfedhngd", "local", "fedavg-groups"} <= set(personal)
 
