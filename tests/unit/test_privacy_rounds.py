@@ -72,3 +72,16 @@ def test_a_device_reports_noised_counts_of_every_class_when_asked_and_refuses_ba
     for bad in ({"epsilon": 0, "classes": 10}, {"epsilon": 1.0}, {"epsilon": 1.0, "classes": 10, "x": 1}):
         with pytest.raises(ProtocolError):
             check_reports({"label_counts": bad}, {"model"})
+
+
+def test_simulate_refuses_an_unsupported_combination_in_one_line_before_starting(tmp_path):
+    from click.testing import CliRunner
+
+    from server_toolkit.cli.simulate import simulate
+
+    result = CliRunner().invoke(simulate, ["--method", "pfedhn", "--dp-clip", "1", "--grid", "inprocess",
+                                           "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: differential privacy is not supported by pfedhn")
+    assert result.output.count("\n") == 1
+    assert not any(tmp_path.iterdir())  # nothing started, no run directory
