@@ -44,6 +44,9 @@ class RoundPrivacy:
         self.rates: list[float] = []  # the sampling rate of every round that released a model
         self.label_reports = 0  # rounds whose tasks asked for noised label histograms
         self._rng = np.random.default_rng()  # OS entropy: the noise must not follow from the seed
+        if settings.dp and settings.label_epsilon is None and LABEL_COUNTS in method.asks:
+            log.warning("%s asks devices for label histograms, sent in clear: dp_epsilon covers the model "
+                        "updates only (add --label-noise-epsilon)", method.name)
 
     @property
     def replaces_norm_bound(self) -> bool:
