@@ -40,7 +40,12 @@ class Recipe:
     ``prox_mu``: FedProx's proximal weight mu >= 0: every optimiser step adds
     mu * (w - w_start) to each parameter's gradient (before weight decay), w_start = the
     parameters at the start of the step; 0 = plain training, and then ``to_dict`` leaves the
-    key out, so such a task reads exactly as before."""
+    key out, so such a task reads exactly as before.
+
+    ``dp_clip`` and ``dp_noise`` (local differential privacy, ``server_toolkit/privacy``):
+    with ``dp_clip`` > 0 the device clips the trained model's update delta to L2 norm
+    ``dp_clip`` and adds Gaussian noise of standard deviation ``dp_noise`` to every float
+    element before sending it (``sdk_device.privacy.noised_delta``); 0: off, key left out."""
 
     epochs: int = 1
     batch_size: int = 32
@@ -54,12 +59,14 @@ class Recipe:
     alpha: float = 0.0
     teacher_features: int = 0
     prox_mu: float = 0.0
+    dp_clip: float = 0.0
+    dp_noise: float = 0.0
 
     def __post_init__(self) -> None:
         for name, kind in (("epochs", int), ("batch_size", int), ("seed", int), ("optimizer", str),
                            ("loss", str), ("lr", float), ("momentum", float), ("weight_decay", float),
                            ("temperature", float), ("alpha", float), ("teacher_features", int),
-                           ("prox_mu", float)):
+                           ("prox_mu", float), ("dp_clip", float), ("dp_noise", float)):
             value = getattr(self, name)
             ok = (type(value) is int) if kind is int else isinstance(value, str) if kind is str else (
                 isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value))
@@ -75,6 +82,9 @@ class Recipe:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.prox_mu < 0:
             raise ValueError(f"prox_mu must be >= 0, got {self.prox_mu}")
+        if self.dp_clip < 0 or self.dp_noise < 0 or (self.dp_noise > 0 and not self.dp_clip > 0):
+            raise ValueError(f"need dp_clip >= 0, dp_noise >= 0, and dp_clip > 0 when dp_noise > 0 "
+                             f"(got {self.dp_clip}, {self.dp_noise})")
         if not (self.temperature > 0 and 0 <= self.alpha <= 1 and self.teacher_features >= 0):
             raise ValueError("need temperature > 0, 0 <= alpha <= 1 and teacher_features >= 0 (got "
                              f"{self.temperature}, {self.alpha}, {self.teacher_features})")
@@ -105,10 +115,11 @@ class Recipe:
             raise ValueError(f"bad recipe: {exc}") from None
 
     def to_dict(self) -> dict:
-        """The task's recipe dict; ``prox_mu`` only when it is not 0."""
+        """The task's recipe dict; ``prox_mu``, ``dp_clip``, ``dp_noise`` only when not 0."""
         out = asdict(self)
-        if not out["prox_mu"]:
-            del out["prox_mu"]
+        for key in ("prox_mu", "dp_clip", "dp_noise"):
+            if not out[key]:
+                del out[key]
         return out
 
 

@@ -5,6 +5,9 @@ name               kind         what the device sends
 =================  ===========  ==============================================================
 ``label_counts``   metric       ``metrics.label_counts``: samples per label, ``[n_0, n_1, …]``
                                 (up to the device's largest label); never the data itself.
+                                With ``params.epsilon`` > 0 and ``params.classes``: all
+                                ``classes`` counts, each with Laplace(1/epsilon) noise
+                                (``sdk_device.privacy.noised_label_counts``).
 ``features``       array record ``arrays.features``: a safetensors record holding ``x`` (n, F)
                                 float32, the inputs of the last linear layer of model
                                 ``params.model`` (default ``"model"``) after training, for a
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .privacy import noised_label_counts
 from .protocol.errors import ProtocolError
 
 MAX_FEATURE_SAMPLES = 4096
@@ -55,13 +59,21 @@ class Output:
     compute: Callable[[OutputContext, dict], object]
 
 
-def _no_params(params: dict, models: set[str]) -> dict:
-    if params:
-        raise ProtocolError("invalid_field", f"label_counts takes no parameters, got {sorted(params)}")
-    return params
+def _check_label_counts(params: dict, models: set[str]) -> dict:
+    if not params:
+        return params
+    epsilon, classes = params.get("epsilon"), params.get("classes")
+    if set(params) != {"epsilon", "classes"} or not isinstance(epsilon, int | float) \
+            or isinstance(epsilon, bool) or not 0 < epsilon < float("inf") or type(classes) is not int \
+            or not 1 <= classes <= 100_000:
+        raise ProtocolError("invalid_field", "label_counts takes nothing, or epsilon > 0 and classes "
+                                             f"1..100000, got {params}")
+    return {"epsilon": float(epsilon), "classes": classes}
 
 
 def _label_counts(ctx: OutputContext, params: dict) -> list[int]:
+    if params:
+        return noised_label_counts(ctx.y, params["classes"], params["epsilon"])
     return np.bincount(ctx.y).tolist() if len(ctx.y) else []
 
 
@@ -87,7 +99,7 @@ def _features(ctx: OutputContext, params: dict) -> dict[str, np.ndarray] | None:
 
 
 OUTPUTS: dict[str, Output] = {o.name: o for o in (
-    Output("label_counts", "metric", _no_params, _label_counts),
+    Output("label_counts", "metric", _check_label_counts, _label_counts),
     Output("features", "arrays", _check_features, _features),
 )}
 

@@ -11,6 +11,8 @@ task exactly as a real one does:
 * every trained model's weights go back through ``LocalTensors`` (the tensors a task left
   out stay on the device); the models the plan returns become array records holding
   exactly the tensors they were sent;
+* local differential privacy: when the last step's recipe has ``dp_clip`` > 0, the model
+  it trained goes back clipped and noised (``privacy.noised_delta``);
 * metrics: ``samples``, ``loss``, ``accuracy`` of the last step, ``<model>_loss`` and
   ``<model>_accuracy`` of the others, and the metric outputs asked for.
 """
@@ -26,6 +28,7 @@ from fedcore.recipe import LOSS_KINDS, Recipe, StepStats
 
 from .local_tensors import LocalTensors
 from .outputs import OUTPUTS, OutputContext
+from .privacy import noised_delta
 from .protocol.task_plan import TaskPlan
 from .runtimes.base import Progress
 
@@ -84,6 +87,9 @@ def run_task(plan: TaskPlan, models: dict[str, LoadedModel], x: np.ndarray, y: n
     for name in sorted(plan.trained() | set(plan.returns)):
         loaded = models[name]
         kept = local.remember(loaded.program_id, loaded.sent, loaded.runtime.get_weights())
+        last = plan.steps[-1]
+        if name == last.model and last.recipe.dp_clip > 0:
+            kept = noised_delta(loaded.sent, kept, last.recipe.dp_clip, last.recipe.dp_noise)
         if name in plan.returns:
             arrays[name] = kept
     metrics.update(samples=stats.samples, loss=_finite(stats.loss), accuracy=stats.accuracy)

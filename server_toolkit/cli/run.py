@@ -16,6 +16,7 @@ from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
+from .privacy_options import privacy_options, privacy_settings
 from .progress import RoundProgress, print_outcome
 from .secagg_options import secagg_options
 from .validate import validated
@@ -90,6 +91,7 @@ from .validate import validated
 @click.option("--seed", default=0, show_default=True, help="Seed of the models and device sampling.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
 @pairing_options
+@privacy_options
 @observe_options
 @secagg_options
 @async_options
@@ -140,6 +142,7 @@ def run(
     max_staleness,
     concurrency,
     server_lr,
+    **privacy_values,
 ) -> None:
     """Serve a real fleet, and pair new devices meanwhile (`fedsdk-server pair-code`).
 
@@ -157,12 +160,14 @@ def run(
     from ..fleet.pair_codes import LockoutPolicy
     from ..fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
     from ..fleet.registry import FleetRegistry
+    from ..privacy.round_privacy import privacy_summary
     from ..report.run_report import RunReport
     from ..rounds.loop import FleetLost, LoopConfig, NoUpdates
     from ..rounds.modes import async_config, make_loop
     from ..secagg.mqtt_grid import secagg_grid
 
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    privacy = privacy_settings(privacy_values, method)
     try:
         setup = assemble(method, model, dataset, data_dir, recipe, parse_options(method_options), seed)
         described = attach_server_data(setup.method, setup.data, server_data, seed)
@@ -222,7 +227,8 @@ def run(
         LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
                    over_select=over_select, round_timeout_s=round_timeout, seed=seed,
                    tier_map=setup.tier_map, min_devices=min_devices, fleet_timeout_s=fleet_timeout,
-                   norm_bound=None if secagg else norm_bound or None),  # secagg: no update in the clear
+                   norm_bound=None if secagg else norm_bound or None,  # secagg: no update in the clear
+                   privacy=privacy),
         settings,
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
@@ -256,7 +262,8 @@ def run(
                 broker.stop()
             if report.rows:  # also when stopped (Ctrl-C) or failed: the rounds that finished are kept
                 report.write_plot()
-            report.write_summary({"method": method, "dataset": dataset, "fleet": fleet})
+            report.write_summary({"method": method, "dataset": dataset, "fleet": fleet,
+                                  **privacy_summary(loop)})
             stopped = loop.completed_round < rounds
             print_outcome(report, f"{method} on fleet {fleet}", run_dir, stopped=stopped)
     hold_dashboard(observers, dashboard_hold)

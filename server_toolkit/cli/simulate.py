@@ -13,6 +13,7 @@ from .config_file import config_option
 from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
 from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
+from .privacy_options import privacy_options, privacy_settings
 from .progress import RoundProgress, print_outcome
 from .secagg_options import secagg_options
 from .validate import validated
@@ -114,6 +115,7 @@ from .validate import validated
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Continue the run in this directory from its last checkpoint.",
 )
+@privacy_options
 @observe_options
 @secagg_options
 @async_options
@@ -128,6 +130,7 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
 
     from ..sim.simulate import Simulation, SimulationConfig, new_run_dir
 
+    privacy = privacy_settings(options, options["method"], sampling_rate(options))
     if resume_dir:
         config = SimulationConfig(**json.loads((resume_dir / "config.json").read_text()))
         config.rounds = max(config.rounds, options["rounds"])
@@ -146,6 +149,7 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
             tiers=[t.strip() for t in tiers.split(",")] if tiers else None,
             method_options=parse_options(options["method_options"]),
             program_formats=[f.strip() for f in formats.split(",")],
+            privacy=privacy.to_dict() if privacy else None,
         )
         if run_dir_option is not None:
             if run_dir_option.exists() and any(run_dir_option.iterdir()):
@@ -192,3 +196,9 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
     hold_dashboard(observers, dashboard_hold)
 
 
+
+def sampling_rate(options: dict) -> float:
+    """The share of the simulated devices a round asks for (privacy accounting)."""
+    if options["clients_per_round"]:
+        return min(1.0, options["clients_per_round"] / max(options["devices"], 1))
+    return min(1.0, options["fraction"]) if options["fraction"] else 1.0

@@ -26,9 +26,10 @@ GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSour
 
 def validators() -> list[Validator]:
     """Every validator, in the order they run (add an options module's ``validate`` here)."""
-    from . import resume_checks, run_checks
+    from . import combination_checks, resume_checks, run_checks
 
-    return [run_checks.validate_values, resume_checks.validate, run_checks.validate_broker,
+    return [run_checks.validate_values, combination_checks.validate, resume_checks.validate,
+            run_checks.validate_broker,
             run_checks.validate_dataset, run_checks.validate_method]
 
 

@@ -15,6 +15,10 @@ Some can do more, and whoever drives them asks this module instead of probing at
 * ``tier_plan`` — every method has it (default: the global model); methods whose tiers train
   different models override it, and pairing sizes a device's tier with it.
 
+* private aggregation — its aggregate is an average of model windows, so ``--dp-*`` and
+  ``--robust`` can replace it (``privacy/windows.py``); label-histogram noise — it asks devices
+  for ``label_counts``, which ``--label-noise-epsilon`` noises (``docs/privacy.md``).
+
 ``abilities(method)`` names what a method declares; ``fedsdk-server methods show`` prints it.
 """
 
@@ -29,6 +33,8 @@ PERSONAL_MODELS = "personal models"
 SERVER_DATA = "server data"
 TIER_PLANS = "per-tier models"
 ASYNCHRONOUS = "asynchronous (--mode async)"
+PRIVATE_AGGREGATION = "DP and robust aggregation (--dp-*, --robust)"
+LABEL_NOISE = "label-histogram noise (--label-noise-epsilon)"
 
 
 @runtime_checkable
@@ -62,6 +68,12 @@ def abilities(method: Method | type[Method]) -> list[str]:
         found.append(TIER_PLANS)
     if cls.asynchronous:
         found.append(ASYNCHRONOUS)
+    from ..privacy.windows import averages_windows  # privacy/ builds on the methods
+
+    if averages_windows(cls):
+        found.append(PRIVATE_AGGREGATION)
+    if "label_counts" in cls.asks:
+        found.append(LABEL_NOISE)
     return found
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Sequence
 from datetime import datetime
@@ -180,6 +181,7 @@ def _setting_section(index: int, setting: Setting, styles: Styles, last_k: int) 
                       f"<h2>Setting {index}: {escape(setting.label)}</h2>",
                       f'<p class="note">{len(setting.series)} series, {len(setting.runs)} runs.</p>',
                       _accuracy_block(sid, setting, styles, last_k),
+                      _privacy_chart(setting, styles),
                       _key_tables(sid, setting, styles, last_k),
                       _key_charts(setting, styles),
                       _runs_block(sid, setting, styles),
@@ -207,6 +209,36 @@ def _accuracy_block(sid: str, setting: Setting, styles: Styles, last_k: int) -> 
     if notes:
         out.append('<ul class="note">' + "".join(notes) + "</ul>")
     return "\n".join(out)
+
+
+def _privacy_chart(setting: Setting, styles: Styles) -> str:
+    """Final accuracy against the final ``dp_epsilon``, one line per method, when the setting's
+    runs used differential privacy (``--dp-clip``); ε = ∞ (clipping, no noise) is drawn at
+    1.5 x the largest finite ε."""
+    found: dict[str, list[tuple[float, Series]]] = {}
+    for series in setting.series:
+        config = series.runs[0].config or {}
+        spent = series.final("dp_epsilon")
+        if not (config.get("privacy") or {}).get("clip"):
+            continue
+        found.setdefault(str(config.get("method")), []).append((spent.mean if spent else math.inf, series))
+    finite = [e for members in found.values() for e, _ in members if math.isfinite(e)]
+    if not finite:
+        return ""
+    lines = []
+    for method, members in found.items():
+        pts = []
+        for eps, series in sorted(members, key=lambda m: m[0]):
+            acc = series.final(MAIN_KEY)
+            if acc is not None:
+                pts.append(svg.Point(eps if math.isfinite(eps) else 1.5 * max(finite), acc.mean, acc.std,
+                                     f"{series.label}: epsilon {eps:.3g}, {format_stat(MAIN_KEY, acc)}"))
+        lines.append(svg.Line(method, styles[members[0][1].label][0], pts))
+    chart = svg.line_chart(lines, title=f"final {MAIN_KEY} vs epsilon", x_label="dp_epsilon",
+                           y_label=MAIN_KEY, integer_x=False)
+    return ("<figure>" + chart + "<figcaption>Each method's final accuracy against the epsilon its runs "
+            "reported (mean ± std over runs); the rightmost point, at 1.5 × the largest finite epsilon, "
+            "is epsilon = ∞ (clipping without noise).</figcaption></figure>")
 
 
 def _key_tables(sid: str, setting: Setting, styles: Styles, last_k: int) -> str:

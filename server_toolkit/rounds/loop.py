@@ -14,6 +14,9 @@ Fleet: ``run`` starts a round only with at least ``min_devices`` online; until t
 logging why every ``status_every_s``, and raises ``FleetLost`` after ``fleet_timeout_s``. A
 run in which no round accepted any update raises ``NoUpdates``: never a silent success.
 Before ``aggregate_train`` outsized update deltas are clipped (``rounds/norm_bound.py``).
+``LoopConfig.privacy`` (``privacy/``): differential privacy, label-histogram noise or a
+robust rule; its aggregate replaces the method's, and a spent ``--dp-epsilon`` budget ends
+the run before the round that would exceed it (``stopped`` says why).
 
 Seeds: the selection draws from ``random.Random(seed)`` (its state is checkpointed); each
 task trains with ``task_seed(seed, round, device)``, so a device shuffles its data alike on
@@ -37,6 +40,8 @@ import numpy as np
 from ..edge.fold import aggregate, configure
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..methods.tiers import with_tier_overrides
+from ..privacy.round_privacy import BudgetSpent, RoundPrivacy
+from ..privacy.settings import PrivacySettings
 from .checkpoint import load_checkpoint, save_checkpoint
 from .grid import Grid
 from .norm_bound import DEFAULT_FACTOR, bound_updates
@@ -68,6 +73,7 @@ class LoopConfig:
     fleet_timeout_s: float = 600.0
     status_every_s: float = 30.0
     norm_bound: float | None = DEFAULT_FACTOR
+    privacy: PrivacySettings | None = None  # --dp-*, --label-noise-epsilon, --robust (privacy/)
 
 
 class FleetLost(RuntimeError):
@@ -106,6 +112,9 @@ class RoundLoop:
         self.completed_round = 0
         self.last_updates: list[ClientUpdate] = []
         self._rng = random.Random(config.seed)
+        active = config.privacy is not None and config.privacy.active
+        self.privacy = RoundPrivacy(config.privacy, method) if active else None
+        self.stopped: str | None = None  # why the run ended early (a spent privacy budget)
 
     # -- set-up ------------------------------------------------------------------------------
     def start(self, resume: bool = False) -> None:
@@ -116,6 +125,8 @@ class RoundLoop:
             self.method.load_state_dict(state.get("method_state", {}))
             if "rng" in state:
                 self._rng.setstate(_tuple_state(state["rng"]))
+            if self.privacy:
+                self.privacy.load_state_dict(state.get("privacy", {}))
             log.info("resuming after round %d from %s", self.completed_round, state["checkpoint"])
         else:
             self.global_weights = self.method.initial_weights(self.config.seed)
@@ -127,7 +138,14 @@ class RoundLoop:
         rows = []
         for rnd in range(self.completed_round + 1, self.config.rounds + 1):
             self.wait_for_fleet(rnd)
-            rows.append(self.run_round(rnd))
+            try:
+                rows.append(self.run_round(rnd))
+            except BudgetSpent as spent:
+                self.stopped = str(spent)
+                log.warning("%s", spent)
+                if self.completed_round == 0:
+                    raise NoUpdates(str(spent)) from None
+                break
         if rows and not any(r["accepted"] for r in rows):
             raise NoUpdates(f"rounds {rows[0]['round']}-{rows[-1]['round']} accepted no update; "
                             "the global model never changed")
@@ -164,6 +182,9 @@ class RoundLoop:
         selected = [] if wanted is not None and len(already) >= wanted else \
             self._select(online, wanted, exclude={u.device_id for u in already})
         quorum = len(selected) + len(already) if wanted is None else min(wanted, len(selected) + len(already))
+        rate = min(1.0, quorum / max(len(online), 1))  # the sampling rate the privacy accountant charges
+        if self.privacy and (why := self.privacy.refusal(rnd, rate)):
+            raise BudgetSpent(why)
         clock = time.perf_counter()
         instructions = [self._finish(rnd, i) for i in
                         configure(self.method, rnd, self.global_weights, selected)] if selected else []
@@ -179,11 +200,17 @@ class RoundLoop:
                      "refused_policy": exchange.rejections.get("device:policy", 0)}  # fedsdk run --only-when
         clock = time.perf_counter()
         secure = exchange.secure  # secure aggregation: only the sum is in the clear (secagg/)
-        if updates and secure is None and self.config.norm_bound is not None and self.method.bounds_updates:
+        if updates and secure is None and self.config.norm_bound is not None and self.method.bounds_updates \
+                and not (self.privacy and self.privacy.replaces_norm_bound):
             updates, row["clipped"] = bound_updates(rnd, updates, self.config.norm_bound)
         if updates:
-            self.global_weights = (secure(self.method, rnd, self.global_weights) if secure is not None
-                                   else aggregate(self.method, rnd, self.global_weights, updates))
+            private = None if secure is not None or not self.privacy else \
+                self.privacy.aggregate(rnd, self.global_weights, updates, rate, row)
+            if secure is not None:
+                self.global_weights = secure(self.method, rnd, self.global_weights)
+            else:
+                self.global_weights = private if private is not None else \
+                    aggregate(self.method, rnd, self.global_weights, updates)
             row.update(self.method.aggregate_evaluate(rnd, updates))
         else:
             log.warning("round %d: no update accepted (%s); global model unchanged", rnd,
@@ -201,7 +228,9 @@ class RoundLoop:
         if self.run_dir is not None:
             save_checkpoint(self.run_dir, rnd, self.global_weights,
                             {"method_state": self.method.state_dict(), "rng": self._rng.getstate(),
-                             "method": self.method.name}, keep=self.config.keep_checkpoints)
+                             "method": self.method.name,
+                             "privacy": self.privacy.state_dict() if self.privacy else {}},
+                            keep=self.config.keep_checkpoints)
         self.grid.close_round(rnd, row)
         self.completed_round = rnd
         self.last_updates = updates
@@ -215,8 +244,9 @@ class RoundLoop:
         seed = task_seed(self.config.seed, rnd, instruction.device_id)
         before = tuple(dataclasses.replace(s, recipe=dataclasses.replace(s.recipe, seed=seed))
                        for s in instruction.steps_before)
-        return dataclasses.replace(instruction, recipe=dataclasses.replace(instruction.recipe, seed=seed),
-                                   steps_before=before, reports={**self.method.asks, **instruction.reports})
+        out = dataclasses.replace(instruction, recipe=dataclasses.replace(instruction.recipe, seed=seed),
+                                  steps_before=before, reports={**self.method.asks, **instruction.reports})
+        return self.privacy.stamp(out) if self.privacy else out
 
     def _select(self, online: list[DeviceInfo], want: int | None, exclude: set[str]) -> list[DeviceInfo]:
         """Devices for this round out of ``online`` (tiers final: the grid's, then ``tier_map``'s;

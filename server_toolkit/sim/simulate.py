@@ -39,6 +39,8 @@ from ..methods.abilities import wants_server_data
 from ..methods.base import DeviceInfo
 from ..methods.summands import refusal
 from ..observe.observers import RunObservers
+from ..privacy.round_privacy import privacy_summary
+from ..privacy.settings import PrivacySettings
 from ..report.run_report import RunReport
 from ..rounds.grid import Grid
 from ..rounds.inprocess_grid import InProcessGrid
@@ -104,6 +106,7 @@ class SimulationConfig:
     server_lr: float | None = None  # async: step on the folded delta (None: 1.0)
     slow_devices: float = 0.0  # simulation knob: this share of the devices are stragglers (by seed)
     slowdown: float = 10.0  # ... each sleeping (slowdown - 1) x its training time after training
+    privacy: dict | None = None  # PrivacySettings as a dict (--dp-*, --label-noise-epsilon, --robust)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -165,6 +168,7 @@ class Simulation:
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.on_event = on_event or (lambda kind, data: None)
+        self.loop: RoundLoop | None = None  # the run's loop, once made (summary.json: privacy spent)
         self.report: RunReport | None = None  # the rounds so far, once run() has begun them
         self.device_procs: list[subprocess.Popen] = []
         self.edge_procs: list[subprocess.Popen] = []
@@ -256,7 +260,8 @@ class Simulation:
         return LoopConfig(rounds=c.rounds, clients_per_round=c.clients_per_round, fraction=c.fraction,
                           over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed,
                           tier_map=tier_map, fleet_timeout_s=c.fleet_timeout_s,
-                          norm_bound=None if c.secagg else c.norm_bound)  # secagg: no update in the clear
+                          norm_bound=None if c.secagg else c.norm_bound,  # secagg: no update in the clear
+                          privacy=PrivacySettings.from_dict(c.privacy))
 
     def run(self) -> RunReport:
         c = self.config
@@ -283,7 +288,8 @@ class Simulation:
             if report.rows:
                 report.write_plot()
             report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
-                                  "edges": c.edges, "grid": c.grid, "mode": c.mode})
+                                  "edges": c.edges, "grid": c.grid, "mode": c.mode,
+                                  **(privacy_summary(self.loop) if self.loop else {})})
         return report
 
     def _run_rounds(self, setup, method, devices: list[LocalDevice], report: RunReport) -> None:
@@ -298,15 +304,15 @@ class Simulation:
         if c.grid == "inprocess":
             grid = InProcessGrid(devices)
             self.observers.watch_inprocess(grid)
-            loop = RoundLoop(method, grid, self.loop_config(setup.tier_map),
+            loop = self.loop = RoundLoop(method, grid, self.loop_config(setup.tier_map),
                              run_dir=self.run_dir, test_data=test_data, on_round=on_round)
             loop.start(resume=self.resume)
             self.on_event("devices", {"online": len(devices), "expected": len(devices)})
             loop.run()
         else:
-            self._run_over_mqtt(method, self.loop_config(setup.tier_map), test_data, on_round)
+            self.loop = self._run_over_mqtt(method, self.loop_config(setup.tier_map), test_data, on_round)
 
-    def _run_over_mqtt(self, method, loop_config: LoopConfig, test_data: tuple, on_round) -> None:
+    def _run_over_mqtt(self, method, loop_config: LoopConfig, test_data: tuple, on_round) -> RoundLoop:
         """Broker, device (and edge) processes, the server's MQTT grid and the round loop."""
         c = self.config
         registry = FleetRegistry(self.run_dir / "registry.sqlite")
@@ -334,8 +340,8 @@ class Simulation:
             endpoint.start()
             self.start_edges(address)
             self.start_devices(address)
-            loop = make_loop(method, grid, loop_config, settings, run_dir=self.run_dir, test_data=test_data,
-                             on_round=on_round)
+            loop = self.loop = make_loop(method, grid, loop_config, settings, run_dir=self.run_dir,
+                                         test_data=test_data, on_round=on_round)
             loop.start(resume=self.resume)
             expected = len(self.direct_devices) + len(self.edges)
             # the start waits for the whole fleet; a round then goes on with whoever is online
@@ -347,6 +353,7 @@ class Simulation:
                 raise RuntimeError(f"no device came online; see {self.run_dir}/devices/*/agent.log "
                                    f"(and edges/*/edge.log)")
             loop.run()
+            return loop
         finally:
             grid.close()
             self.stop_devices()

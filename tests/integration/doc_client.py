@@ -248,7 +248,12 @@ class DocClient:
         self.awaited = task["task_id"]
         metrics = {"samples": self.num_samples, "runtime": "doc-client"}
         if "label_counts" in self.reports:  # features: declined, so no record (§20.1)
+            params = self.reports["label_counts"]
             metrics["label_counts"] = np.bincount(self.labels).tolist()
+            if params:  # §20: all K counts, Laplace(1/epsilon) each, rounded, floored at 0
+                counts = np.bincount(self.labels, minlength=params["classes"])[:params["classes"]]
+                noisy = counts + np.random.default_rng().laplace(0.0, 1.0 / params["epsilon"], len(counts))
+                metrics["label_counts"] = [int(c) for c in np.maximum(np.rint(noisy), 0)]
         self.last_result = {"task_id": task["task_id"], "round": task["round"], "arrays": refs,
                             "metrics": metrics}
         self.send("result", **self.last_result)
@@ -292,8 +297,11 @@ class DocClient:
             if not isinstance(name, str) or not NAME.match(name) or not isinstance(params, dict):
                 raise bad("report")
             if name == "label_counts":
-                if params:
-                    raise bad("label_counts takes no parameters")
+                eps, classes = params.get("epsilon"), params.get("classes")
+                if params and (set(params) != {"epsilon", "classes"} or type(classes) is not int
+                               or not 1 <= classes <= 100000 or isinstance(eps, bool)
+                               or not isinstance(eps, int | float) or not 0 < eps < float("inf")):
+                    raise bad("label_counts parameters")
             elif name == "features":
                 samples = params.get("samples")
                 if set(params) - {"samples", "model"} or params.get("model", "model") not in models or \

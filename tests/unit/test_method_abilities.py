@@ -6,7 +6,9 @@ from fedcore.recipe import Recipe
 from server_toolkit.methods import method_class, methods
 from server_toolkit.methods.abilities import (
     ASYNCHRONOUS,
+    LABEL_NOISE,
     PERSONAL_MODELS,
+    PRIVATE_AGGREGATION,
     SERVER_DATA,
     TIER_PLANS,
     PersonalModels,
@@ -21,7 +23,9 @@ def test_each_family_declares_what_it_can_do():
     assert SERVER_DATA in abilities(method_class("fedconv"))
     assert PERSONAL_MODELS in abilities(method_class("mh-pfedhn"))
     assert TIER_PLANS in abilities(method_class("heterofl"))
-    assert abilities(method_class("fedavg")) == [ASYNCHRONOUS]
+    assert abilities(method_class("fedavg")) == [ASYNCHRONOUS, PRIVATE_AGGREGATION]
+    assert PRIVATE_AGGREGATION not in abilities(method_class("pfedhn"))
+    assert LABEL_NOISE in abilities(method_class("recipfl"))
     personal = [name for name, cls in methods().items() if has_personal_models(cls)]
     assert {"pfedhn", "mh-pfedhn", "mh-pfedhngd", "local", "fedavg-groups"} <= set(personal)
 

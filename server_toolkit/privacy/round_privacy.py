@@ -1,0 +1,152 @@
+"""What the round loop asks of the privacy settings, round by round.
+
+* ``refusal(rate)``: before a round, the reason to stop when the round would take epsilon
+  past ``--dp-epsilon`` (a budget stop ends the run cleanly: rounds so far stand);
+* ``stamp``: a task's recipe gets ``dp_clip``/``dp_noise`` (local mode) and its
+  ``label_counts`` report the Laplace parameters (``--label-noise-epsilon``);
+* ``aggregate``: the private (``clipping``) or robust (``rounds/robust``) aggregate in
+  place of the method's, with its metrics (``dp_epsilon``, ``dp_clip``, ...) in the row;
+* ``state_dict``: the rates spent and the adaptive clip, saved with each checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+
+from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
+from ..methods.records import LABEL_COUNTS
+from ..rounds.robust import coverage_robust
+from .accountant import epsilon
+from .adaptive import count_noise, next_clip, update_noise_multiplier
+from .clipping import clipped_deltas, noised_window_mean
+from .settings import PrivacySettings
+from .windows import contributions, window_of
+
+log = logging.getLogger(__name__)
+
+
+class BudgetSpent(Exception):
+    """The next round would take epsilon past the budget; the run stops cleanly."""
+
+
+class RoundPrivacy:
+    """The settings applied to ``method``'s rounds (checked by ``PrivacySettings.check``)."""
+
+    def __init__(self, settings: PrivacySettings, method: Method) -> None:
+        settings.check(method)
+        self.settings = settings
+        self.method = method
+        self.clip = settings.clip
+        self.rates: list[float] = []  # the sampling rate of every round that released a model
+        self.label_reports = 0  # rounds whose tasks asked for noised label histograms
+        self._rng = np.random.default_rng()  # OS entropy: the noise must not follow from the seed
+        if settings.dp and settings.label_epsilon is None and LABEL_COUNTS in method.asks:
+            log.warning("%s asks devices for label histograms, sent in clear: dp_epsilon covers the model "
+                        "updates only (add --label-noise-epsilon)", method.name)
+
+    @property
+    def replaces_norm_bound(self) -> bool:
+        """Central clipping bounds every update; the norm bound (relative to the round's other
+        updates) would make one device's update depend on the others' and break the analysis."""
+        return self.settings.dp and self.settings.mode == "central"
+
+    def epsilon(self, rates: list[float] | None = None) -> float:
+        s = self.settings
+        return epsilon(s.mode, s.noise_multiplier, self.rates if rates is None else rates, s.delta)
+
+    def refusal(self, rnd: int, rate: float) -> str | None:
+        """Why round ``rnd`` must not run (budget), or None."""
+        budget = self.settings.epsilon_budget
+        if budget is None:
+            return None
+        after = self.epsilon([*self.rates, rate])
+        if after <= budget:
+            return None
+        return (f"privacy budget reached: round {rnd} would take epsilon from {self.epsilon():.3g} to "
+                f"{after:.3g} > --dp-epsilon {budget:g} (delta {self.settings.delta:g}); stopping after "
+                f"round {rnd - 1}")
+
+    def stamp(self, instruction: TrainInstruction) -> TrainInstruction:
+        s = self.settings
+        if s.dp and s.mode == "local":
+            recipe = dataclasses.replace(instruction.recipe, dp_clip=float(s.clip),
+                                         dp_noise=float(s.noise_multiplier * s.clip))
+            instruction = dataclasses.replace(instruction, recipe=recipe)
+        if s.label_epsilon is not None and LABEL_COUNTS in instruction.reports:
+            classes = int(self.method.global_spec["num_classes"])
+            instruction = dataclasses.replace(instruction, reports={
+                **instruction.reports, LABEL_COUNTS: {"epsilon": float(s.label_epsilon), "classes": classes}})
+        return instruction
+
+    def aggregate(self, rnd: int, global_weights: Weights, updates: list[ClientUpdate], rate: float,
+                  row: dict) -> Weights | None:
+        """The new global weights (None: the method aggregates as usual); metrics into ``row``."""
+        s = self.settings
+        if s.label_epsilon is not None and any(LABEL_COUNTS in u.instruction.reports for u in updates):
+            self.label_reports += 1
+            row["label_epsilon"] = self.label_reports * s.label_epsilon
+        if s.robust is not None:
+            return coverage_robust(global_weights, contributions(self.method, updates, global_weights),
+                                   s.robust, s.trim_fraction)
+        if not s.dp:
+            return None
+        counted = [u for u in updates if u.num_samples > 0]
+        if not counted:
+            return global_weights
+        windows = [window_of(self.method, u, global_weights) for u in counted]
+        pairs = [(u.instruction.weights, u.weights) for u in counted]
+        if s.mode == "local":  # the devices clipped and noised; average what came
+            deltas, norms = clipped_deltas(pairs, None)
+            new = noised_window_mean(global_weights, list(zip(deltas, windows, strict=True)), 0.0, self._rng)
+        else:
+            z = s.noise_multiplier
+            if s.adaptive_quantile is not None:
+                count_std = count_noise(len(counted), z)
+                z = update_noise_multiplier(z, count_std)
+            deltas, norms = clipped_deltas(pairs, self.clip)
+            new = noised_window_mean(global_weights, list(zip(deltas, windows, strict=True)), z * self.clip,
+                                     self._rng)
+            row["dp_clipped"] = sum(1 for n in norms if n > self.clip)
+            row["dp_clip"] = self.clip
+            if s.adaptive_quantile is not None:
+                self.clip = next_clip(self.clip, norms, s.adaptive_quantile, count_std, self._rng)
+        self.rates.append(rate)
+        spent = self.epsilon()
+        row["dp_epsilon"] = spent if math.isfinite(spent) else None
+        return new
+
+    def summary(self) -> dict:
+        """What the run spent, for summary.json."""
+        s = self.settings
+        out: dict = {"settings": s.to_dict()}
+        if s.dp:
+            spent = self.epsilon()
+            out.update(dp_epsilon=spent if math.isfinite(spent) else None, dp_delta=s.delta,
+                       dp_rounds=len(self.rates),
+                       dp_assumption="Poisson sampling at rate q = devices per round / devices online"
+                       if s.mode == "central" else "local: no amplification, every round counted")
+        if s.label_epsilon is not None:
+            out["label_epsilon"] = self.label_reports * s.label_epsilon
+        return out
+
+    def state_dict(self) -> dict:
+        return {"rates": list(self.rates), "clip": self.clip, "label_reports": self.label_reports}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rates = [float(q) for q in state.get("rates", [])]
+        self.clip = state.get("clip", self.clip)
+        self.label_reports = int(state.get("label_reports", 0))
+
+
+def privacy_summary(loop) -> dict:
+    """The ``privacy`` (and ``stopped``) entries of a run's summary.json from its round loop."""
+    out: dict = {}
+    if loop.privacy is not None:
+        out["privacy"] = loop.privacy.summary()
+    if loop.stopped:
+        out["stopped"] = loop.stopped
+    return out
