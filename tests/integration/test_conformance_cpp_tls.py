@@ -87,4 +87,5 @@ def test_cpp_client_trains_over_mqtts_with_a_pinned_ca_and_refuses_a_foreign_one
         timeout=60,
     )
     assert stranger.returncode != 0
-    assert "TLS error" in stranger.stderr, stranger.stderr[-2000:]
+    # libmosquitto reports the failed handshake either at connect or as a CONNACK that never comes
+    assert "TLS error" in stranger.stderr or "no CONNACK" in stranger.stderr, stranger.stderr[-2000:]
