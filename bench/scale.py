@@ -207,12 +207,20 @@ def measure(n: int, workdir: Path, args) -> dict:
     return row
 
 
-def cell(value) -> str:
+def cell(value, missing: str = "timeout") -> str:
     if value is None:
-        return "timeout"
+        return missing
     if isinstance(value, float):
         return f"{value:.1f}"
     return str(value)
+
+
+def print_table(columns: list[str], rows: list[dict], missing: str = "timeout") -> None:
+    """``rows`` as a Markdown table of ``columns`` (what BENCHMARKS.md shows)."""
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(cell(row.get(c), missing) for c in columns) + " |")
 
 
 def main() -> None:
@@ -237,10 +245,7 @@ def main() -> None:
         print(f"N={n} done in {time.monotonic() - started:.0f} s: {rows[-1]}", flush=True)
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    print("| " + " | ".join(COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
-    for row in rows:
-        print("| " + " | ".join(cell(row.get(c)) for c in COLUMNS) + " |")
+    print_table(COLUMNS, rows)
 
 
 if __name__ == "__main__":

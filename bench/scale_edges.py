@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from scale import FLEET, Server, Timeout, wait_for  # noqa: E402
+from scale import FLEET, Server, Timeout, print_table, wait_for  # noqa: E402
 from scale_probes import ProcessSampler, round_rows  # noqa: E402
 
 from server_toolkit.broker.mosquitto import MosquittoBroker  # noqa: E402
@@ -124,12 +124,6 @@ def measure(n: int, edges: int, workdir: Path, args) -> dict:
     return row
 
 
-def cell(value) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1f}" if isinstance(value, float) else str(value)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -152,10 +146,7 @@ def main() -> None:
         print(f"{rows[-1]}", flush=True)
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    print("| " + " | ".join(COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
-    for row in rows:
-        print("| " + " | ".join(cell(row.get(c)) for c in COLUMNS) + " |")
+    print_table(COLUMNS, rows, missing="-")
 
 
 if __name__ == "__main__":
