@@ -158,10 +158,7 @@ class AsyncLoop(RoundLoop):
         row.update(self.method.aggregate_evaluate(version, [b.update for b in batch]))
         aggregate_s = time.perf_counter() - clock
         clock = time.perf_counter()
-        if self.test_data is not None:
-            row.update(self.method.evaluate(self.global_weights, *self.test_data))
-        for evaluator in self.evaluators:
-            row.update(evaluator(version, self.global_weights))
+        row.update(self.evaluate_global(version))
         self.consumed += len(batch)
         now = time.monotonic()
         row.update(versions_alive=len(self.grid.in_flight()), tasks_sent=self._since["tasks_sent"],

@@ -217,10 +217,7 @@ class RoundLoop:
                         _why_empty(selected, exchange, deadline))
         aggregate_s = time.perf_counter() - clock
         clock = time.perf_counter()
-        if self.test_data is not None:
-            row.update(self.method.evaluate(self.global_weights, *self.test_data))
-        for evaluator in self.evaluators:
-            row.update(evaluator(rnd, self.global_weights))
+        row.update(self.evaluate_global(rnd))
         evaluate_s = time.perf_counter() - clock
         row["seconds"] = time.monotonic() - started
         row["bytes_down"], row["bytes_up"] = self.grid.traffic()
@@ -237,6 +234,16 @@ class RoundLoop:
         if self.on_round:
             self.on_round(row)
         return row
+
+    def evaluate_global(self, rnd: int) -> dict:
+        """The global model's metrics for a row: the method's evaluation on the test data, then
+        every extra evaluator's (``rnd`` = round, or version in async mode)."""
+        metrics: dict = {}
+        if self.test_data is not None:
+            metrics.update(self.method.evaluate(self.global_weights, *self.test_data))
+        for evaluator in self.evaluators:
+            metrics.update(evaluator(rnd, self.global_weights))
+        return metrics
 
     def _finish(self, rnd: int, instruction: TrainInstruction) -> TrainInstruction:
         """``instruction`` with this round's seed for this device in every step's recipe, and
