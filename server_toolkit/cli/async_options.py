@@ -4,8 +4,9 @@
 
 Every combination is checked before anything starts (no broker, no device, no run
 directory): a bad one is a one-line usage error. Checked: the async-only options need
-``--mode async``; K >= 1, S >= 0, concurrency >= 1, server lr > 0; the method must support
-async (``Method.asynchronous``); async runs over MQTT without edge aggregators.
+``--mode async``; K >= 1, S >= 0, concurrency >= 1, server lr > 0, eval-every >= 1; the
+method must support async (``Method.asynchronous``); async runs over MQTT (with or without
+edge aggregators: ``docs/async.md``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..rounds.async_loop import AsyncConfig
 
 DEFAULT_BUFFER = AsyncConfig.buffer  # K
 DEFAULT_MAX_STALENESS = AsyncConfig.max_staleness  # S
-ASYNC_ONLY = ("buffer", "max_staleness", "concurrency", "server_lr")
+ASYNC_ONLY = ("buffer", "max_staleness", "concurrency", "server_lr", "eval_every")
 
 
 def async_options(f):
@@ -38,6 +39,9 @@ def async_options(f):
         click.option("--server-lr", type=float, default=None,
                      help="Async: step on the staleness-weighted average delta (default 1.0: plain "
                      "averaging)."),
+        click.option("--eval-every", type=int, default=None,
+                     help="Async: evaluate the global model on every N-th version and the last one "
+                     "only (default 1: every version; evaluating holds the loop)."),
     ]):
         f = opt(f)
 
@@ -87,10 +91,10 @@ def check_async(options: dict) -> None:
         raise click.ClickException(f"--concurrency must be >= 1, got {options['concurrency']}")
     if not options["server_lr"] > 0:
         raise click.ClickException(f"--server-lr must be > 0, got {options['server_lr']}")
+    if options.get("eval_every") is not None and options["eval_every"] < 1:
+        raise click.ClickException(f"--eval-every must be >= 1, got {options['eval_every']}")
     if options.get("grid", "mqtt") != "mqtt":
         raise click.ClickException("--mode async needs --grid mqtt (devices training at their own pace)")
-    if options.get("edges"):
-        raise click.ClickException("--mode async does not run behind --edges yet (docs/async.md)")
     from ..methods import method_class
     from ..methods.abilities import async_refusal
 

@@ -5,7 +5,7 @@ Each of privacy (``--dp-*``, ``--label-noise-epsilon``, ``--robust``), secure ag
 how a round's updates become the global model, and each was built on the plain synchronous
 round: the aggregation path of one would silently skip the other (e.g. an async version would
 fold updates without the DP noise). Until a pair is built and tested together it is refused
-in one line.
+in one line. Built and tested together: ``--mode async`` with ``--edges`` (``docs/async.md``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _features(params: dict) -> list[str]:
         on.append("--secagg")
     if params.get("mode") == "async":
         on.append("--mode async")
-    if params.get("edges"):
+    if params.get("edges") and params.get("mode") != "async":  # async behind edges: built (docs/async.md)
         on.append("--edges")
     return on
 

@@ -142,6 +142,7 @@ def run(
     max_staleness,
     concurrency,
     server_lr,
+    eval_every,
     **privacy_values,
 ) -> None:
     """Serve a real fleet, and pair new devices meanwhile (`fedsdk-server pair-code`).
@@ -211,14 +212,14 @@ def run(
     report = (
         RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
     )
-    settings = async_config(mode, buffer, max_staleness, concurrency, server_lr)
+    settings = async_config(mode, buffer, max_staleness, concurrency, server_lr, eval_every)
     grid = secagg_grid(endpoint, registry, the_method, secagg, seed, settings, fetch_timeout_s=round_timeout,
                        program_formats=[f.strip() for f in program_formats.split(",")])
     config = {"method": method, "model": model, "dataset": dataset, "fleet": fleet, "rounds": rounds,
               "clients_per_round": clients_per_round, "fraction": fraction, "round_timeout_s": round_timeout,
               "seed": seed, "recipe": recipe.to_dict(), "method_options": parse_options(method_options),
               "mode": mode, "buffer": buffer, "max_staleness": max_staleness, "concurrency": concurrency,
-              "server_lr": server_lr}
+              "server_lr": server_lr, "eval_every": eval_every}
     (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     observers.begin(config, report.rows)
     observers.watch_registry(registry, run_dir / "registry.sqlite", grid)

@@ -21,6 +21,19 @@ the folded ones), ``rejected``, ``expired`` (tasks that timed out), ``versions_a
 run ended; the grid may have accepted more meanwhile: a ``--resume`` folds them all),
 ``accuracy`` / ``loss``, ``seconds`` (since the previous row) and ``wall_s`` (since start).
 
+Edge aggregators (``edge/``): a generic edge is dispatched like a device but sent the global
+model (``edge/fold.configure``); it runs one synchronous group round from that version and
+answers its group's partial aggregate, which ``fold_buffer`` folds with the devices' deltas.
+It counts as the device updates it carries (``staleness.carried``) in ``accepted``,
+``folded``, ``dropped_stale``, the staleness statistics and towards K; ``edge_results`` counts
+the partials folded into a version. An edge the method cannot use (``configure`` leaves it
+out, with an error in the log) gets no task until it says hello with another profile.
+
+``eval_every`` (``--eval-every N``): the global model is evaluated on versions N, 2N, ... and
+the last one only; the other rows carry no ``accuracy`` / ``loss``. Evaluating blocks the
+loop (nothing is dispatched or taken meanwhile), so with fast versions it is most of the
+server's time.
+
 Checkpoints: as the round loop's, plus ``async``: the updates consumed so far (folded or
 dropped, a prefix of the grid's acceptance order; the buffer is empty after a fold). A
 resumed run asks the grid for the updates accepted after that prefix (``recovered``), so an
@@ -34,13 +47,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ..edge.fold import configure, is_partial, is_sum_edge
 from ..methods.abilities import async_refusal
 from ..methods.base import Method
 from .async_grid import Arrival, AsyncGrid
 from .checkpoint import load_checkpoint, save_checkpoint
 from .loop import LoopConfig, NoUpdates, RoundLoop
 from .norm_bound import bound_updates
-from .staleness import BufferedUpdate, fold_buffer, staleness_stats
+from .staleness import BufferedUpdate, carried, fold_buffer, staleness_stats
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +69,7 @@ class AsyncConfig:
     max_staleness: int = 20  # a 10x straggler among 10 devices lags ~14 versions at K = 5
     concurrency: int | None = None
     server_lr: float = 1.0
+    eval_every: int = 1  # evaluate the global model every this many versions (and the last)
 
 
 class AsyncLoop(RoundLoop):
@@ -73,6 +88,7 @@ class AsyncLoop(RoundLoop):
         self.consumed = 0  # updates taken from the grid and folded or dropped, over the run
         self.tasks_sent = 0
         self._since = {"accepted": 0, "dropped_stale": 0, "tasks_sent": 0}
+        self._left_out: dict[str, str] = {}  # device -> its profile when configure gave it no task
         self._started = self._last_row = time.monotonic()
 
     def start(self, resume: bool = False) -> None:
@@ -102,7 +118,7 @@ class AsyncLoop(RoundLoop):
                 last_take = time.monotonic()
             while pending and self.completed_round < self.config.rounds:
                 self._take(pending.pop(0))
-                if len(self.buffer) >= self.async_config.buffer:
+                if sum(carried(b.update) for b in self.buffer) >= self.async_config.buffer:
                     last = self.completed_round + 1 == self.config.rounds
                     rows.append(self._fold(buffered=len(pending) if last else 0))  # the buffer empties
             if time.monotonic() - last_take > patience:
@@ -114,15 +130,18 @@ class AsyncLoop(RoundLoop):
     def _dispatch(self) -> None:
         """A task from the newest version for idle devices, up to ``concurrency`` training."""
         busy = sum(self.grid.in_flight().values())
-        idle = self.grid.idle()
+        idle = [d for d in self.grid.idle() if self._left_out.get(d.device_id) != _profile(d)]
         limit = self.async_config.concurrency or len(self.grid.online())
         room = min(len(idle), limit - busy)
         if room <= 0:
             return
         chosen = self._select(idle, room if room < len(idle) else None, exclude=set())[:room]
         version = self.completed_round
-        instructions = [self._finish(self.tasks_sent + i + 1, ins) for i, ins in  # a seed per task
-                        enumerate(self.method.configure_train(version + 1, self.global_weights, chosen))]
+        planned = configure(self.method, version + 1, self.global_weights, chosen)  # edges: the global model
+        given = {ins.device_id for ins in planned}
+        self._left_out.update({d.device_id: _profile(d) for d in chosen if d.device_id not in given
+                               and is_sum_edge(d)})  # (logged once by configure)
+        instructions = [self._finish(self.tasks_sent + i + 1, ins) for i, ins in enumerate(planned)]  # seeds
         self.grid.submit(version, instructions, self.config.round_timeout_s)
         self.tasks_sent += len(instructions)
         self._since["tasks_sent"] += len(instructions)
@@ -130,12 +149,13 @@ class AsyncLoop(RoundLoop):
     def _take(self, arrival: Arrival) -> None:
         """Into the buffer, or dropped when older than ``max_staleness`` versions."""
         staleness = self.completed_round - arrival.base
-        self._since["accepted"] += 1
+        count = carried(arrival.update)  # an edge's partial: the device updates behind it
+        self._since["accepted"] += count
         if staleness > self.async_config.max_staleness:
             log.info("version %d: dropped the update of %s made from version %d (staleness %d > %d)",
                      self.completed_round, arrival.update.device_id, arrival.base, staleness,
                      self.async_config.max_staleness)
-            self._since["dropped_stale"] += 1
+            self._since["dropped_stale"] += count
             self.consumed += 1
             return
         self.buffer.append(BufferedUpdate(arrival.update, arrival.base, staleness))
@@ -146,7 +166,9 @@ class AsyncLoop(RoundLoop):
         batch, self.buffer = self.buffer, []
         row: dict = {"round": version, "version": version, "accepted": self._since["accepted"],
                      "selected": self._since["tasks_sent"],
-                     "folded": len(batch), "dropped_stale": self._since["dropped_stale"],
+                     "folded": sum(carried(b.update) for b in batch),
+                     "edge_results": sum(is_partial(b.update) for b in batch),
+                     "dropped_stale": self._since["dropped_stale"],
                      **staleness_stats(batch), **self.grid.counters()}
         clock = time.perf_counter()
         if self.config.norm_bound is not None and self.method.bounds_updates:
@@ -158,8 +180,10 @@ class AsyncLoop(RoundLoop):
         row.update(self.method.aggregate_evaluate(version, [b.update for b in batch]))
         aggregate_s = time.perf_counter() - clock
         clock = time.perf_counter()
-        row.update(self.evaluate_global(version))
-        self.consumed += len(batch)
+        every = max(1, self.async_config.eval_every)
+        if version % every == 0 or version == self.config.rounds:
+            row.update(self.evaluate_global(version))
+        self.consumed += len(batch)  # registry entries (an edge's partial is one)
         now = time.monotonic()
         row.update(versions_alive=len(self.grid.in_flight()), tasks_sent=self._since["tasks_sent"],
                    buffered=buffered, seconds=now - self._last_row, wall_s=now - self._started,
@@ -176,8 +200,15 @@ class AsyncLoop(RoundLoop):
         self.completed_round = version
         self.last_updates = [b.update for b in batch]
         self.grid.open_version(version)
-        log.info("version %d: folded %d updates (staleness mean %.2f, max %d), %d dropped as stale",
-                 version, len(batch), row["staleness_mean"], row["staleness_max"], row["dropped_stale"])
+        log.info("version %d: folded %d updates (%d of edges; staleness mean %.2f, max %d), %d dropped as "
+                 "stale", version, row["folded"], row["edge_results"], row["staleness_mean"],
+                 row["staleness_max"], row["dropped_stale"])
         if self.on_round:
             self.on_round(row)
         return row
+
+
+def _profile(device) -> str:
+    """A device's hello profile as a comparable string (an edge left out is tried again when it
+    changes, e.g. restarted with the server's method)."""
+    return repr(sorted(device.profile.items()))

@@ -13,7 +13,7 @@ MODES = ("sync", "async")
 
 
 def async_config(mode: str, buffer: int | None, max_staleness: int | None, concurrency: int | None,
-                 server_lr: float | None) -> AsyncConfig | None:
+                 server_lr: float | None, eval_every: int | None = None) -> AsyncConfig | None:
     """The async settings of ``mode`` ("async"), None for "sync" (ValueError for another mode)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -22,7 +22,8 @@ def async_config(mode: str, buffer: int | None, max_staleness: int | None, concu
     defaults = AsyncConfig()
     return AsyncConfig(buffer=buffer if buffer is not None else defaults.buffer,
                        max_staleness=max_staleness if max_staleness is not None else defaults.max_staleness,
-                       concurrency=concurrency, server_lr=server_lr if server_lr is not None else 1.0)
+                       concurrency=concurrency, server_lr=server_lr if server_lr is not None else 1.0,
+                       eval_every=eval_every if eval_every is not None else defaults.eval_every)
 
 
 def mqtt_grid_class(settings: AsyncConfig | None) -> type[MqttGrid]:

@@ -15,7 +15,7 @@ BatchNorm running statistics (``running_mean``, ``running_var``) are float tenso
 count as part of the delta, scaled with it: a forged running variance is as harmful as a
 forged weight, and scaling by s <= 1 keeps a variance between the sent and the returned
 (positive) value. Records the task never sent (``features``) are not model deltas and are
-left alone.
+left alone, and so is an edge's ``coverage`` (sample counts, not weights: ``edge/partial.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import statistics
 
 import numpy as np
 
+from ..edge.partial import COVERAGE
 from ..methods.base import MODEL, ClientUpdate, Weights
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ def bound_updates(rnd: int, updates: list[ClientUpdate], factor: float) -> tuple
     """``updates`` with every delta whose RMS exceeds ``factor`` x the round's lower median RMS
     (per record) scaled down to it; and how many updates were clipped."""
     clipped: set[int] = set()
-    records = sorted({name for u in updates for name in u.arrays if name in u.instruction.all_models()})
+    records = sorted({name for u in updates for name in u.arrays
+                      if name in u.instruction.all_models() and name != COVERAGE})
     out = list(updates)
     for name in records:
         have = [i for i, u in enumerate(out) if name in u.arrays and name in u.instruction.all_models()]

@@ -23,6 +23,14 @@ unscaled, so a stale update shrinks the step instead of being renormalised away 
 divides by K for the same reason); ``server_lr`` defaults to 1.0, where a buffer of fresh
 updates (all tau = 0) gives exactly the synchronous round of the same updates. Methods
 declare that their aggregation has this form with ``Method.asynchronous``.
+
+Edge aggregators (``edge/``): an edge answers a task made from version ``b`` with its
+group's partial aggregate (``model`` = the group's mean, the sent value where nobody covered
+an element; ``coverage`` = A). Its delta ``mean - w_b`` (0 where uncovered), scaled by
+``s(tau)``, joins the fold as a partial (``edge/fold.py``): ``sum_i a_i s_i delta_i`` and
+``A`` add to the devices' summands, so a buffer holding it folds to what the flat buffer of
+its members' updates (same base, same staleness) folds to. An edge's result counts as the
+device updates it carries (``carried``) towards K and in the staleness statistics.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..edge.fold import aggregate, is_partial
 from ..methods.base import ClientUpdate, Method, Weights
 
 StalenessWeight = Callable[[int], float]
@@ -74,7 +83,7 @@ def fold_buffer(method: Method, version: int, global_weights: Weights, buffer: l
     scaled = [scaled_delta(b.update, weight(b.staleness)) for b in
               sorted(buffer, key=lambda b: (b.update.device_id, b.base))]  # order-independent
     zeros = {name: np.zeros(value.shape, np.float64) for name, value in global_weights.items()}
-    step = method.aggregate_train(version, zeros, scaled)
+    step = aggregate(method, version, zeros, scaled)  # the method's own; with partials, their fold
     out: Weights = {}
     for name, value in global_weights.items():
         if name not in step:  # a tensor no update holds: unchanged
@@ -85,8 +94,17 @@ def fold_buffer(method: Method, version: int, global_weights: Weights, buffer: l
     return out
 
 
+def carried(update: ClientUpdate) -> int:
+    """Device updates ``update`` stands for: an edge's partial its ``edge_devices`` (>= 1;
+    a missing or bad count is 1), any other update 1."""
+    count = update.metrics.get("edge_devices") if is_partial(update) else 1
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else 1
+
+
 def staleness_stats(buffer: list[BufferedUpdate]) -> dict:
-    """``staleness_mean`` and ``staleness_max`` of a folded buffer (versions)."""
-    values = [b.staleness for b in buffer]
-    return {"staleness_mean": sum(values) / len(values) if values else 0.0,
-            "staleness_max": max(values, default=0)}
+    """``staleness_mean`` and ``staleness_max`` of a folded buffer (versions), over the device
+    updates it carries (an edge's staleness counts once per device behind it)."""
+    counts = [carried(b.update) for b in buffer]
+    total = sum(counts)
+    return {"staleness_mean": sum(n * b.staleness for n, b in zip(counts, buffer, strict=True)) / total
+            if total else 0.0, "staleness_max": max((b.staleness for b in buffer), default=0)}

@@ -104,6 +104,7 @@ class SimulationConfig:
     max_staleness: int | None = None  # async: S, versions an update may lag
     concurrency: int | None = None  # async: devices training at once (None: all)
     server_lr: float | None = None  # async: step on the folded delta (None: 1.0)
+    eval_every: int | None = None  # async: evaluate every N-th version and the last (None: 1)
     slow_devices: float = 0.0  # simulation knob: this share of the devices are stragglers (by seed)
     slowdown: float = 10.0  # ... each sleeping (slowdown - 1) x its training time after training
     privacy: dict | None = None  # PrivacySettings as a dict (--dp-*, --label-noise-epsilon, --robust)
@@ -332,7 +333,8 @@ class Simulation:
         self.on_event("broker", {"url": address.url, "embedded": broker is not None})
         endpoint = Endpoint(address, FleetTopics(c.fleet), BlobStore(self.run_dir / "blobs"),
                             is_known_peer=registry.is_known)
-        settings = async_config(c.mode, c.buffer, c.max_staleness, c.concurrency, c.server_lr)
+        settings = async_config(c.mode, c.buffer, c.max_staleness, c.concurrency, c.server_lr,
+                                c.eval_every)
         grid = secagg_grid(endpoint, registry, method, c.secagg, c.seed, settings,
                            program_formats=c.program_formats, fetch_timeout_s=c.round_timeout_s)
         self.observers.watch_registry(registry, self.run_dir / "registry.sqlite", grid, "--tiers")

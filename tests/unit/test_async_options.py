@@ -15,7 +15,8 @@ from server_toolkit.cli import main as cli
     (["--mode", "async", "--concurrency", "0"], "--concurrency must be >= 1"),
     (["--mode", "async", "--server-lr", "0"], "--server-lr must be > 0"),
     (["--mode", "async", "--grid", "inprocess"], "--mode async needs --grid mqtt"),
-    (["--mode", "async", "--edges", "2"], "does not run behind --edges"),
+    (["--mode", "async", "--eval-every", "0"], "--eval-every must be >= 1"),
+    (["--eval-every", "2"], "--eval-every apply only with --mode async"),
     (["--mode", "async", "--method", "pfedhn"], "method pfedhn does not support --mode async"),
 ])
 def test_simulate_refuses_a_bad_async_combination_in_one_line_before_starting(tmp_path, args, says):
