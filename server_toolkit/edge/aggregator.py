@@ -63,7 +63,7 @@ from ..methods.records import FEATURES
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.mqtt_grid import MqttGrid
 from .fold import SUMS
-from .partial import COVERAGE
+from .partial import COVERAGE, devices_behind
 from .sum_relay import SumRelay
 
 log = logging.getLogger(__name__)
@@ -306,7 +306,8 @@ class EdgeAggregator:
     def _metrics(self, row: dict, seconds: float, label_counts: bool) -> dict:
         updates = self.registry.updates(row["round"])
         metrics: dict = {"samples": sum(u["num_samples"] for u in updates), "runtime": "edge",
-                         "wall_time_s": seconds, "edge_devices": len(updates)}
+                         "wall_time_s": seconds,  # devices behind it, through nested edges too:
+                         "edge_devices": sum(devices_behind(u["metrics"]) for u in updates)}
         if "device_loss" in row:
             metrics["loss"] = row["device_loss"]
         if "device_accuracy" in row:

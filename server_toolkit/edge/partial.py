@@ -26,6 +26,13 @@ Weights = dict[str, np.ndarray]
 COVERAGE = "coverage"  # the array record holding A
 
 
+def devices_behind(metrics: dict) -> int:
+    """Device updates one result stands for: an edge's ``edge_devices`` (its group's, nested
+    edges' devices included), 1 for a device's result or a missing or bad count."""
+    count = metrics.get("edge_devices", 1)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else 1
+
+
 @dataclass
 class Partial:
     """``sums`` S and ``cover`` A per global tensor (float64, global shapes); tensors nobody

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..edge.fold import aggregate, is_partial
+from ..edge.partial import devices_behind
 from ..methods.base import ClientUpdate, Method, Weights
 
 StalenessWeight = Callable[[int], float]
@@ -97,8 +98,7 @@ def fold_buffer(method: Method, version: int, global_weights: Weights, buffer: l
 def carried(update: ClientUpdate) -> int:
     """Device updates ``update`` stands for: an edge's partial its ``edge_devices`` (>= 1;
     a missing or bad count is 1), any other update 1."""
-    count = update.metrics.get("edge_devices") if is_partial(update) else 1
-    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else 1
+    return devices_behind(update.metrics) if is_partial(update) else 1
 
 
 def staleness_stats(buffer: list[BufferedUpdate]) -> dict:

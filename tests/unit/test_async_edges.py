@@ -1,0 +1,87 @@
+"""Async mode behind generic edges (rounds/staleness.py, edge/): a buffer holding an edge's
+partial aggregate folds to the same weights as the flat buffer of its members' updates.
+
+Synthetic updates (the instruction's weights plus seeded noise). The edge is the real
+``SumRelay``: it configures its group from the (stale) version it was sent, and its answer
+travels as on the wire (float32 mean, float32 coverage). The buffer also holds a fresh update
+of a device talking to the server directly, so partials and summands meet in one fold.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from fedcore.recipe import Recipe
+from server_toolkit.edge.fold import SUMS, configure
+from server_toolkit.edge.partial import COVERAGE
+from server_toolkit.edge.sum_relay import SumRelay
+from server_toolkit.methods import method_class
+from server_toolkit.methods.base import ClientUpdate, DeviceInfo, TrainInstruction
+from server_toolkit.models.zoo import model_spec
+from server_toolkit.rounds.staleness import BufferedUpdate, carried, fold_buffer, staleness_stats
+
+SPEC = model_spec("small_cnn", (1, 8, 8), 10)
+CASES = {"fedavg": (None,), "heterofl": ("1.0", "0.5", "0.25")}
+EDGE = {"role": "edge", "aggregates": SUMS}
+
+
+def _trained(instruction: TrainInstruction) -> ClientUpdate:
+    """A device's answer: the weights it was sent moved by noise seeded by its id."""
+    rng = np.random.default_rng(zlib.crc32(instruction.device_id.encode()))
+    weights = {k: (v + rng.normal(0, 0.1, v.shape)).astype(v.dtype) for k, v in instruction.weights.items()}
+    samples = 20 + int(instruction.device_id[-1]) * 7
+    return ClientUpdate(instruction.device_id, samples, weights, {"samples": samples}, instruction)
+
+
+def _edge_answer(name: str, instruction: TrainInstruction, rnd: int, members: list[DeviceInfo]):
+    """The edge's partial as the server receives it, and its members' updates."""
+    relay = SumRelay(name)
+    relay.forward(instruction.spec, instruction.recipe, rnd)
+    updates = [_trained(i) for i in relay.configure_train(1, instruction.weights, members)]
+    mean = relay.aggregate_train(1, instruction.weights, updates)
+    samples = sum(u.num_samples for u in updates)
+    partial = ClientUpdate(instruction.device_id, samples, mean, {"samples": samples, "edge_devices": len(updates)},
+                           instruction, {COVERAGE: relay.partial.coverage(instruction.weights)})
+    return partial, updates
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_stale_edge_partial_folds_like_its_members_updates_with_the_same_base(name):
+    tiers = CASES[name]
+    method = method_class(name)(SPEC, Recipe())
+    rng = np.random.default_rng(4)
+    base = {k: (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype) for k, v in method.initial_weights(0).items()}
+    now = {k: (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype) for k, v in base.items()}  # version 5
+    members = [DeviceInfo(f"dev{i}", 1, tiers[i % len(tiers)]) for i in range(1, 4)]
+    edge = DeviceInfo("edge-1", 1, None, profile={**EDGE, "method": name})
+    (edge_task,) = configure(method, 3 + 1, base, [edge])  # sent from version 3
+    partial, updates = _edge_answer(name, edge_task, 4, members)
+    (direct_task,) = method.configure_train(6, now, [DeviceInfo("dev0", 1, tiers[0])])
+    direct = BufferedUpdate(_trained(direct_task), base=5, staleness=0)
+
+    with_edge = fold_buffer(method, 6, now, [BufferedUpdate(partial, base=3, staleness=2), direct])
+    flat = fold_buffer(method, 6, now, [BufferedUpdate(u, base=3, staleness=2) for u in updates] + [direct])
+    moved = 0
+    for key in flat:
+        np.testing.assert_allclose(with_edge[key], flat[key], rtol=1e-5, atol=2e-6, err_msg=key)
+        moved += not np.allclose(flat[key], now[key])
+    assert moved > len(flat) // 2  # the fold moved the model: the comparison means something
+    # only the staleness weight differs from a fresh edge: the stale one moves the model less
+    fresh = fold_buffer(method, 6, now, [BufferedUpdate(partial, base=5, staleness=0), direct])
+    assert not all(np.allclose(fresh[k], with_edge[k]) for k in flat)
+
+
+def test_an_edge_partial_counts_as_the_device_updates_it_carries():
+    method = method_class("fedavg")(SPEC, Recipe())
+    weights = method.initial_weights(0)
+    edge = DeviceInfo("edge-1", 1, None, profile={**EDGE, "method": "fedavg"})
+    (task,) = configure(method, 1, weights, [edge])
+    partial, updates = _edge_answer("fedavg", task, 1, [DeviceInfo(f"dev{i}", 1) for i in range(1, 4)])
+    assert carried(partial) == 3 and carried(updates[0]) == 1
+    forged = ClientUpdate("edge-1", 1, partial.weights, {"edge_devices": "many"}, task, partial.others)
+    assert carried(forged) == 1  # a bad count from the network counts once
+    stats = staleness_stats([BufferedUpdate(partial, 0, 2), BufferedUpdate(updates[0], 3, 0)])
+    assert stats == {"staleness_mean": 1.5, "staleness_max": 2}  # (3 x 2 + 1 x 0) / 4
