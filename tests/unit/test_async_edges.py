@@ -43,9 +43,14 @@ def _edge_answer(name: str, instruction: TrainInstruction, rnd: int, members: li
     updates = [_trained(i) for i in relay.configure_train(1, instruction.weights, members)]
     mean = relay.aggregate_train(1, instruction.weights, updates)
     samples = sum(u.num_samples for u in updates)
-    partial = ClientUpdate(instruction.device_id, samples, mean, {"samples": samples, "edge_devices": len(updates)},
-                           instruction, {COVERAGE: relay.partial.coverage(instruction.weights)})
+    metrics = {"samples": samples, "edge_devices": len(updates)}
+    partial = ClientUpdate(instruction.device_id, samples, mean, metrics, instruction,
+                           {COVERAGE: relay.partial.coverage(instruction.weights)})
     return partial, updates
+
+
+def _moved(weights: dict, rng) -> dict:
+    return {k: (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype) for k, v in weights.items()}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -53,8 +58,8 @@ def test_a_stale_edge_partial_folds_like_its_members_updates_with_the_same_base(
     tiers = CASES[name]
     method = method_class(name)(SPEC, Recipe())
     rng = np.random.default_rng(4)
-    base = {k: (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype) for k, v in method.initial_weights(0).items()}
-    now = {k: (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype) for k, v in base.items()}  # version 5
+    base = _moved(method.initial_weights(0), rng)  # version 3
+    now = _moved(base, rng)  # version 5
     members = [DeviceInfo(f"dev{i}", 1, tiers[i % len(tiers)]) for i in range(1, 4)]
     edge = DeviceInfo("edge-1", 1, None, profile={**EDGE, "method": name})
     (edge_task,) = configure(method, 3 + 1, base, [edge])  # sent from version 3
