@@ -9,19 +9,26 @@ of a device talking to the server directly, so partials and summands meet in one
 
 from __future__ import annotations
 
+import types
 import zlib
 
 import numpy as np
 import pytest
 
 from fedcore.recipe import Recipe
-from server_toolkit.edge.fold import SUMS, configure
+from sdk_device.protocol.blobs import encode_tensors
+from sdk_device.transport.blob_store import BlobStore
+from server_toolkit.edge.fold import SUMS, configure, is_partial
 from server_toolkit.edge.partial import COVERAGE
 from server_toolkit.edge.sum_relay import SumRelay
+from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo, TrainInstruction
 from server_toolkit.models.zoo import model_spec
+from server_toolkit.rounds.mqtt_async import AsyncMqttGrid
+from server_toolkit.rounds.mqtt_grid import ARRAYS_KEY
 from server_toolkit.rounds.staleness import BufferedUpdate, carried, fold_buffer, staleness_stats
+from server_toolkit.rounds.task_records import task_record
 
 SPEC = model_spec("small_cnn", (1, 8, 8), 10)
 CASES = {"fedavg": (None,), "heterofl": ("1.0", "0.5", "0.25")}
@@ -90,3 +97,31 @@ def test_an_edge_partial_counts_as_the_device_updates_it_carries():
     assert carried(forged) == 1  # a bad count from the network counts once
     stats = staleness_stats([BufferedUpdate(partial, 0, 2), BufferedUpdate(updates[0], 3, 0)])
     assert stats == {"staleness_mean": 1.5, "staleness_max": 2}  # (3 x 2 + 1 x 0) / 4
+
+
+def test_an_edge_partial_accepted_before_a_restart_is_recovered_and_folds_alike(tmp_path):
+    """As the MQTT grid persists it (task record, result blobs, registry row) and reads it back."""
+    method = method_class("heterofl")(SPEC, Recipe())
+    base = method.initial_weights(0)
+    edge = DeviceInfo("edge-1", 1, None, profile={**EDGE, "method": "heterofl"})
+    (task,) = configure(method, 4, base, [edge])  # made from version 3
+    members = [DeviceInfo(f"dev{i}", 1, tier) for i, tier in enumerate(("1.0", "0.5"), start=1)]
+    partial, _ = _edge_answer("heterofl", task, 4, members)
+    store, registry = BlobStore(tmp_path / "blobs"), FleetRegistry(tmp_path / "registry.sqlite")
+    blobs = {name: store.put(encode_tensors(model.weights)) for name, model in task.all_models().items()}
+    for version in range(4):  # as the grid opens them: registry round = version + 1
+        registry.open_round(version + 1, [], "")
+    registry.add_task("t1", 4, "edge-1", task_record(task, blobs, {name: [] for name in blobs}))
+    coverage = store.put(encode_tensors(partial.others[COVERAGE]))
+    registry.add_update(4, "edge-1", "t1", store.put(encode_tensors(partial.weights)), partial.num_samples,
+                        {**partial.metrics, ARRAYS_KEY: {COVERAGE: coverage}})
+    grid = AsyncMqttGrid(types.SimpleNamespace(store=store, announce_epoch=lambda epoch: None), registry)
+    (arrival,) = grid.recovered(consumed=0)
+    registry.close()
+    assert arrival.base == 3 and is_partial(arrival.update) and carried(arrival.update) == 2
+    now = {k: v + 0.01 for k, v in base.items()}  # version 5
+    folded = fold_buffer(method, 6, now, [BufferedUpdate(arrival.update, 3, 2)])
+    want = fold_buffer(method, 6, now, [BufferedUpdate(partial, 3, 2)])
+    for key in want:
+        np.testing.assert_array_equal(folded[key], want[key], err_msg=key)
+    assert any(not np.allclose(folded[k], now[k]) for k in want)

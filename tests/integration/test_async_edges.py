@@ -1,0 +1,125 @@
+"""``--mode async`` behind generic edges over a real mosquitto: real ``fedsdk-server edge``
+processes and device agent processes, the server's async loop and MQTT grid in this process.
+
+* Two levels beside direct devices (FedAvg on digits):
+
+      server ── dev3, dev4
+            └── edge-a ── dev0
+                       └── edge-b ── dev1, dev2
+
+  Versions complete; every metrics.jsonl row carries its version and staleness; edge-a's
+  partials (three device updates each, two of them through edge-b) are folded and counted
+  as three device updates; the accuracy rises.
+* An edge killed with SIGKILL mid-run costs only its group: the direct devices keep making
+  versions, long before the killed edge's task would have expired.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from fedcore.recipe import Recipe
+from server_toolkit.methods.fedavg import FedAvg
+from server_toolkit.models.zoo import model_spec
+from server_toolkit.report.run_report import RunReport
+from server_toolkit.rounds.async_loop import AsyncConfig, AsyncLoop
+from server_toolkit.rounds.loop import LoopConfig
+from server_toolkit.rounds.mqtt_async import AsyncMqttGrid
+from server_toolkit.sim.edges import EdgeGroup, register_group, start_edge_process
+from server_toolkit.sim.simulate import start_device_process, stop_processes
+
+from .harness import Fleet
+
+pytestmark = pytest.mark.integration
+
+RECIPE = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9)
+
+
+def _start(fleet: Fleet, tmp_path, edges: dict[str, tuple[str, EdgeGroup]], direct: list[str]) -> list:
+    """Edge processes (edge id -> (the fleet it joins, its group)) and every device's process."""
+    where = {dev: fleet.fleet for dev in direct}
+    procs = []
+    for upper, group in edges.values():
+        if upper == fleet.fleet:
+            fleet.registry.add_device(group.edge_id)
+        register_group(tmp_path / group.edge_id, group)
+        procs.append(start_edge_process(fleet.broker.url, upper, group, tmp_path / group.edge_id,
+                                        method="fedavg"))
+        where.update({dev: group.group_fleet(upper) for dev in group.device_ids if dev not in edges})
+    for dev in direct:
+        fleet.registry.add_device(dev)
+    for dev, path in fleet.write_data(sorted(where)).items():
+        procs.append(start_device_process(fleet.broker.url, where[dev], dev, path, tmp_path / dev / "work",
+                                          tmp_path / f"{dev}.log"))
+    return procs
+
+
+def _loop(fleet: Fleet, tmp_path, versions: int, on_round) -> AsyncLoop:
+    spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
+    grid = AsyncMqttGrid(fleet.endpoint, fleet.registry)
+    loop = AsyncLoop(FedAvg(spec, RECIPE), grid, LoopConfig(rounds=versions, round_timeout_s=60, seed=0),
+                     AsyncConfig(buffer=3, max_staleness=4), run_dir=tmp_path / "server",
+                     test_data=(fleet.data.x_test, fleet.data.y_test), on_round=on_round)
+    loop.start()
+    return loop
+
+
+def test_async_versions_fold_the_partials_of_two_levels_of_edges_beside_direct_devices(mosquitto, tmp_path):
+    fleet = Fleet(mosquitto.address, tmp_path, fleet="lab")
+    edges = {"edge-a": ("lab", EdgeGroup("edge-a", None, ("dev0", "edge-b"))),
+             "edge-b": ("lab.edge-a", EdgeGroup("edge-b", None, ("dev1", "dev2")))}
+    procs = _start(fleet, tmp_path, edges, direct=["dev3", "dev4"])
+    report = RunReport(tmp_path / "server")
+    try:
+        loop = _loop(fleet, tmp_path, versions=12, on_round=report.add_round)
+        before = loop.evaluate_global(0)["accuracy"]
+        assert loop.grid.wait_for_devices(3, timeout_s=60) == 3
+        loop.run()
+        loop.grid.close()
+    finally:
+        stop_processes(procs)
+        fleet.close()
+    rows = [json.loads(line) for line in (tmp_path / "server" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in rows] == list(range(1, 13)) == [r["round"] for r in rows]
+    for row in rows:  # counted in device updates: an edge-a partial is three
+        assert row["accepted"] == row["folded"] + row["dropped_stale"] and row["folded"] >= 3, row
+        assert 0 <= row["staleness_mean"] <= row["staleness_max"] <= 4, row
+    assert sum(r["edge_results"] for r in rows) >= 2  # edge-a answered, more than once
+    edge_updates = [u for rnd in range(1, 14) for u in fleet.registry.updates(rnd)
+                    if u["device_id"] == "edge-a"]
+    assert edge_updates and all(u["metrics"]["edge_devices"] == 3 for u in edge_updates)  # through edge-b
+    assert all(u["num_samples"] > 600 for u in edge_updates)  # three devices' samples (5 x ~290 in all)
+    assert rows[-1]["accuracy"] > max(before + 0.3, rows[0]["accuracy"]), (before, rows)
+
+
+def test_a_killed_edge_costs_only_its_group_in_async_mode(mosquitto, tmp_path):
+    fleet = Fleet(mosquitto.address, tmp_path, fleet="lab")
+    procs = _start(fleet, tmp_path, {"edge-1": ("lab", EdgeGroup("edge-1", None, ("dev0", "dev1")))},
+                   direct=["dev2", "dev3"])
+    edge = procs[0]
+    killed_at: list[float] = []
+
+    def on_round(row: dict) -> None:
+        if row["edge_results"] and not killed_at:  # its partial is folded: now kill it
+            edge.send_signal(signal.SIGKILL)
+            edge.wait(timeout=10)
+            killed_at.append(time.monotonic())
+
+    try:
+        loop = _loop(fleet, tmp_path, versions=5, on_round=on_round)
+        assert loop.grid.wait_for_devices(3, timeout_s=60) == 3
+        rows = loop.run()
+        ended = time.monotonic()
+        loop.grid.close()
+    finally:
+        stop_processes(procs)
+        fleet.close()
+    assert killed_at, f"edge-1's partial was never folded: {rows}"
+    after = [r for r in rows if r["version"] > next(r["version"] for r in rows if r["edge_results"])]
+    assert after and all(r["edge_results"] == 0 for r in after)  # the direct devices made them
+    assert ended - killed_at[0] < 60  # not held for the killed edge's task (its time limit is 60 s)
+    assert "edge-1" not in {d.device_id for d in loop.grid.online()}
