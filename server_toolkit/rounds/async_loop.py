@@ -129,9 +129,10 @@ class AsyncLoop(RoundLoop):
     # -- steps -------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         """A task from the newest version for idle devices, up to ``concurrency`` training."""
-        busy = sum(self.grid.in_flight().values())
-        idle = [d for d in self.grid.idle() if self._left_out.get(d.device_id) != _profile(d)]
-        limit = self.async_config.concurrency or len(self.grid.online())
+        online, idle = self.grid.online(), self.grid.idle()
+        busy = len(online) - len(idle)  # online devices training: one gone offline holds no slot
+        idle = [d for d in idle if self._left_out.get(d.device_id) != _profile(d)]
+        limit = self.async_config.concurrency or len(online)
         room = min(len(idle), limit - busy)
         if room <= 0:
             return

@@ -10,8 +10,9 @@ processes and device agent processes, the server's async loop and MQTT grid in t
   Versions complete; every metrics.jsonl row carries its version and staleness; edge-a's
   partials (three device updates each, two of them through edge-b) are folded and counted
   as three device updates; the accuracy rises.
-* An edge killed with SIGKILL mid-run costs only its group: the direct devices keep making
-  versions, long before the killed edge's task would have expired.
+* ``simulate --edges 2 --mode async`` (every device behind an edge): an edge killed with
+  SIGKILL mid-run costs only its group: the other edge keeps making versions, long before
+  the killed edge's task would have expired.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 import pytest
 
 from fedcore.recipe import Recipe
+from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.report.run_report import RunReport
@@ -30,7 +32,7 @@ from server_toolkit.rounds.async_loop import AsyncConfig, AsyncLoop
 from server_toolkit.rounds.loop import LoopConfig
 from server_toolkit.rounds.mqtt_async import AsyncMqttGrid
 from server_toolkit.sim.edges import EdgeGroup, register_group, start_edge_process
-from server_toolkit.sim.simulate import start_device_process, stop_processes
+from server_toolkit.sim.simulate import Simulation, SimulationConfig, start_device_process, stop_processes
 
 from .harness import Fleet
 
@@ -96,30 +98,32 @@ def test_async_versions_fold_the_partials_of_two_levels_of_edges_beside_direct_d
     assert rows[-1]["accuracy"] > max(before + 0.3, rows[0]["accuracy"]), (before, rows)
 
 
-def test_a_killed_edge_costs_only_its_group_in_async_mode(mosquitto, tmp_path):
-    fleet = Fleet(mosquitto.address, tmp_path, fleet="lab")
-    procs = _start(fleet, tmp_path, {"edge-1": ("lab", EdgeGroup("edge-1", None, ("dev0", "dev1")))},
-                   direct=["dev2", "dev3"])
-    edge = procs[0]
-    killed_at: list[float] = []
+def test_a_killed_edge_costs_only_its_group_in_simulate_async_with_edges(mosquitto, tmp_path):
+    """``simulate --edges 2 --mode async``: edge-1 is killed once a partial of it is folded;
+    edge-2's group keeps making versions, not held for edge-1's task (time limit 60 s)."""
+    config = SimulationConfig(method="fedavg", devices=4, rounds=6, edges=2, partition="iid",
+                              recipe=RECIPE.to_dict(), round_timeout_s=60.0, broker_url=mosquitto.url,
+                              fleet="lab", mode="async", buffer=2, max_staleness=4)
+    sim = Simulation(config, tmp_path / "run")
+    killed: list[tuple[int, float]] = []  # (version, when)
 
-    def on_round(row: dict) -> None:
-        if row["edge_results"] and not killed_at:  # its partial is folded: now kill it
-            edge.send_signal(signal.SIGKILL)
-            edge.wait(timeout=10)
-            killed_at.append(time.monotonic())
+    def on_event(kind: str, row: dict) -> None:
+        if kind == "round" and row["edge_results"] and not killed:
+            sim.edge_procs[0].send_signal(signal.SIGKILL)  # edge-1
+            sim.edge_procs[0].wait(timeout=10)
+            killed.append((row["version"], time.monotonic()))
 
+    sim.on_event = on_event
+    rows = sim.run().rows
+    ended = time.monotonic()
+    assert killed, f"no edge partial was folded: {rows}"
+    assert [r["version"] for r in rows] == list(range(1, 7))
+    after = [r for r in rows if r["version"] > killed[0][0]]
+    assert after and all(r["edge_results"] >= 1 and r["folded"] >= 2 for r in after), rows  # edge-2's
+    assert ended - killed[0][1] < 30  # not held for the killed edge's task (60 s)
+    registry = FleetRegistry(tmp_path / "run" / "registry.sqlite")
     try:
-        loop = _loop(fleet, tmp_path, versions=5, on_round=on_round)
-        assert loop.grid.wait_for_devices(3, timeout_s=60) == 3
-        rows = loop.run()
-        ended = time.monotonic()
-        loop.grid.close()
+        late = [u["device_id"] for rnd in range(killed[0][0] + 2, 8) for u in registry.updates(rnd)]
     finally:
-        stop_processes(procs)
-        fleet.close()
-    assert killed_at, f"edge-1's partial was never folded: {rows}"
-    after = [r for r in rows if r["version"] > next(r["version"] for r in rows if r["edge_results"])]
-    assert after and all(r["edge_results"] == 0 for r in after)  # the direct devices made them
-    assert ended - killed_at[0] < 60  # not held for the killed edge's task (its time limit is 60 s)
-    assert "edge-1" not in {d.device_id for d in loop.grid.online()}
+        registry.close()
+    assert late and set(late) == {"edge-2"}  # tasks made after the kill: answered by edge-2 only
