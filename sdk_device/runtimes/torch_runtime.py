@@ -24,6 +24,10 @@ class TorchRuntime:
         if threads:
             torch.set_num_threads(threads)
         self.model: SpecModel | None = None
+        # torch.optim imports torch._dynamo on first use (as long as importing torch: ~1 s CPU,
+        # 10-20 s with ten processes starting on a loaded 2-core machine). Pay it here, when the
+        # agent starts, not in the first task, whose deadline and straggler timing it distorted.
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
     def load_program(self, program: bytes, fmt: str) -> None:
         if fmt not in self.formats:

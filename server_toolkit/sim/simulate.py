@@ -48,6 +48,7 @@ from ..rounds.local_device import LocalDevice
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.modes import async_config, make_loop
 from ..secagg.mqtt_grid import secagg_grid
+from ..torch_utils import one_torch_thread
 from .edges import deal_edges, plan_edges, register_group, start_edge_process
 from .partition import partition
 
@@ -310,8 +311,9 @@ class Simulation:
             loop.start(resume=self.resume)
             self.on_event("devices", {"online": len(devices), "expected": len(devices)})
             loop.run()
-        else:
-            self.loop = self._run_over_mqtt(method, self.loop_config(setup.tier_map), test_data, on_round)
+        else:  # the device processes take the cores: the server's torch work (evaluation) in one
+            with one_torch_thread():  # thread (two were 6x slower under load: docs/async.md)
+                self.loop = self._run_over_mqtt(method, self.loop_config(setup.tier_map), test_data, on_round)
 
     def _run_over_mqtt(self, method, loop_config: LoopConfig, test_data: tuple, on_round) -> RoundLoop:
         """Broker, device (and edge) processes, the server's MQTT grid and the round loop."""

@@ -1,7 +1,7 @@
-"""``--mode async`` behind generic edges over a real mosquitto: real ``fedsdk-server edge``
-processes and device agent processes, the server's async loop and MQTT grid in this process.
+"""``--mode async`` behind generic edges over a real mosquitto, with device agent processes.
 
-* Two levels beside direct devices (FedAvg on digits):
+* Two levels beside direct devices (FedAvg on digits; the server's async loop and MQTT grid
+  and the two ``EdgeAggregator``s in this process):
 
       server ── dev3, dev4
             └── edge-a ── dev0
@@ -10,20 +10,22 @@ processes and device agent processes, the server's async loop and MQTT grid in t
   Versions complete; every metrics.jsonl row carries its version and staleness; edge-a's
   partials (three device updates each, two of them through edge-b) are folded and counted
   as three device updates; the accuracy rises.
-* ``simulate --edges 2 --mode async`` (every device behind an edge): an edge killed with
-  SIGKILL mid-run costs only its group: the other edge keeps making versions, long before
-  the killed edge's task would have expired.
+* ``simulate --edges 2 --mode async`` (edge processes, every device behind an edge): an
+  edge killed with SIGKILL mid-run costs only its group: the other edge keeps making
+  versions, long before the killed edge's task would have expired.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 
 import pytest
 
 from fedcore.recipe import Recipe
+from server_toolkit.edge.aggregator import EdgeAggregator, EdgeConfig
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
@@ -31,7 +33,7 @@ from server_toolkit.report.run_report import RunReport
 from server_toolkit.rounds.async_loop import AsyncConfig, AsyncLoop
 from server_toolkit.rounds.loop import LoopConfig
 from server_toolkit.rounds.mqtt_async import AsyncMqttGrid
-from server_toolkit.sim.edges import EdgeGroup, register_group, start_edge_process
+from server_toolkit.sim.edges import EdgeGroup, register_group
 from server_toolkit.sim.simulate import Simulation, SimulationConfig, start_device_process, stop_processes
 
 from .harness import Fleet
@@ -42,22 +44,25 @@ RECIPE = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9)
 
 
 def _start(fleet: Fleet, tmp_path, edges: dict[str, tuple[str, EdgeGroup]], direct: list[str]) -> list:
-    """Edge processes (edge id -> (the fleet it joins, its group)) and every device's process."""
+    """Edge aggregator threads (edge id -> (the fleet it joins, its group)) and every device's
+    process; returns the processes and the edges."""
     where = {dev: fleet.fleet for dev in direct}
-    procs = []
+    aggregators = []
     for upper, group in edges.values():
         if upper == fleet.fleet:
             fleet.registry.add_device(group.edge_id)
         register_group(tmp_path / group.edge_id, group)
-        procs.append(start_edge_process(fleet.broker.url, upper, group, tmp_path / group.edge_id,
-                                        method="fedavg"))
+        config = EdgeConfig(fleet.broker.url, upper, group.edge_id, tmp_path / group.edge_id,
+                            min_devices=len(group.device_ids), method="fedavg")
+        aggregators.append(EdgeAggregator(config))
+        threading.Thread(target=aggregators[-1].run, daemon=True).start()
         where.update({dev: group.group_fleet(upper) for dev in group.device_ids if dev not in edges})
     for dev in direct:
         fleet.registry.add_device(dev)
-    for dev, path in fleet.write_data(sorted(where)).items():
-        procs.append(start_device_process(fleet.broker.url, where[dev], dev, path, tmp_path / dev / "work",
-                                          tmp_path / f"{dev}.log"))
-    return procs
+    paths = fleet.write_data(sorted(where))
+    procs = [start_device_process(fleet.broker.url, where[dev], dev, path, tmp_path / dev / "work",
+                                  tmp_path / f"{dev}.log") for dev, path in paths.items()]
+    return procs, aggregators
 
 
 def _loop(fleet: Fleet, tmp_path, versions: int, on_round) -> AsyncLoop:
@@ -74,7 +79,7 @@ def test_async_versions_fold_the_partials_of_two_levels_of_edges_beside_direct_d
     fleet = Fleet(mosquitto.address, tmp_path, fleet="lab")
     edges = {"edge-a": ("lab", EdgeGroup("edge-a", None, ("dev0", "edge-b"))),
              "edge-b": ("lab.edge-a", EdgeGroup("edge-b", None, ("dev1", "dev2")))}
-    procs = _start(fleet, tmp_path, edges, direct=["dev3", "dev4"])
+    procs, aggregators = _start(fleet, tmp_path, edges, direct=["dev3", "dev4"])
     report = RunReport(tmp_path / "server")
     try:
         loop = _loop(fleet, tmp_path, versions=12, on_round=report.add_round)
@@ -83,6 +88,8 @@ def test_async_versions_fold_the_partials_of_two_levels_of_edges_beside_direct_d
         loop.run()
         loop.grid.close()
     finally:
+        for aggregator in aggregators:
+            aggregator.stop()
         stop_processes(procs)
         fleet.close()
     rows = [json.loads(line) for line in (tmp_path / "server" / "metrics.jsonl").read_text().splitlines()]
