@@ -108,7 +108,7 @@ def test_async_versions_fold_the_partials_of_two_levels_of_edges_beside_direct_d
 def test_a_killed_edge_costs_only_its_group_in_simulate_async_with_edges(mosquitto, tmp_path):
     """``simulate --edges 2 --mode async``: edge-1 is killed once a partial of it is folded;
     edge-2's group keeps making versions, not held for edge-1's task (time limit 60 s)."""
-    config = SimulationConfig(method="fedavg", devices=4, rounds=6, edges=2, partition="iid",
+    config = SimulationConfig(method="fedavg", devices=3, rounds=6, edges=2, partition="iid",
                               recipe=RECIPE.to_dict(), round_timeout_s=60.0, broker_url=mosquitto.url,
                               fleet="lab", mode="async", buffer=2, max_staleness=4)
     sim = Simulation(config, tmp_path / "run")
@@ -126,7 +126,7 @@ def test_a_killed_edge_costs_only_its_group_in_simulate_async_with_edges(mosquit
     assert killed, f"no edge partial was folded: {rows}"
     assert [r["version"] for r in rows] == list(range(1, 7))
     after = [r for r in rows if r["version"] > killed[0][0]]
-    assert after and all(r["edge_results"] >= 1 and r["folded"] >= 2 for r in after), rows  # edge-2's
+    assert after and all(r["edge_results"] >= 2 and r["folded"] >= 2 for r in after), rows  # edge-2: 1 device
     assert ended - killed[0][1] < 30  # not held for the killed edge's task (60 s)
     registry = FleetRegistry(tmp_path / "run" / "registry.sqlite")
     try:
