@@ -99,3 +99,19 @@ def test_a_resumed_loop_folds_the_updates_accepted_after_its_last_checkpoint(tmp
     assert resumed.completed_round == 2 and resumed.consumed == loop.consumed
     more = resumed.run()
     assert more[0]["version"] == 3 and resumed.consumed >= loop.consumed + left
+
+
+def test_eval_every_evaluates_every_nth_version_and_the_last(tmp_path):
+    grid = ScriptedGrid({"a": 1, "b": 1})
+    method = method_class("fedavg")(SPEC, Recipe())
+    seen: list[int] = []
+
+    def evaluate(version: int, weights: dict) -> dict:
+        seen.append(version)
+        return {"ev": 1}
+
+    loop = AsyncLoop(method, grid, LoopConfig(rounds=7, norm_bound=None), AsyncConfig(2, 1, eval_every=3),
+                     run_dir=tmp_path, evaluators=(evaluate,))
+    loop.start()
+    rows = loop.run()
+    assert seen == [3, 6, 7] and [r["version"] for r in rows if "ev" in r] == [3, 6, 7]
