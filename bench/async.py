@@ -46,7 +46,7 @@ def simulate_command(arm: str, args: argparse.Namespace, seed: int, run_dir: Pat
         return cmd + ["--rounds", str(args.rounds)]
     versions = args.rounds * args.devices // args.buffer  # the same number of device updates
     return cmd + ["--mode", "async", "--rounds", str(versions), "--buffer", str(args.buffer),
-                  "--max-staleness", str(args.max_staleness)]
+                  "--max-staleness", str(args.max_staleness), "--eval-every", str(args.eval_every)]
 
 
 def curve(run_dir: Path) -> list[tuple[float, float]]:
@@ -55,7 +55,8 @@ def curve(run_dir: Path) -> list[tuple[float, float]]:
     points, elapsed = [], 0.0
     for row in rows:
         elapsed += row["seconds"]
-        points.append((row.get("wall_s", elapsed), row["accuracy"]))
+        if "accuracy" in row:  # (--eval-every N: only every N-th version is evaluated)
+            points.append((row.get("wall_s", elapsed), row["accuracy"]))
     return points
 
 
@@ -82,6 +83,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="Sync rounds (async: same updates).")
     parser.add_argument("--buffer", type=int, default=5)
     parser.add_argument("--max-staleness", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=1, help="Async: evaluate every N-th version.")
     parser.add_argument("--train-samples", type=int, default=6000)
     parser.add_argument("--test-samples", type=int, default=2000)
     parser.add_argument("--local-epochs", type=int, default=1)
