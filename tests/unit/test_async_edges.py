@@ -27,6 +27,7 @@ from server_toolkit.methods.base import ClientUpdate, DeviceInfo, TrainInstructi
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.mqtt_async import AsyncMqttGrid
 from server_toolkit.rounds.mqtt_grid import ARRAYS_KEY
+from server_toolkit.rounds.norm_bound import bound_updates
 from server_toolkit.rounds.staleness import BufferedUpdate, carried, fold_buffer, staleness_stats
 from server_toolkit.rounds.task_records import task_record
 
@@ -125,3 +126,21 @@ def test_an_edge_partial_accepted_before_a_restart_is_recovered_and_folds_alike(
     for key in want:
         np.testing.assert_array_equal(folded[key], want[key], err_msg=key)
     assert any(not np.allclose(folded[k], now[k]) for k in want)
+
+
+def test_the_norm_bound_clips_an_edge_delta_but_never_its_coverage():
+    method = method_class("fedavg")(SPEC, Recipe())
+    weights = method.initial_weights(0)
+    edge = DeviceInfo("edge-1", 1, None, profile={**EDGE, "method": "fedavg"})
+    (task,) = configure(method, 1, weights, [edge])
+    small, _ = _edge_answer("fedavg", task, 1, [DeviceInfo("dev1", 1), DeviceInfo("dev2", 1)])
+    big, _ = _edge_answer("fedavg", task, 1, [DeviceInfo("dev3", 1)])
+    crowd = {k: v * 50 for k, v in big.others[COVERAGE].items()}  # 50x the samples: no reason to clip
+    sent = task.weights
+    forged = {k: (sent[k] + 1e3 * (v - sent[k])).astype(v.dtype) for k, v in big.weights.items()}
+    big = ClientUpdate("edge-2", big.num_samples, forged, big.metrics, task, {COVERAGE: crowd})
+    third, _ = _edge_answer("fedavg", task, 1, [DeviceInfo("dev4", 1)])
+    (_, clipped_big, _), count = bound_updates(1, [small, big, third], 10.0)
+    assert count == 1 and not np.allclose(clipped_big.weights["layers.0.weight"], forged["layers.0.weight"])
+    for name, value in crowd.items():
+        np.testing.assert_array_equal(clipped_big.others[COVERAGE][name], value)
