@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..edge.bundle import unpack
 from ..edge.fold import aggregate, configure
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..methods.tiers import with_tier_overrides
@@ -194,7 +195,7 @@ class RoundLoop:
         if already:
             log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
         # arrival order differs between grids and runs; the aggregate must not depend on it
-        updates = sorted(already + exchange.updates, key=lambda u: u.device_id)
+        updates = unpack(sorted(already + exchange.updates, key=lambda u: u.device_id))  # bundles: members
         row: dict = {"round": rnd, "selected": len(selected) + len(already), "accepted": len(updates),
                      "rejected": exchange.rejected,
                      "refused_policy": exchange.rejections.get("device:policy", 0)}  # fedsdk run --only-when
