@@ -93,8 +93,9 @@ def expand(method: Method, rnd: int, devices: list[DeviceInfo]) -> tuple[list[De
             continue
         for member in members:
             if member.profile.get("role") == "edge":
-                log.error("round %d: member %s of edge %s left out: it is an edge, and bundles of bundles "
-                          "are not supported (connect it to the server)", rnd, member.device_id, edge.device_id)
+                log.error("round %d: member %s of edge %s left out: it is an edge, and bundles of "
+                          "bundles are not supported (connect it to the server)", rnd, member.device_id,
+                          edge.device_id)
             elif member.device_id in taken:
                 log.error("round %d: member %s of edge %s left out: that id is already in the round", rnd,
                           member.device_id, edge.device_id)
@@ -140,7 +141,8 @@ def bundle_instruction(method: Method, edge_id: str, members: list[TrainInstruct
     context = {"edge": UPDATES, "members": {
         name: {"device": i.device_id, "recipe": i.recipe.to_dict(), "context": i.context}
         for name, i in zip(names, members, strict=True)}}
-    models = {name: ModelRecord(i.spec, i.weights, i.programs) for name, i in zip(names, members, strict=True)}
+    models = {name: ModelRecord(i.spec, i.weights, i.programs)
+              for name, i in zip(names, members, strict=True)}
     return TrainInstruction(edge_id, spec, {}, method.recipe, context=context, models=models,
                             returns=(MODEL, *names), programs=((modelspec.FORMAT, modelspec.dumps(spec)),))
 

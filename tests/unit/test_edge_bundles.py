@@ -137,7 +137,8 @@ def test_the_bundle_task_travels_as_members_and_a_device_refuses_it():
 
 
 def _pending(bundle: TrainInstruction) -> PendingTask:
-    refs = {n: {k: (v.shape, str(v.dtype)) for k, v in m.weights.items()} for n, m in bundle.all_models().items()}
+    refs = {n: {k: (v.shape, str(v.dtype)) for k, v in m.weights.items()}
+            for n, m in bundle.all_models().items()}
     return PendingTask("t", 1, bundle, {n: 10**6 for n in refs}, refs, None)
 
 
