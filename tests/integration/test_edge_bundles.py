@@ -1,0 +1,151 @@
+"""Bundle edges over a real mosquitto: FedDM (similarity tree on) with a generic edge whose
+group mixes three widths, beside a device talking to the server directly.
+
+    server ── dev3 (0.5)
+          └── edge-a (fedsdk-server edge --method feddm) ── dev0 (1.0), dev1 (0.5), dev2 (0.25)
+
+FedDM is not a sum, so the server plans every member itself and sends edge-a one bundle task;
+edge-a relays each member's task and forwards each update. Checked: both rounds complete with
+four updates, each member trained the sub-model the server planned for it, the edge forwarded
+the members' weights bit for bit, and the server's model is FedDM's aggregate of the four.
+A second test plays an edge (its protocol by hand) that answers for a member with the wrong
+shapes: the server refuses that result with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from fedcore.recipe import Recipe
+from sdk_device.protocol import messages as msgs
+from sdk_device.protocol.blobs import decode_tensors, encode_tensors
+from sdk_device.protocol.topics import FleetTopics
+from sdk_device.transport.blob_store import BlobStore
+from sdk_device.transport.endpoint import SERVER, Endpoint
+from server_toolkit.edge.bundle import unpack
+from server_toolkit.methods.width.feddm import FedDM
+from server_toolkit.models.zoo import model_spec
+from server_toolkit.rounds.checkpoint import load_checkpoint
+from server_toolkit.sim.simulate import start_device_process, stop_processes
+
+from .harness import Fleet, device_updates
+from .test_edge_two_levels import start_edge
+
+pytestmark = pytest.mark.integration
+
+TIERS = {"dev0": "1.0", "dev1": "0.5", "dev2": "0.25", "dev3": "0.5"}
+
+
+def test_feddm_rounds_complete_with_a_bundle_edge_of_three_widths(mosquitto, tmp_path):
+    fleet = Fleet(mosquitto.address, tmp_path, fleet="lab")
+    where = {"dev0": "lab.edge-a", "dev1": "lab.edge-a", "dev2": "lab.edge-a", "dev3": "lab"}
+    paths = fleet.write_data(list(TIERS))
+    procs = []
+    try:
+        fleet.registry.add_device("edge-a")
+        fleet.registry.add_device("dev3", tier="0.5")
+        procs.append(start_edge(mosquitto.url, "lab", "edge-a", tmp_path / "edge-a",
+                                {d: TIERS[d] for d in ("dev0", "dev1", "dev2")}, method="feddm"))
+        for dev, path in paths.items():
+            procs.append(start_device_process(mosquitto.url, where[dev], dev, path, tmp_path / dev / "work",
+                                              tmp_path / f"{dev}.log"))
+        spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
+        method = FedDM(spec, Recipe(epochs=1, batch_size=16, lr=0.05), reference_size=16)
+        loop = fleet.server(rounds=2, method=method, round_timeout_s=120)
+        loop.start()
+        start = dict(loop.global_weights)
+        assert loop.grid.wait_for_devices(2, timeout_s=120) == 2
+        rows = loop.run()
+        loop.grid.close()
+    finally:
+        stop_processes(procs)
+        fleet.close()
+    assert [(r["accepted"], r["rejected"]) for r in rows] == [(4, 0), (4, 0)], rows
+    server_run = tmp_path / "server"
+    received = unpack(sorted(device_updates(server_run, 2), key=lambda u: u.device_id))
+    assert {u.device_id: u.instruction.context["ratio"] for u in received} == {
+        "dev0": 1.0, "dev1": 0.5, "dev2": 0.25, "dev3": 0.5}
+    at_edge = {u.device_id: u for u in device_updates(tmp_path / "edge-a", 2)}
+    assert sorted(at_edge) == ["dev0", "dev1", "dev2"]
+    for update in received:
+        if update.device_id in at_edge:  # forwarded unchanged, answering the task the server planned
+            edge_side = at_edge[update.device_id]
+            assert all(np.array_equal(update.weights[k], edge_side.weights[k]) for k in update.weights)
+            assert all(np.array_equal(update.instruction.weights[k], edge_side.instruction.weights[k])
+                       for k in update.instruction.weights)
+            assert isinstance(update.metrics.get("label_counts"), list)
+    state = json.loads((server_run / "state.json").read_text())["method_state"]
+    assert sorted(d for devs in state["slots"].values() for d in devs) == sorted(TIERS)
+    assert sorted(state["personal"]) == sorted(TIERS)  # the similarity tree saw every device
+    _, served, _ = load_checkpoint(server_run)
+    assert any(not np.allclose(served[n], start[n]) for n in start)  # the rounds moved the model
+
+
+def _fake_edge(mosquitto, tmp_path) -> Endpoint:
+    """An edge speaking the protocol by hand: hello with two members."""
+    up = Endpoint(mosquitto.address, FleetTopics("lab"), BlobStore(tmp_path / "fake" / "blobs"),
+                  device_id="edge-x").start()
+    members = [{"device_id": d, "num_samples": 100, "tier": TIERS[d], "runtimes": ["torch"], "profile": {}}
+               for d in ("dev0", "dev1")]
+    up.send(SERVER, msgs.Hello(device_id="edge-x", runtimes=["torch"], num_samples=200, profile={
+        "role": "edge", "aggregates": "updates", "members": members}))
+    return up
+
+
+def _next(up: Endpoint, kind: type, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            incoming = up.inbox.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        if isinstance(incoming.message, kind):
+            return incoming.message
+    raise AssertionError(f"no {kind.__name__} within {timeout_s} s")
+
+
+def test_an_edge_answering_for_a_member_with_wrong_shapes_is_refused_with_the_reason(mosquitto, tmp_path):
+    fleet = Fleet(mosquitto.address, tmp_path, fleet="lab")
+    fleet.registry.add_device("edge-x")
+    up = _fake_edge(mosquitto, tmp_path)
+    try:
+        spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
+        loop = fleet.server(rounds=1, method=FedDM(spec, Recipe(epochs=1)), round_timeout_s=20)
+        loop.start()
+        assert loop.grid.wait_for_devices(1, timeout_s=30) == 1
+        result: dict = {}
+
+        def answer() -> None:
+            task = _next(up, msgs.Task)
+            assert set(task.config["members"]) == {"m0", "m1"}
+            weights = decode_tensors(up.fetch(SERVER, task.arrays["m0"]))
+            bad = {k: np.zeros((v.shape[0] + 1, *v.shape[1:]), v.dtype) for k, v in weights.items()}
+            arrays = {"model": up.offer(SERVER, encode_tensors({}), "weights", "safetensors"),
+                      "m0": up.offer(SERVER, encode_tensors(bad), "weights", "safetensors")}
+            up.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays,
+                                        metrics={"samples": 100, "members": {"m0": {"samples": 100}}}))
+            result["error"] = _next(up, msgs.Error)
+            # the same member, right shapes: the task was still open, this one counts
+            good = {k: v + 0.01 for k, v in weights.items()}
+            arrays["m0"] = up.offer(SERVER, encode_tensors(good), "weights", "safetensors")
+            up.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays,
+                                        metrics={"samples": 100, "members": {"m0": {"samples": 100}}}))
+            result["ack"] = _next(up, msgs.Ack)
+
+        helper = threading.Thread(target=answer, daemon=True)
+        helper.start()
+        (row,) = loop.run()
+        helper.join(timeout=30)
+        loop.grid.close()
+    finally:
+        up.close()
+        fleet.close()
+    error = result["error"]
+    assert error.code == "shape_mismatch" or "shape" in error.detail, error
+    assert "ack" in result and row["accepted"] == 1 and row["rejected"] == 1, row
