@@ -2,7 +2,7 @@
 group mixes three widths, beside a device talking to the server directly.
 
     server ── dev3 (0.5)
-          └── edge-a (fedsdk-server edge --method feddm) ── dev0 (1.0), dev1 (0.5), dev2 (0.25)
+          └── edge-a (EdgeAggregator, --method feddm) ── dev0 (1.0), dev1 (0.5), dev2 (0.25)
 
 FedDM is not a sum, so the server plans every member itself and sends edge-a one bundle task;
 edge-a relays each member's task and forwards each update. Checked: the round completes with
@@ -24,20 +24,21 @@ import numpy as np
 import pytest
 
 from fedcore.recipe import Recipe
+from sdk_device.agent import DeviceAgent
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from sdk_device.protocol.topics import FleetTopics
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import SERVER, Endpoint
+from server_toolkit.edge.aggregator import EdgeAggregator, EdgeConfig
 from server_toolkit.edge.bundle import unpack
+from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import ClientUpdate
 from server_toolkit.methods.width.feddm import FedDM
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.checkpoint import load_checkpoint
-from server_toolkit.sim.simulate import start_device_process, stop_processes
 
 from .harness import Fleet, device_updates
-from .test_edge_two_levels import start_edge
 
 pytestmark = pytest.mark.integration
 
@@ -46,17 +47,23 @@ TIERS = {"dev0": "1.0", "dev1": "0.5", "dev2": "0.25", "dev3": "0.5"}
 
 def test_feddm_rounds_complete_with_a_bundle_edge_of_three_widths(mosquitto, tmp_path):
     fleet = Fleet(mosquitto.address, tmp_path, fleet="lab")
-    where = {"dev0": "lab.edge-a", "dev1": "lab.edge-a", "dev2": "lab.edge-a", "dev3": "lab"}
     paths = fleet.write_data(list(TIERS))
-    procs = []
+    members = ("dev0", "dev1", "dev2")
+    registry = FleetRegistry(tmp_path / "edge-a" / "registry.sqlite")
+    for dev in members:
+        registry.add_device(dev, tier=TIERS[dev])
+    registry.close()
+    edge = EdgeAggregator(EdgeConfig(mosquitto.url, "lab", "edge-a", tmp_path / "edge-a", method="feddm",
+                                     min_devices=3, devices_wait_s=60, heartbeat_s=1.0))
+    edge_thread = threading.Thread(target=edge.run, daemon=True)
     try:
         fleet.registry.add_device("edge-a")
         fleet.registry.add_device("dev3", tier="0.5")
-        procs.append(start_edge(mosquitto.url, "lab", "edge-a", tmp_path / "edge-a",
-                                {d: TIERS[d] for d in ("dev0", "dev1", "dev2")}, method="feddm"))
-        for dev, path in paths.items():
-            procs.append(start_device_process(mosquitto.url, where[dev], dev, path, tmp_path / dev / "work",
-                                              tmp_path / f"{dev}.log"))
+        for dev, path in paths.items():  # real agents, as threads (one process: fast to start)
+            config = fleet.agent_config(dev, path)
+            fleet.start_thread(DeviceAgent(dataclasses.replace(
+                config, fleet="lab.edge-a" if dev in members else "lab")), register=False)
+        edge_thread.start()
         spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
         method = FedDM(spec, Recipe(epochs=1, batch_size=16, lr=0.05), reference_size=16)
         loop = fleet.server(rounds=1, method=method, round_timeout_s=120)
@@ -66,7 +73,8 @@ def test_feddm_rounds_complete_with_a_bundle_edge_of_three_widths(mosquitto, tmp
         rows = loop.run()
         loop.grid.close()
     finally:
-        stop_processes(procs)
+        edge.stop()
+        edge_thread.join(timeout=10)
         fleet.close()
     assert [(r["accepted"], r["rejected"]) for r in rows] == [(4, 0)], rows
     server_run = tmp_path / "server"

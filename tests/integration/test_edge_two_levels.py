@@ -30,8 +30,7 @@ from .harness import Fleet, device_updates
 pytestmark = pytest.mark.integration
 
 
-def start_edge(broker_url: str, fleet: str, edge_id: str, edge_dir, members: dict,
-               method: str = "heterofl") -> subprocess.Popen:
+def start_edge(broker_url: str, fleet: str, edge_id: str, edge_dir, members: dict) -> subprocess.Popen:
     from server_toolkit.fleet.registry import FleetRegistry
 
     registry = FleetRegistry(edge_dir / "registry.sqlite")
@@ -39,7 +38,7 @@ def start_edge(broker_url: str, fleet: str, edge_id: str, edge_dir, members: dic
         registry.add_device(dev, tier=tier)
     registry.close()
     cmd = [sys.executable, "-m", "server_toolkit.cli", "-v", "edge", "--broker", broker_url, "--fleet", fleet,
-           "--edge-id", edge_id, "--run-dir", str(edge_dir), "--method", method,
+           "--edge-id", edge_id, "--run-dir", str(edge_dir), "--method", "heterofl",
            "--min-devices", str(len(members))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(edge_dir / "edge.log", "ab") as log:
