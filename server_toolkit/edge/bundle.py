@@ -35,7 +35,9 @@ behind the later edge.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 
 from fedcore import modelspec
 from fedcore.recipe import Recipe
@@ -145,6 +147,22 @@ def bundle_instruction(method: Method, edge_id: str, members: list[TrainInstruct
               for name, i in zip(names, members, strict=True)}
     return TrainInstruction(edge_id, spec, {}, method.recipe, context=context, models=models,
                             returns=(MODEL, *names), programs=((modelspec.FORMAT, modelspec.dumps(spec)),))
+
+
+def finish_members(bundle: TrainInstruction,
+                   finish: Callable[[TrainInstruction], TrainInstruction]) -> TrainInstruction:
+    """``bundle`` with ``finish`` (the round loop's per-task seed and privacy stamp, e.g. local
+    DP's clip and noise) applied to each member's recipe as to a direct device's; other
+    instructions unchanged."""
+    if not is_bundle(bundle):
+        return bundle
+    members = {}
+    for name, member in bundle.context["members"].items():
+        record = bundle.models[name]
+        done = finish(TrainInstruction(member["device"], record.spec, record.weights,
+                                       Recipe.from_dict(member["recipe"]), context=member["context"]))
+        members[name] = {**member, "recipe": done.recipe.to_dict()}
+    return dataclasses.replace(bundle, context={**bundle.context, "members": members})
 
 
 def is_bundle(instruction: TrainInstruction) -> bool:

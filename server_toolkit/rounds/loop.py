@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..edge.bundle import unpack
+from ..edge.bundle import finish_members, unpack
 from ..edge.fold import aggregate, configure
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..methods.tiers import with_tier_overrides
@@ -254,7 +254,8 @@ class RoundLoop:
                        for s in instruction.steps_before)
         out = dataclasses.replace(instruction, recipe=dataclasses.replace(instruction.recipe, seed=seed),
                                   steps_before=before, reports={**self.method.asks, **instruction.reports})
-        return self.privacy.stamp(out) if self.privacy else out
+        out = self.privacy.stamp(out) if self.privacy else out
+        return finish_members(out, lambda member: self._finish(rnd, member))  # a bundle's, as devices'
 
     def _select(self, online: list[DeviceInfo], want: int | None, exclude: set[str]) -> list[DeviceInfo]:
         """Devices for this round out of ``online`` (tiers final: the grid's, then ``tier_map``'s;
