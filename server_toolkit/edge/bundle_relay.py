@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from fedcore.recipe import Recipe
 from sdk_device.protocol import messages as msgs
@@ -29,9 +29,6 @@ from sdk_device.transport.endpoint import SERVER
 
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..methods.fedconv.relay import TRAIN
-
-if TYPE_CHECKING:
-    from .aggregator import EdgeAggregator
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +85,9 @@ def member_metrics(update: ClientUpdate) -> dict:
     return out
 
 
-def relay_bundle(edge: EdgeAggregator, task: msgs.Task, plan: TaskPlan) -> None:
-    """Relay one bundle task over ``edge``'s group and send its one result (or refuse it)."""
+def relay_bundle(edge: Any, task: msgs.Task, plan: TaskPlan) -> None:
+    """Relay one bundle task over ``edge``'s group (an ``EdgeAggregator``; not imported: it
+    imports this module) and send its one result (or refuse it)."""
     try:
         template = edge._template(task, plan)
     except (ProtocolError, TimeoutError, ValueError) as exc:
