@@ -9,7 +9,8 @@ edge-a relays each member's task and forwards each update. Checked: the round co
 four updates, each member trained the sub-model the server planned for it, the edge forwarded
 the members' weights bit for bit, and the server's model is FedDM's aggregate of the four.
 A second test plays an edge (its protocol by hand) that answers for a member with the wrong
-shapes: the server refuses that result with the reason.
+shapes: the server refuses that result with the reason, and takes the corrected one. A third
+runs ``simulate --edges 2 --method feddm`` (real edge and device processes).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from server_toolkit.methods.base import ClientUpdate
 from server_toolkit.methods.width.feddm import FedDM
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.checkpoint import load_checkpoint
+from server_toolkit.sim.simulate import Simulation, SimulationConfig
 
 from .harness import Fleet, device_updates
 
@@ -171,3 +173,16 @@ def test_an_edge_answering_for_a_member_with_wrong_shapes_is_refused_with_the_re
     error = result["error"]
     assert error.code == "shape_mismatch" or "shape" in error.detail, error
     assert "ack" in result and row["accepted"] == 1 and row["rejected"] == 1, row
+
+
+def test_simulate_with_edges_runs_feddm_through_bundle_edge_processes(mosquitto, tmp_path):
+    """``simulate --edges 2 --method feddm``: real ``fedsdk-server edge`` processes and agents."""
+    recipe = Recipe(epochs=1, batch_size=16, lr=0.05).to_dict()
+    config = SimulationConfig(method="feddm", devices=4, rounds=1, tiers=["1.0", "0.5"], edges=2, seed=0,
+                              recipe=recipe, device_runtime="torch", broker_url=mosquitto.url,
+                              round_timeout_s=120, method_options={"reference_size": 16})
+    run_dir = tmp_path / "run"
+    (row,) = Simulation(config, run_dir).run().rows
+    assert row["selected"] == 2 and row["accepted"] == 4 and row["rejected"] == 0, row  # 2 edges, 4 members
+    state = json.loads((run_dir / "state.json").read_text())["method_state"]
+    assert sorted(state["personal"]) == [f"dev{i:03d}" for i in range(4)]
