@@ -9,8 +9,9 @@ member's trained record under its model name, ``metrics.samples`` = their sample
 ``metrics.members`` = {model name: that member's samples, loss, accuracy, label counts,
 wall time}. Members offline or silent are absent; none answered: the task is refused with
 ``device_failure``. ``BundleRelay`` is the ``Method`` the group round loop drives meanwhile:
-it hands out the members' tasks and keeps their updates (no aggregation, no norm bound: the
-server bounds every member against its round).
+it hands out the members' tasks as the server stamped them (each member trains with the seed
+it would have had as a direct device) and keeps their updates (no aggregation, no norm bound:
+the server bounds every member against its round).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class BundleRelay(Method):
     name = ""  # not a server method: only the edge process drives it
     folds_edges = True  # its group's devices get exactly their tasks (edge/fold.py passes through)
     bounds_updates = False  # the server bounds each member against its round's median
+    stamped = True  # the members' recipes carry the server's seeds (and DP): the group loop keeps them
 
     def __init__(self, tasks: dict[str, TrainInstruction]) -> None:
         super().__init__({}, Recipe())

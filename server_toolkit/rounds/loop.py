@@ -248,7 +248,10 @@ class RoundLoop:
 
     def _finish(self, rnd: int, instruction: TrainInstruction) -> TrainInstruction:
         """``instruction`` with this round's seed for this device in every step's recipe, and
-        the outputs the method asks of every task (``Method.asks``)."""
+        the outputs the method asks of every task (``Method.asks``). An edge relaying a bundle's
+        member tasks (``Method.stamped``) keeps the server's stamps."""
+        if getattr(self.method, "stamped", False):
+            return instruction
         seed = task_seed(self.config.seed, rnd, instruction.device_id)
         before = tuple(dataclasses.replace(s, recipe=dataclasses.replace(s.recipe, seed=seed))
                        for s in instruction.steps_before)

@@ -38,6 +38,7 @@ from server_toolkit.methods.base import ClientUpdate
 from server_toolkit.methods.width.feddm import FedDM
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.rounds.checkpoint import load_checkpoint
+from server_toolkit.rounds.loop import task_seed
 from server_toolkit.sim.simulate import Simulation, SimulationConfig
 
 from .harness import Fleet, device_updates
@@ -92,6 +93,7 @@ def test_feddm_rounds_complete_with_a_bundle_edge_of_three_widths(mosquitto, tmp
             assert all(np.array_equal(update.instruction.weights[k], edge_side.instruction.weights[k])
                        for k in update.instruction.weights)
             assert isinstance(update.metrics.get("label_counts"), list)
+            assert edge_side.instruction.recipe.seed == task_seed(0, 1, update.device_id)  # the flat run's
     state = json.loads((server_run / "state.json").read_text())["method_state"]
     assert sorted(d for devs in state["slots"].values() for d in devs) == sorted(TIERS)
     assert sorted(state["personal"]) == sorted(TIERS)  # the similarity tree saw every device
