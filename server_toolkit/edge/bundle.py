@@ -18,6 +18,8 @@ and aggregates every member as if it were a direct device, and the edge is only 
   ``sdk_device/protocol/task_plan.py``). A member task with more than one model (steps
   before, a teacher, other records or reports of its own) is not carried: that member is
   left out with an error in the log.
+* ``finish_members`` (the round loop's ``_finish``): each member's recipe gets the seed and
+  privacy stamp a direct device's would; the edge keeps them (``edge/bundle_relay.py``).
 * ``check_result`` (before pulling, ``rounds/results.py``): a bundle result may lack the
   records of members that did not answer; each record it has needs ``metrics.members[m<k>]``
   with ``samples`` > 0, and those add up to ``metrics.samples``.
