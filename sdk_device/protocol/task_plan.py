@@ -13,7 +13,10 @@ same name, e.g. ``"model"``, ``"teacher"``) and a config record::
 * ``return``: the models whose trained weights come back, each as an array record of that
   name holding exactly the tensors it was sent;
 * ``report``: extra outputs, by name from the device's output registry
-  (``sdk_device.outputs``): a metric (``label_counts``) or an array record (``features``).
+  (``sdk_device.outputs``): a metric (``label_counts``) or an array record (``features``);
+* ``members`` (bundle tasks only, sent to edge aggregators: docs/protocol.md "Bundle
+  tasks"): per model name, the group device that trains it and its recipe. A device refuses
+  a bundle with ``unsupported_task``; an edge parses it with ``bundles=True``.
 
 ``parse_plan`` is what a device runs on a received config; ``plan_config`` is the inverse
 the server uses to write one. Both sides therefore agree by construction.
@@ -49,6 +52,7 @@ class TaskPlan:
     steps: tuple[TrainStep, ...]
     returns: tuple[str, ...] = ("model",)
     reports: dict[str, dict] = field(default_factory=dict)
+    members: dict[str, dict] = field(default_factory=dict)  # bundle: model -> {"device", "recipe"}
 
     def trained(self) -> set[str]:
         return {s.model for s in self.steps}
@@ -65,14 +69,17 @@ def check_name(what: str, name: object) -> str:
     return name
 
 
-def parse_plan(config: dict, models: set[str], known_reports: set[str]) -> TaskPlan:
+def parse_plan(config: dict, models: set[str], known_reports: set[str], bundles: bool = False) -> TaskPlan:
     """The plan of a task's config record. ``models``: the names the task has both programs
-    and an array record for; ``known_reports``: the outputs this device can produce.
+    and an array record for; ``known_reports``: the outputs this device can produce;
+    ``bundles``: this is an edge aggregator, which accepts bundle tasks (``members``).
     ProtocolError ``invalid_field`` for a malformed config, ``unsupported_task`` for a
-    report this device does not know."""
+    report this device does not know or a bundle sent to a device."""
     if not isinstance(config, dict):
         raise ProtocolError("invalid_field", "task.config must be an object")
-    unknown = sorted(set(config) - {"steps", "return", "report"})
+    if "members" in config and not bundles:
+        raise ProtocolError("unsupported_task", "a bundle task (task.config.members) is for edge aggregators")
+    unknown = sorted(set(config) - {"steps", "return", "report", "members"})
     if unknown:
         raise ProtocolError("invalid_field", f"task.config has unknown keys {unknown}")
     steps = config.get("steps")
@@ -94,7 +101,32 @@ def parse_plan(config: dict, models: set[str], known_reports: set[str]) -> TaskP
             raise ProtocolError("invalid_field", f"task.config.report.{name} must be an object")
         if name not in known_reports:
             raise ProtocolError("unsupported_task", f"this device cannot report {name!r}")
-    return TaskPlan(plan_steps, tuple(returns), dict(reports))
+    members = _parse_members(config.get("members", {}), models, returns)
+    return TaskPlan(plan_steps, tuple(returns), dict(reports), members)
+
+
+def _parse_members(members: object, models: set[str], returns: list[str]) -> dict[str, dict]:
+    """A bundle's ``members``: {model name: {"device": id, "recipe": {...}}}, each model one
+    the task has and returns; the recipe is checked (``invalid_field`` otherwise)."""
+    if not isinstance(members, dict):
+        raise ProtocolError("invalid_field", "task.config.members must be an object")
+    out = {}
+    for name, entry in members.items():
+        check_name("bundle member model", name)
+        if name not in models or name not in returns or name == "model":
+            raise ProtocolError("invalid_field", f"task.config.members.{name} must name a returned model "
+                                                 f"other than 'model'")
+        if not isinstance(entry, dict) or set(entry) != {"device", "recipe"} \
+                or not isinstance(entry["device"], str) or not isinstance(entry["recipe"], dict):
+            raise ProtocolError("invalid_field", f"task.config.members.{name} must be {{device, recipe}}")
+        try:
+            Recipe.from_dict(entry["recipe"])
+        except ValueError as exc:
+            raise ProtocolError("invalid_field", f"task.config.members.{name}.recipe: {exc}") from None
+        out[name] = {"device": entry["device"], "recipe": dict(entry["recipe"])}
+    if len({m["device"] for m in out.values()}) != len(out):
+        raise ProtocolError("invalid_field", "task.config.members names a device twice")
+    return out
 
 
 def _parse_step(step: object, index: int, models: set[str]) -> TrainStep:
@@ -127,4 +159,7 @@ def plan_config(plan: TaskPlan) -> dict:
             entry["teacher"] = step.teacher
         steps.append(entry)
     reports = {name: dict(params) for name, params in plan.reports.items()}
-    return {"steps": steps, "return": list(plan.returns), "report": reports}
+    config = {"steps": steps, "return": list(plan.returns), "report": reports}
+    if plan.members:
+        config["members"] = {name: dict(entry) for name, entry in plan.members.items()}
+    return config

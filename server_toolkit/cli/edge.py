@@ -38,8 +38,9 @@ from .options import console, method_option, parse_options
 @click.option("--warmup-epochs", default=1, show_default=True, help="Local epochs of the clustering warm-up.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the clustering.")
 @click.option("--method", default=None,
-              help="Be a generic edge for this averaging method (the server's --method; fedavg, heterofl, "
-                   "fedrolex, depthfl, …): answer with partial sums. Unset: FedConv's clustering edge.")
+              help="Be a generic edge for the server's --method: partial sums for averaging methods (fedavg, "
+                   "heterofl, depthfl, …), each member's update for the others (feddm, hypemefed, …). "
+                   "Unset: FedConv's clustering edge.")
 @method_option
 @click.option("--username", envvar="FEDSDK_MQTT_USERNAME", help="Broker user (or FEDSDK_MQTT_USERNAME).")
 @click.option("--password", envvar="FEDSDK_MQTT_PASSWORD", help="Broker password (or FEDSDK_MQTT_PASSWORD).")
@@ -55,7 +56,8 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
     and its devices here (`devices add --run-dir EDGE_DIR DEVICE_ID`); devices then run
     `fedsdk run --fleet FLEET.EDGE_ID …`. With `--method` (the server's method and
     `--method-option`s) the edge is generic: its group may mix tiers, it may serve other
-    edges, and the server's result equals the flat aggregate (docs/operations.md).
+    edges, and the server's result equals the flat aggregate (docs/operations.md); for a
+    method that is not a sum it forwards each member's update (bundle tasks).
     """
     import signal
 

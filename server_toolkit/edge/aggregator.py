@@ -32,7 +32,9 @@ warm-up; its group round runs the server's method over the global model the serv
 (``edge/sum_relay.py``) and it answers with a partial aggregate, ``model`` (its group's
 mean) plus ``coverage`` (``edge/partial.py``), so the server's result equals the flat
 aggregate. Its hello says ``aggregates: "sums"`` and the method, which is how the server
-tells it apart (``edge/fold.py``).
+tells it apart (``edge/fold.py``). Its hello also lists its members; when the server's
+method is not a sum the server plans them itself and sends a bundle task instead, which the
+edge relays member by member (``edge/bundle_relay.py``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from ..methods.fedconv.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, Forwa
 from ..methods.records import FEATURES
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.mqtt_grid import MqttGrid
+from .bundle_relay import hello_members, relay_bundle
 from .fold import SUMS
 from .partial import COVERAGE, devices_behind
 from .sum_relay import SumRelay
@@ -203,7 +206,7 @@ class EdgeAggregator:
             self._refuse(task, "deadline_passed", "the task arrived after its deadline")
             return
         try:
-            plan = parse_plan(task.config, set(task.programs), set(OUTPUTS))
+            plan = parse_plan(task.config, set(task.programs), set(OUTPUTS), bundles=self.sums is not None)
             if plan.steps[-1].model != MODEL:
                 raise ProtocolError("unsupported_task", f"an edge relays tasks whose last step trains "
                                                         f"{MODEL!r}")
@@ -212,6 +215,9 @@ class EdgeAggregator:
             return
         if not self.grid.devices:
             self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} is online")
+            return
+        if plan.members:  # a bundle: each member's own task, each update forwarded
+            relay_bundle(self, task, plan)
             return
         if self.sums is not None:
             self._relay_sums(task, plan)
@@ -332,7 +338,8 @@ class EdgeAggregator:
         runtimes = sorted({r for d in online.values() for r in d.runtimes}) or ["torch"]
         profile = {"role": "edge", "devices": len(online), "group_fleet": self.config.group_fleet}
         if self.sums is not None:
-            profile.update(aggregates=SUMS, method=self.sums.method_name)
+            profile.update(aggregates=SUMS, method=self.sums.method_name,
+                           members=hello_members(self.grid.online()))
         if self.config.tier is not None:
             profile["tier"] = self.config.tier
         self._announced = self._group_state()

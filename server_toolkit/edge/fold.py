@@ -7,6 +7,9 @@ method's recipe) plus a ``coverage`` record to fill; ``aggregate`` folds the edg
 aggregates and the direct devices' summands into one ``Partial`` and finishes it
 (``edge/partial.py``). With no edge in the round both calls are the method's own, unchanged.
 
+Bundle edges (an edge that forwards each member's update, for methods that are not sums)
+are expanded into their members around both calls (``edge/bundle.py``).
+
 A method that does this itself (an edge's ``SumRelay``: ``folds_edges = True``) is called
 straight through. An edge is left out of the round, with an error in the log, when the method is not a sum
 (``methods/summands.py``) or the edge runs another method than the server.
@@ -22,6 +25,7 @@ from fedcore import modelspec
 
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, Method, ModelRecord, TrainInstruction, Weights
 from ..methods.summands import refusal
+from . import bundle
 from .partial import COVERAGE, Partial
 
 log = logging.getLogger(__name__)
@@ -41,7 +45,14 @@ def is_partial(update: ClientUpdate) -> bool:
 
 def configure(method: Method, rnd: int, global_weights: Weights,
               devices: list[DeviceInfo]) -> list[TrainInstruction]:
-    """``method.configure_train`` for the devices, the global model for the generic edges."""
+    """``method.configure_train`` for the devices and bundle edges' members (one bundle per
+    edge), the global model for the generic edges."""
+    devices, owners = bundle.expand(method, rnd, devices)
+    return bundle.pack(method, rnd, _configure(method, rnd, global_weights, devices), owners)
+
+
+def _configure(method: Method, rnd: int, global_weights: Weights,
+               devices: list[DeviceInfo]) -> list[TrainInstruction]:
     edges = [d for d in devices if is_sum_edge(d)]
     if not edges or getattr(method, "folds_edges", False):
         return method.configure_train(rnd, global_weights, devices)
@@ -83,6 +94,7 @@ def fold(method: Method, global_weights: Weights, updates: list[ClientUpdate]) -
 
 def aggregate(method: Method, rnd: int, global_weights: Weights, updates: list[ClientUpdate]) -> Weights:
     """``method.aggregate_train``, or the fold of the round when an edge answered in it."""
+    updates = bundle.unpack(updates)
     if not any(is_partial(u) for u in updates) or getattr(method, "folds_edges", False):
         return method.aggregate_train(rnd, global_weights, updates)
     return fold(method, global_weights, updates).finish(global_weights)

@@ -82,9 +82,13 @@ class TrainInstruction:
     programs: tuple[tuple[str, bytes], ...] = ()
 
     def plan(self) -> TaskPlan:
-        """The task's plan: ``steps_before``, then ``"model"`` by ``recipe``."""
+        """The task's plan: ``steps_before``, then ``"model"`` by ``recipe``; a bundle's
+        (``context["edge"] == "updates"``, ``edge/bundle.py``) also names its members."""
+        members = {name: {"device": m["device"], "recipe": m["recipe"]}
+                   for name, m in self.context.get("members", {}).items()} \
+            if self.context.get("edge") == "updates" else {}
         return TaskPlan((*self.steps_before, TrainStep(MODEL, self.recipe, self.teacher)), self.returns,
-                        self.reports)
+                        self.reports, members)
 
     def all_models(self) -> dict[str, ModelRecord]:
         """Every model of the task by name, ``"model"`` first."""

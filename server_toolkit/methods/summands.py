@@ -11,7 +11,8 @@ and grouping, which is what lets an edge aggregator stand for a group
 
 A method whose aggregate is not such a sum (server momentum, hypernetworks, clustering,
 FedConv's reconstruction, FedDM's similarity tree) does not implement it: ``summands``
-raises ``NotASum`` with the reason, and generic edges refuse it.
+raises ``NotASum`` with the reason, and generic edges forward each member's update
+instead, for the server to aggregate (``server_toolkit/edge/bundle.py``).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..edge.bundle import finish_members, unpack
 from ..edge.fold import aggregate, configure
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..methods.tiers import with_tier_overrides
@@ -194,7 +195,7 @@ class RoundLoop:
         if already:
             log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
         # arrival order differs between grids and runs; the aggregate must not depend on it
-        updates = sorted(already + exchange.updates, key=lambda u: u.device_id)
+        updates = unpack(sorted(already + exchange.updates, key=lambda u: u.device_id))  # bundles: members
         row: dict = {"round": rnd, "selected": len(selected) + len(already), "accepted": len(updates),
                      "rejected": exchange.rejected,
                      "refused_policy": exchange.rejections.get("device:policy", 0)}  # fedsdk run --only-when
@@ -247,13 +248,17 @@ class RoundLoop:
 
     def _finish(self, rnd: int, instruction: TrainInstruction) -> TrainInstruction:
         """``instruction`` with this round's seed for this device in every step's recipe, and
-        the outputs the method asks of every task (``Method.asks``)."""
+        the outputs the method asks of every task (``Method.asks``). An edge relaying a bundle's
+        member tasks (``Method.stamped``) keeps the server's stamps."""
+        if getattr(self.method, "stamped", False):
+            return instruction
         seed = task_seed(self.config.seed, rnd, instruction.device_id)
         before = tuple(dataclasses.replace(s, recipe=dataclasses.replace(s.recipe, seed=seed))
                        for s in instruction.steps_before)
         out = dataclasses.replace(instruction, recipe=dataclasses.replace(instruction.recipe, seed=seed),
                                   steps_before=before, reports={**self.method.asks, **instruction.reports})
-        return self.privacy.stamp(out) if self.privacy else out
+        out = self.privacy.stamp(out) if self.privacy else out
+        return finish_members(out, lambda member: self._finish(rnd, member))  # a bundle's, as devices'
 
     def _select(self, online: list[DeviceInfo], want: int | None, exclude: set[str]) -> list[DeviceInfo]:
         """Devices for this round out of ``online`` (tiers final: the grid's, then ``tier_map``'s;

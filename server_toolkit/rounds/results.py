@@ -18,6 +18,8 @@ from sdk_device.protocol.blobs import check_update
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.smashed import SmashedRequest, check_smashed
 
+from ..edge.bundle import check_result as check_bundle
+from ..edge.bundle import is_bundle
 from ..methods.base import MODEL, TrainInstruction
 from ..methods.records import FEATURES
 
@@ -50,7 +52,8 @@ def check_records(result: msgs.Result, pending: PendingTask, max_update_factor: 
     """Which array records a result may carry, and how large they may be (before pulling);
     and its sample count. Raises ProtocolError."""
     names = set(result.arrays)
-    missing = sorted(set(pending.references) - names)
+    absent = set(pending.instruction.context["members"]) if is_bundle(pending.instruction) else set()
+    missing = sorted(set(pending.references) - names - absent)  # a bundle's silent members: absent
     if missing:
         raise ProtocolError("missing_record", f"the result lacks the array records {missing}")
     allowed = set(pending.references) | ({FEATURES} if pending.features else set())
@@ -65,6 +68,8 @@ def check_records(result: msgs.Result, pending: PendingTask, max_update_factor: 
     samples = result.metrics.get("samples")
     if type(samples) is not int or samples <= 0:
         raise ProtocolError("invalid_field", "metrics.samples must be > 0")
+    if absent:
+        check_bundle(pending.instruction, names, result.metrics)
 
 
 def check_record(name: str, tensors: dict[str, np.ndarray], pending: PendingTask) -> None:

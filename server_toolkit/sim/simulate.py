@@ -37,7 +37,6 @@ from ..fleet.registry import FleetRegistry
 from ..methods import method_class
 from ..methods.abilities import wants_server_data
 from ..methods.base import DeviceInfo
-from ..methods.summands import refusal
 from ..observe.observers import RunObservers
 from ..privacy.round_privacy import privacy_summary
 from ..privacy.settings import PrivacySettings
@@ -276,8 +275,6 @@ class Simulation:
         setup = assemble(c.method, c.model, c.dataset, c.data_dir, Recipe.from_dict(c.recipe),
                          c.method_options, c.seed, c.train_samples, c.test_samples)
         data, method = setup.data, setup.method
-        if self.edges and self.generic_edges and refusal(method) is not None:
-            raise ValueError(f"--edges: {refusal(method)}")
         share = method.server_fraction if wants_server_data(method) else 0.0
         devices, server_data = self.prepare_data(data, share)
         if server_data is not None:

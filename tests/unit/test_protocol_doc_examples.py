@@ -45,7 +45,7 @@ def _configs() -> list[tuple[int, dict]]:
 
 
 def _check_config(config: dict, models: set[str]) -> None:
-    plan = parse_plan(config, models, set(OUTPUTS))
+    plan = parse_plan(config, models, set(OUTPUTS), bundles="members" in config)  # §22: an edge's
     check_reports(plan.reports, models)
 
 
