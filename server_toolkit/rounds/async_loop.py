@@ -26,7 +26,9 @@ model (``edge/fold.configure``); it runs one synchronous group round from that v
 answers its group's partial aggregate, which ``fold_buffer`` folds with the devices' deltas.
 It counts as the device updates it carries (``staleness.carried``) in ``accepted``,
 ``folded``, ``dropped_stale``, the staleness statistics and towards K; ``edge_results`` counts
-the partials folded into a version. An edge the method cannot use (``configure`` leaves it
+the partials folded into a version. A bundle edge's answer (``edge/bundle.py``: each
+member's update, for methods that are not sums) joins the buffer as its members' updates,
+all of the edge's base. An edge the method cannot use (``configure`` leaves it
 out, with an error in the log) gets no task until it says hello with another profile.
 
 ``eval_every`` (``--eval-every N``): the global model is evaluated on versions N, 2N, ... and
@@ -47,6 +49,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ..edge.bundle import unpack
 from ..edge.fold import configure, is_partial, is_sum_edge
 from ..methods.abilities import async_refusal
 from ..methods.base import Method
@@ -148,18 +151,20 @@ class AsyncLoop(RoundLoop):
         self._since["tasks_sent"] += len(instructions)
 
     def _take(self, arrival: Arrival) -> None:
-        """Into the buffer, or dropped when older than ``max_staleness`` versions."""
+        """Into the buffer, or dropped when older than ``max_staleness`` versions. A bundle
+        edge's answer joins as its members' updates, all of its base (``edge/bundle.py``)."""
         staleness = self.completed_round - arrival.base
-        count = carried(arrival.update)  # an edge's partial: the device updates behind it
+        updates = unpack([arrival.update])
+        count = sum(carried(u) for u in updates)  # an edge's partial: the device updates behind it
         self._since["accepted"] += count
+        self.consumed += 1  # registry entries, folded (by the next checkpoint) or dropped
         if staleness > self.async_config.max_staleness:
             log.info("version %d: dropped the update of %s made from version %d (staleness %d > %d)",
                      self.completed_round, arrival.update.device_id, arrival.base, staleness,
                      self.async_config.max_staleness)
             self._since["dropped_stale"] += count
-            self.consumed += 1
             return
-        self.buffer.append(BufferedUpdate(arrival.update, arrival.base, staleness))
+        self.buffer += [BufferedUpdate(u, arrival.base, staleness) for u in updates]
 
     def _fold(self, buffered: int) -> dict:
         """Fold the buffer into the next version; evaluate, checkpoint, report it."""
@@ -184,7 +189,6 @@ class AsyncLoop(RoundLoop):
         every = max(1, self.async_config.eval_every)
         if version % every == 0 or version == self.config.rounds:
             row.update(self.evaluate_global(version))
-        self.consumed += len(batch)  # registry entries (an edge's partial is one)
         now = time.monotonic()
         row.update(versions_alive=len(self.grid.in_flight()), tasks_sent=self._since["tasks_sent"],
                    buffered=buffered, seconds=now - self._last_row, wall_s=now - self._started,

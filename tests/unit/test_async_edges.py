@@ -5,6 +5,8 @@ Synthetic updates (the instruction's weights plus seeded noise). The edge is the
 ``SumRelay``: it configures its group from the (stale) version it was sent, and its answer
 travels as on the wire (float32 mean, float32 coverage). The buffer also holds a fresh update
 of a device talking to the server directly, so partials and summands meet in one fold.
+Also: how an edge's result counts, an edge partial recovered after a restart, the norm bound
+on partials, and a bundle edge's answer in the buffer.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from fedcore.recipe import Recipe
 from sdk_device.protocol.blobs import encode_tensors
 from sdk_device.transport.blob_store import BlobStore
+from server_toolkit.edge.bundle import bundle_instruction
 from server_toolkit.edge.fold import SUMS, configure, is_partial
 from server_toolkit.edge.partial import COVERAGE
 from server_toolkit.edge.sum_relay import SumRelay
@@ -25,11 +28,16 @@ from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo, TrainInstruction
 from server_toolkit.models.zoo import model_spec
+from server_toolkit.rounds.async_grid import Arrival
+from server_toolkit.rounds.async_loop import AsyncConfig, AsyncLoop
+from server_toolkit.rounds.loop import LoopConfig
 from server_toolkit.rounds.mqtt_async import AsyncMqttGrid
 from server_toolkit.rounds.mqtt_grid import ARRAYS_KEY
 from server_toolkit.rounds.norm_bound import bound_updates
 from server_toolkit.rounds.staleness import BufferedUpdate, carried, fold_buffer, staleness_stats
 from server_toolkit.rounds.task_records import task_record
+
+from .test_async_loop import ScriptedGrid
 
 SPEC = model_spec("small_cnn", (1, 8, 8), 10)
 CASES = {"fedavg": (None,), "heterofl": ("1.0", "0.5", "0.25")}
@@ -144,3 +152,28 @@ def test_the_norm_bound_clips_an_edge_delta_but_never_its_coverage():
     assert count == 1 and not np.allclose(clipped_big.weights["layers.0.weight"], forged["layers.0.weight"])
     for name, value in crowd.items():
         np.testing.assert_array_equal(clipped_big.others[COVERAGE][name], value)
+
+
+def test_a_bundle_edges_answer_joins_the_buffer_as_its_members_updates_of_its_base(tmp_path):
+    method = method_class("fedavg")(SPEC, Recipe())
+    loop = AsyncLoop(method, ScriptedGrid({}), LoopConfig(rounds=5, norm_bound=None), AsyncConfig(3, 4),
+                     run_dir=tmp_path)
+    loop.start()
+    members = method.configure_train(1, loop.global_weights, [DeviceInfo("dev1", 30), DeviceInfo("dev2", 10)])
+    task = bundle_instruction(method, "edge-1", members)  # made from version 0
+    trained = [_trained(i) for i in members]
+    per = {f"m{k}": {"samples": u.num_samples} for k, u in enumerate(trained)}
+    answer = ClientUpdate("edge-1", sum(u.num_samples for u in trained), {},
+                          {"samples": sum(u.num_samples for u in trained), "members": per}, task,
+                          {f"m{k}": u.weights for k, u in enumerate(trained)})
+    loop.completed_round = 2
+    loop._take(Arrival(answer, base=0))
+    taken = [(b.update.device_id, b.base, b.staleness) for b in loop.buffer]
+    assert taken == [("dev1", 0, 2), ("dev2", 0, 2)]
+    assert loop.consumed == 1 and loop._since["accepted"] == 2  # one registry entry, two device updates
+    now = loop.global_weights
+    got = fold_buffer(method, 3, now, loop.buffer)
+    want = fold_buffer(method, 3, now, [BufferedUpdate(u, 0, 2) for u in trained])
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert any(not np.allclose(got[k], now[k]) for k in want)
