@@ -10,6 +10,8 @@
   Versions complete; every metrics.jsonl row carries its version and staleness; edge-a's
   partials (three device updates each, two of them through edge-b) are folded and counted
   as three device updates; the accuracy rises.
+* A bundle edge in async mode (FedAvgM, not a sum; agents and the edge as threads): its answer
+  joins the buffer as its members' updates, each of the edge's base.
 * ``simulate --edges 2 --mode async`` (edge processes, every device behind an edge): an
   edge killed with SIGKILL mid-run costs only its group: the other edge keeps making
   versions, long before the killed edge's task would have expired.
@@ -17,17 +19,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from fedcore.recipe import Recipe
+from sdk_device.agent import DeviceAgent
 from server_toolkit.edge.aggregator import EdgeAggregator, EdgeConfig
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.fedavg import FedAvg
+from server_toolkit.methods.fedavgm import FedAvgM
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.report.run_report import RunReport
 from server_toolkit.rounds.async_loop import AsyncConfig, AsyncLoop
@@ -103,6 +109,45 @@ def test_async_versions_fold_the_partials_of_two_levels_of_edges_beside_direct_d
     assert edge_updates and all(u["metrics"]["edge_devices"] == 3 for u in edge_updates)  # through edge-b
     assert all(u["num_samples"] > 600 for u in edge_updates)  # three devices' samples (5 x ~290 in all)
     assert rows[-1]["accuracy"] > max(before + 0.3, rows[0]["accuracy"]), (before, rows)
+
+
+def test_a_bundle_edges_members_are_folded_in_async_mode(mosquitto, tmp_path):
+    fleet = Fleet(mosquitto.address, tmp_path, fleet="lab")
+    paths = fleet.write_data(["dev0", "dev1", "dev2"])
+    register_group(tmp_path / "edge-a", EdgeGroup("edge-a", None, ("dev0", "dev1")))
+    edge = EdgeAggregator(EdgeConfig(mosquitto.url, "lab", "edge-a", tmp_path / "edge-a", method="fedavgm",
+                                     min_devices=2, devices_wait_s=60, heartbeat_s=1.0))
+    fleet.registry.add_device("edge-a")
+    fleet.registry.add_device("dev2")
+    try:
+        for dev, path in paths.items():  # real agents, as threads (one process: fast to start)
+            where = "lab" if dev == "dev2" else "lab.edge-a"
+            fleet.start_thread(DeviceAgent(dataclasses.replace(fleet.agent_config(dev, path), fleet=where)),
+                               register=False)
+        threading.Thread(target=edge.run, daemon=True).start()
+        spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
+        grid = AsyncMqttGrid(fleet.endpoint, fleet.registry)
+        loop = AsyncLoop(FedAvgM(spec, RECIPE), grid, LoopConfig(rounds=4, round_timeout_s=60, seed=0),
+                         AsyncConfig(buffer=2, max_staleness=4), run_dir=tmp_path / "server",
+                         test_data=(fleet.data.x_test, fleet.data.y_test))
+        loop.start()
+        start = dict(loop.global_weights)
+        assert loop.grid.wait_for_devices(2, timeout_s=60) == 2
+        rows = loop.run()
+        loop.grid.close()
+    finally:
+        edge.stop()
+        fleet.close()
+    assert [r["version"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["accepted"] == r["folded"] + r["dropped_stale"] and r["edge_results"] == 0 for r in rows)
+    accepted = sorted((u for rnd in range(1, 6) for u in fleet.registry.updates(rnd)), key=lambda u: u["id"])
+    taken = [u["device_id"] for u in accepted[:loop.consumed]]  # what the loop took, in order
+    assert taken.count("edge-a") >= 1  # a bundle was taken ...
+    for update in (u for u in accepted if u["device_id"] == "edge-a"):
+        assert set(update["metrics"]["members"]) == {"m0", "m1"}
+    # ... and counted as its two members' updates
+    assert sum(r["accepted"] for r in rows) == taken.count("dev2") + 2 * taken.count("edge-a")
+    assert any(not np.allclose(loop.global_weights[k], start[k]) for k in start)
 
 
 def test_a_killed_edge_costs_only_its_group_in_simulate_async_with_edges(mosquitto, tmp_path):
