@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass
 
 from ..edge.bundle import unpack
-from ..edge.fold import configure, is_partial, is_sum_edge
+from ..edge.fold import configure, is_partial
 from ..methods.abilities import async_refusal
 from ..methods.base import Method
 from .async_grid import Arrival, AsyncGrid
@@ -144,7 +144,7 @@ class AsyncLoop(RoundLoop):
         planned = configure(self.method, version + 1, self.global_weights, chosen)  # edges: the global model
         given = {ins.device_id for ins in planned}
         self._left_out.update({d.device_id: _profile(d) for d in chosen if d.device_id not in given
-                               and is_sum_edge(d)})  # (logged once by configure)
+                               and d.profile.get("role") == "edge"})  # (configure logged why, once)
         instructions = [self._finish(self.tasks_sent + i + 1, ins) for i, ins in enumerate(planned)]  # seeds
         self.grid.submit(version, instructions, self.config.round_timeout_s)
         self.tasks_sent += len(instructions)

@@ -177,3 +177,24 @@ def test_a_bundle_edges_answer_joins_the_buffer_as_its_members_updates_of_its_ba
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
     assert any(not np.allclose(got[k], now[k]) for k in want)
+
+
+def test_an_edge_the_method_cannot_use_gets_no_task_and_one_error(tmp_path, caplog):
+    class WithEdge(ScriptedGrid):
+        def online(self) -> list[DeviceInfo]:
+            wrong = {**EDGE, "method": "heterofl"}  # the server runs fedavg
+            return [*super().online(), DeviceInfo("edge-x", 10, None, profile=wrong)]
+
+        def idle(self) -> list[DeviceInfo]:
+            return [d for d in self.online() if d.device_id not in self.tasks]
+
+    grid = WithEdge({"a": 1, "b": 2})
+    loop = AsyncLoop(method_class("fedavg")(SPEC, Recipe()), grid, LoopConfig(rounds=4, norm_bound=None),
+                     AsyncConfig(2, 4), run_dir=tmp_path)
+    loop.start()
+    with caplog.at_level("ERROR"):
+        rows = loop.run()
+    assert [r["version"] for r in rows] == [1, 2, 3, 4]
+    assert all(arrival.update.device_id != "edge-x" for arrival in grid.accepted)
+    assert [r.getMessage() for r in caplog.records if "edge-x" in r.getMessage()] == [
+        "round 1: edge edge-x left out: it runs method 'heterofl', the server 'fedavg'"]
