@@ -132,8 +132,7 @@ class MqttGrid(Grid):
             self.progress = {d: p for d, p in self.progress.items() if d not in asked}  # a new task
         self.pacer.begin()
         for instruction in instructions:  # results and refusals are handled while tasks go out
-            while (not self.pacer.has_room(self.endpoint.served, self._resolved)
-                   and time.time() < deadline):
+            while not self.pacer.has_room(self.endpoint, self._resolved) and time.time() < deadline:
                 self._pump(timeout_s=0.02)
             self._send_task(round_number, instruction, deadline)
         # every device gone at once (a broker restart): wait for them to come back until the deadline

@@ -20,7 +20,9 @@ is about 1 s, enough to keep the serving thread busy.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+
+from sdk_device.transport.endpoint import Endpoint
 
 DEFAULT_WINDOW = 64
 DEFAULT_LOAD_TIMEOUT_S = 30.0
@@ -44,14 +46,14 @@ class TaskPacer:
         """``device_id`` was sent a task whose array records ``blob_ids`` it must pull."""
         self._loading[device_id] = (tuple(blob_ids), time.monotonic())
 
-    def has_room(self, served: Callable[[str, str], bool], resolved: set[str]) -> bool:
-        """Whether another task may go out; ``served(device, blob)``: its last chunk was sent."""
+    def has_room(self, endpoint: Endpoint, resolved: set[str]) -> bool:
+        """Whether another task may go out (``resolved``: the round's devices done with their task)."""
         if len(self._loading) < self.window:
             return True
         now = time.monotonic()
         for dev, (blobs, sent_at) in list(self._loading.items()):
             if (dev in resolved or now - sent_at > self.load_timeout_s
-                    or all(served(dev, blob) for blob in blobs)):
+                    or all(endpoint.served(dev, blob) for blob in blobs)):
                 del self._loading[dev]
         return len(self._loading) < self.window
 

@@ -74,5 +74,5 @@ def test_a_slow_server_paces_its_tasks_so_no_device_waits_long_for_its_weights(m
     # Unpaced, all 200 tasks land at once and the last device waits for every pull before its own.
     assert waits[-1] < serving_s / 3, f"slowest device waited {waits[-1]:.1f} s for its blobs"
     assert grid.first_accept < grid.last_send  # results were accepted while tasks still went out
-    print(f"{DEVICES} devices, {rows[0]['seconds']:.1f} s round, waits median {waits[len(waits) // 2]:.2f} s, "
-          f"max {waits[-1]:.2f} s")
+    print(f"{DEVICES} devices, {rows[0]['seconds']:.1f} s round, "
+          f"waits median {waits[len(waits) // 2]:.2f} s, max {waits[-1]:.2f} s")
