@@ -47,6 +47,7 @@ from .blob_store import BlobStore
 from .inbox import Inbox, Strangers
 from .mqtt_link import BrokerAddress, MqttLink
 from .routes import SERVER, Routes
+from .serve_queue import ServeQueue
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,9 @@ class Endpoint:
         self._lock = threading.Lock()
         self._transfers: dict[tuple[str, str], queue.Queue[Chunk | ProtocolError]] = {}
         self._offered: dict[str, set[str]] = {}
+        self._served: dict[str, set[str]] = {}  # peer -> offered blobs whose last chunk it was sent
         self._chunk_shas: dict[tuple[str, int], list[str]] = {}  # (blob, chunk_bytes) -> sha per chunk
-        self._serve_queue: queue.Queue[tuple[str, msgs.BlobRequest] | None] = queue.Queue()
+        self._serve_queue = ServeQueue()  # blob requests, repeats of waiting ones dropped
         self._server_thread = threading.Thread(target=self._serve_loop, daemon=True)
         self.on_server_event: Callable[[str, object, bool], None] | None = None  # device side, see above
         if device_id is None:
@@ -172,6 +174,12 @@ class Endpoint:
         """Forget every blob offered to ``peer``."""
         with self._lock:
             self._offered.pop(peer, None)
+            self._served.pop(peer, None)
+
+    def served(self, peer: str, blob_id: str) -> bool:
+        """Whether ``peer`` was sent the last chunk of offered blob ``blob_id`` (its pull is done)."""
+        with self._lock:
+            return blob_id in self._served.get(peer, ())
 
     # -- receiving blobs -----------------------------------------------------------------
     def fetch(
@@ -306,6 +314,9 @@ class Endpoint:
             )
             self.link.publish(topic, frame)
             self.bytes_sent += len(data)
+        if count - 1 in request.indices:
+            with self._lock:
+                self._served.setdefault(peer, set()).add(request.blob)
 
     def frame_chunk(
         self, blob: str, index: int, size: int, chunk_bytes: int, data: bytes, sha: str | None = None

@@ -1,8 +1,9 @@
 """The MQTT grid: real devices reached through an ``Endpoint`` and a fleet registry.
 
 An exchange: export each task's programs (before the deadline starts counting against the
-devices) -> persist the task record -> offer its blobs and send the task -> handle incoming
-traffic until quorum, every device asked resolved, or the deadline -> pull each result,
+devices) -> persist the task record -> offer its blobs and send the task, with at most
+``task_window`` devices pulling at once and traffic handled meanwhile (``task_pacing.py``) ->
+handle incoming traffic until quorum, every device asked resolved, or the deadline -> pull each result,
 validate it, persist it, and only then acknowledge it. Invalid input (bad messages,
 unknown devices or tasks, wrong shapes, NaN, oversized or corrupt blobs, late results) is
 rejected, recorded in the registry under its task's round, logged and answered with an
@@ -36,11 +37,10 @@ from ..methods.tiers import resolve_tier
 from .grid import Exchange, Grid, LiveRound
 from .mqtt_live import live_round
 from .results import PendingTask, check_record, check_records, features_request, result_key
-from .task_records import instruction_from_record, task_record
+from .task_pacing import DEFAULT_WINDOW, TaskPacer
+from .task_records import ARRAYS_KEY, stored_update, task_record
 
 log = logging.getLogger(__name__)
-
-ARRAYS_KEY = "arrays"  # in a stored update's metrics: {record name: blob id} of its other array records
 
 
 class MqttGrid(Grid):
@@ -48,16 +48,18 @@ class MqttGrid(Grid):
 
     ``program_formats``: the program formats offered with each task; ``max_update_factor``:
     an update may be at most this times the bytes sent (+64 KiB); ``fetch_timeout_s``: how
-    long pulling one result may take.
+    long pulling one result may take; ``task_window``: devices pulling their task's blobs at once.
     """
 
     def __init__(self, endpoint: Endpoint, registry: FleetRegistry, program_formats: list[str] | None = None,
-                 max_update_factor: float = 2.0, fetch_timeout_s: float = 120.0) -> None:
+                 max_update_factor: float = 2.0, fetch_timeout_s: float = 120.0,
+                 task_window: int = DEFAULT_WINDOW) -> None:
         self.endpoint = endpoint
         self.registry = registry
         self.programs = ProgramCache(program_formats or [modelspec.FORMAT])
         self.max_update_factor = max_update_factor
         self.fetch_timeout_s = fetch_timeout_s
+        self.pacer = TaskPacer(task_window)
         self.devices: dict[str, DeviceInfo] = {}  # online devices, by id
         self._pending: dict[str, PendingTask] = {}  # tasks of the open round
         self._closed_tasks: dict[str, int] = {}  # task id -> round, for tasks of recent closed rounds
@@ -128,7 +130,10 @@ class MqttGrid(Grid):
             self._open_round, self._resolved, self._accepted, self._rejections = round_number, set(), [], {}
             self._left, self._deadline, self._last_rejection = set(), deadline, {}
             self.progress = {d: p for d, p in self.progress.items() if d not in asked}  # a new task
-        for instruction in instructions:
+        self.pacer.begin()
+        for instruction in instructions:  # results and refusals are handled while tasks go out
+            while not self.pacer.has_room(self.endpoint, self._resolved) and time.time() < deadline:
+                self._pump(timeout_s=0.02)
             self._send_task(round_number, instruction, deadline)
         # every device gone at once (a broker restart): wait for them to come back until the deadline
         while (len(self._accepted) < quorum and not (asked <= self._resolved and not asked <= self._left)
@@ -181,6 +186,7 @@ class MqttGrid(Grid):
         self._pending[task.task_id] = PendingTask(task.task_id, rnd, instruction, sent_bytes, references,
                                                features_request(instruction))
         self.endpoint.send(dev, task)
+        self.pacer.sent(dev, [arrays[name].id for name in instruction.returns])
 
     # -- incoming traffic ----------------------------------------------------------------------
     def _pump(self, timeout_s: float) -> None:  # one incoming item, if any arrives within timeout_s
@@ -385,16 +391,6 @@ class MqttGrid(Grid):
 
     def _load_update(self, row: dict) -> ClientUpdate:
         """An accepted update (a registry row) with the instruction it answered."""
-        weights = decode_tensors(self.endpoint.store.get(row["blob_id"]))
         pending = self._pending.get(row["task_id"])
-        if pending is not None:
-            instruction = pending.instruction
-        else:  # accepted before a restart: the instruction as it was persisted when sent
-            record = self.registry.task(row["task_id"])
-            if record is None:
-                raise RuntimeError(f"task {row['task_id']} of an accepted update has no record")
-            instruction = instruction_from_record(record, self.endpoint.store)
-        others = {name: decode_tensors(self.endpoint.store.get(blob))
-                  for name, blob in row["metrics"].get(ARRAYS_KEY, {}).items()}
-        metrics = {k: v for k, v in row["metrics"].items() if k != ARRAYS_KEY}
-        return ClientUpdate(row["device_id"], row["num_samples"], weights, metrics, instruction, others)
+        instruction = pending.instruction if pending is not None else None  # None: from its task record
+        return stored_update(row, instruction, self.registry, self.endpoint.store)

@@ -13,7 +13,10 @@ from sdk_device.protocol.blobs import decode_tensors
 from sdk_device.protocol.task_plan import TrainStep
 from sdk_device.transport.blob_store import BlobStore
 
-from ..methods.base import MODEL, ModelRecord, TrainInstruction
+from ..fleet.registry import FleetRegistry
+from ..methods.base import MODEL, ClientUpdate, ModelRecord, TrainInstruction
+
+ARRAYS_KEY = "arrays"  # in a stored update's metrics: {record name: blob id} of its other array records
 
 
 def task_record(instruction: TrainInstruction, weights_blobs: dict[str, str],
@@ -48,3 +51,19 @@ def instruction_from_record(record: dict, store: BlobStore) -> TrainInstruction:
         teacher=record.get("teacher"), returns=tuple(record.get("returns", [MODEL])),
         reports=record.get("reports") or {}, programs=main.programs,
     )
+
+
+def stored_update(row: dict, instruction: TrainInstruction | None, registry: FleetRegistry,
+                  store: BlobStore) -> ClientUpdate:
+    """An accepted update (a registry row) with the instruction it answered: ``instruction``,
+    or (accepted before a restart) the one persisted in its task record."""
+    weights = decode_tensors(store.get(row["blob_id"]))
+    if instruction is None:
+        record = registry.task(row["task_id"])
+        if record is None:
+            raise RuntimeError(f"task {row['task_id']} of an accepted update has no record")
+        instruction = instruction_from_record(record, store)
+    others = {name: decode_tensors(store.get(blob))
+              for name, blob in row["metrics"].get(ARRAYS_KEY, {}).items()}
+    metrics = {k: v for k, v in row["metrics"].items() if k != ARRAYS_KEY}
+    return ClientUpdate(row["device_id"], row["num_samples"], weights, metrics, instruction, others)
