@@ -49,9 +49,10 @@ pytestmark = pytest.mark.integration
 RECIPE = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9)
 
 
-def _start(fleet: Fleet, tmp_path, edges: dict[str, tuple[str, EdgeGroup]], direct: list[str]) -> list:
+def _start(fleet: Fleet, tmp_path, edges: dict[str, tuple[str, EdgeGroup]], direct: list[str],
+           direct_slowdown: float = 1.0) -> list:
     """Edge aggregator threads (edge id -> (the fleet it joins, its group)) and every device's
-    process; returns the processes and the edges."""
+    process, the direct ones ``direct_slowdown`` times slower; returns the processes and the edges."""
     where = {dev: fleet.fleet for dev in direct}
     aggregators = []
     for upper, group in edges.values():
@@ -67,7 +68,8 @@ def _start(fleet: Fleet, tmp_path, edges: dict[str, tuple[str, EdgeGroup]], dire
         fleet.registry.add_device(dev)
     paths = fleet.write_data(sorted(where))
     procs = [start_device_process(fleet.broker.url, where[dev], dev, path, tmp_path / dev / "work",
-                                  tmp_path / f"{dev}.log") for dev, path in paths.items()]
+                                  tmp_path / f"{dev}.log", slowdown=direct_slowdown if dev in direct else 1.0)
+             for dev, path in paths.items()]
     return procs, aggregators
 
 
@@ -85,7 +87,9 @@ def test_async_versions_fold_the_partials_of_two_levels_of_edges_beside_direct_d
     fleet = Fleet(mosquitto.address, tmp_path, fleet="lab")
     edges = {"edge-a": ("lab", EdgeGroup("edge-a", None, ("dev0", "edge-b"))),
              "edge-b": ("lab.edge-a", EdgeGroup("edge-b", None, ("dev1", "dev2")))}
-    procs, aggregators = _start(fleet, tmp_path, edges, direct=["dev3", "dev4"])
+    # the direct devices 5x slower, so that on a busy machine too edge-a (a group round through
+    # two levels) answers several times before the direct devices alone make the 12 versions
+    procs, aggregators = _start(fleet, tmp_path, edges, direct=["dev3", "dev4"], direct_slowdown=5.0)
     report = RunReport(tmp_path / "server")
     try:
         loop = _loop(fleet, tmp_path, versions=12, on_round=report.add_round)
