@@ -232,20 +232,16 @@ class EdgeAggregator:
         log.info("round %d: relaying task %s to %d device(s)", task.round, task.task_id[:8],
                  len(self.grid.devices))
         started = time.time()
-        margin = max(5.0, 0.15 * (task.deadline - started))  # time left for the way up
+        budget = self._group_time(task, started)
         if self.relay.needs_warmup():  # ends when the group answered; at most half of the time
-            self._group_round(task, WARMUP, weights, (task.deadline - margin - started) / 2)
-        row = self._group_round(task, TRAIN, weights, task.deadline - margin - time.time())
+            self._group_round(task, WARMUP, weights, budget / 2)
+        row = self._group_round(task, TRAIN, weights, started + budget - time.time())
         if not row["accepted"]:
             self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} returned an update")
             return
         records = {MODEL: self.group.global_weights, **self.relay.returned}
-        arrays = {name: self.up.offer(SERVER, encode_tensors(records[name]), "weights", "safetensors")
-                  for name in plan.returns if name in records}
         metrics = self._metrics(row, time.time() - started, "label_counts" in plan.reports)
-        self._awaiting = task.task_id
-        result = msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays, metrics=metrics)
-        self.up.send(SERVER, result)
+        self._answer(task, {name: records[name] for name in plan.returns if name in records}, metrics)
         log.info("round %d: sent the aggregate of %d device(s), %d samples", task.round, row["accepted"],
                  metrics["samples"])
 
@@ -261,21 +257,31 @@ class EdgeAggregator:
             self._refuse(task, "bad_task", f"could not load the task: {exc}")
             return
         started = time.time()
-        margin = max(5.0, 0.15 * (task.deadline - started))  # time left for the way up
-        row = self._group_round(task, TRAIN, template.weights, task.deadline - margin - started,
+        row = self._group_round(task, TRAIN, template.weights, self._group_time(task, started),
                                 first=task.round)
         if not row["accepted"]:
             self._refuse(task, "device_failure", f"no device of {self.config.group_fleet} returned an update")
             return
         records = {MODEL: self.group.global_weights, COVERAGE: self.sums.partial.coverage(template.weights)}
-        arrays = {name: self.up.offer(SERVER, encode_tensors(records[name]), "weights", "safetensors")
-                  for name in plan.returns}
         metrics = self._metrics(row, time.time() - started, "label_counts" in plan.reports)
+        self._answer(task, records, metrics)
+        log.info("round %d: sent the partial aggregate of %d update(s), %d samples", task.round,
+                 row["accepted"], metrics["samples"])
+
+    @staticmethod
+    def _group_time(task: msgs.Task, started: float) -> float:
+        """Seconds the group round(s) of ``task`` may take from ``started``: its time left minus a
+        margin for the way up (15 %, at least 5 s)."""
+        return task.deadline - started - max(5.0, 0.15 * (task.deadline - started))
+
+    def _answer(self, task: msgs.Task, records: dict[str, dict], metrics: dict) -> None:
+        """Offer ``records`` (array record name -> tensors) to the server and send ``task``'s one
+        result; the server's ack or error for it ends the task (``_handle``)."""
+        arrays = {name: self.up.offer(SERVER, encode_tensors(tensors), "weights", "safetensors")
+                  for name, tensors in records.items()}
         self._awaiting = task.task_id
         result = msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays, metrics=metrics)
         self.up.send(SERVER, result)
-        log.info("round %d: sent the partial aggregate of %d update(s), %d samples", task.round,
-                 row["accepted"], metrics["samples"])
 
     def _template(self, task: msgs.Task, plan: TaskPlan) -> TrainInstruction:
         """The server's task as an instruction template: every model's programs (each format, as

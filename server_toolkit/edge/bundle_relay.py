@@ -23,10 +23,8 @@ from typing import Any
 
 from fedcore.recipe import Recipe
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol.blobs import encode_tensors
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.task_plan import TaskPlan
-from sdk_device.transport.endpoint import SERVER
 
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..methods.fedconv.relay import TRAIN
@@ -65,7 +63,7 @@ class BundleRelay(Method):
 def member_tasks(template: TrainInstruction, plan: TaskPlan, online: set[str]) -> dict[str, TrainInstruction]:
     """{device id: its task} for the bundle's members that are online (``template``: the
     bundle as the edge loaded it, every model's spec and weights)."""
-    reports = {k: v for k, v in template.reports.items()}  # features already dropped by the template
+    reports = dict(template.reports)  # features already dropped by the template
     tasks = {}
     for name, entry in plan.members.items():
         if entry["device"] in online:
@@ -101,10 +99,9 @@ def relay_bundle(edge: Any, task: msgs.Task, plan: TaskPlan) -> None:
         return
     relay = BundleRelay(tasks)
     started = time.time()
-    margin = max(5.0, 0.15 * (task.deadline - started))  # time left for the way up
     group_method, edge.group.method = edge.group.method, relay
     try:
-        row = edge._group_round(task, TRAIN, {}, task.deadline - margin - started, first=task.round)
+        row = edge._group_round(task, TRAIN, {}, edge._group_time(task, started), first=task.round)
     finally:
         edge.group.method = group_method
     name_of = {entry["device"]: name for name, entry in plan.members.items()}
@@ -113,14 +110,10 @@ def relay_bundle(edge: Any, task: msgs.Task, plan: TaskPlan) -> None:
         edge._refuse(task, "device_failure", f"no member of the bundle returned an update "
                                              f"({row['selected']} asked)")
         return
-    records = {MODEL: {}, **{name: u.weights for name, u in answered.items()}}
-    arrays = {name: edge.up.offer(SERVER, encode_tensors(weights), "weights", "safetensors")
-              for name, weights in records.items()}
     members = {name: member_metrics(u) for name, u in sorted(answered.items())}
     metrics = {"samples": sum(m["samples"] for m in members.values()), "runtime": "edge",
                "wall_time_s": time.time() - started, "edge_devices": len(members), "members": members}
-    edge._awaiting = task.task_id
-    edge.up.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, arrays=arrays, metrics=metrics))
+    edge._answer(task, {MODEL: {}, **{name: u.weights for name, u in answered.items()}}, metrics)
     log.info("round %d: forwarded %d of %d member update(s), %d samples", task.round, len(members),
              len(plan.members), metrics["samples"])
 
