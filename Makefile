@@ -26,7 +26,7 @@ $(DEMO_STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	    echo "$(VENV) already has fedsdk[dev], which includes the server"; \
 	else \
 	    echo "make demo: installing fedsdk[server] into $(VENV): torch (CPU), amqtt, scikit-learn, scipy,"; \
-	    echo "  matplotlib, dp-accounting, ... (~270 MB of wheels, ~1.3 GB installed; 1-4 minutes)"; \
+	    echo "  matplotlib, dp-accounting, ... (~300 MB of wheels, ~1.4 GB installed; a few minutes)"; \
 	    $(BIN)/python -m pip install --disable-pip-version-check -c constraints.txt -e '.[server]'; \
 	fi
 	touch $(DEMO_STAMP)
