@@ -40,10 +40,13 @@ def close_choices(name: str, choices: Iterable[str]) -> list[str]:
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """``" (did you mean heterofl?)"`` (``… heterofl or fedrolex?`` for several), or ``""`` when
-    no choice is close to ``name``."""
+    """``" (did you mean heterofl?)"`` (``… fedavg, fedavgm or fedavg-groups?`` for several), or
+    ``""`` when no choice is close to ``name``."""
     close = close_choices(name, choices)
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
+    if not close:
+        return ""
+    listed = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
+    return f" (did you mean {listed}?)"
 
 
 def unknown_choice(option: str, name: str, choices: Iterable[str], more: str = "") -> str:
