@@ -200,3 +200,24 @@ def test_the_doc_generator_is_torch_randperm():
         doc_gen = DocGenerator(seed)
         for _ in range(2):  # two epochs from one generator
             assert doc_gen.randperm(n).tolist() == torch.randperm(n, generator=torch_gen).tolist()
+
+
+def test_the_ort_training_index_has_the_names_the_doc_gives():
+    """§24.2: the index keys and the training/eval graphs' input and output names."""
+    import onnx
+
+    from export.onnx import prepare_ort_program
+
+    iface = doc_interface("ort-training/1")
+    pending = prepare_ort_program(SPEC)
+    index = pending.index
+    assert set(index) | {"format", "files"} == set(iface["index_keys"])  # format, files: added by pack
+    assert [i["name"] for i in index["inputs"]] == iface["training_inputs"][:2]
+    assert index["inputs"][0]["shape"] == [None, *SPEC["input_shape"]]  # channels-first, any batch
+    buffers = [b["name"] for b in index["buffers"]]
+    assert index["outputs"] == [*iface["training_outputs"][:2], *(f"new:{name}" for name in buffers)]
+    weights = set(state_numpy(build_model(SPEC)))
+    assert index["eval_inputs"][0] == iface["eval_inputs"][0] and set(index["eval_inputs"][1:]) == weights
+    eval_graph = onnx.load_from_string(pending.eval_bytes).graph
+    assert [i.name for i in eval_graph.input] == index["eval_inputs"]
+    assert [o.name for o in eval_graph.output] == [iface["eval_outputs"][0]]  # one output: no exit
