@@ -7,6 +7,9 @@ machine-readable block (§23.9), the program runs in ExecuTorch's own Python bin
 (``portable_lib``, not fedsdk's runtime), the data order is the doc's generator, and the
 optimizer is the doc's SGD rule written here in numpy. The result must equal
 ``fedcore.torch_train.train_model`` on the same weights, data and recipe within 1e-5.
+
+The same for ``ort-training/1`` (§24): ``ort_doc_client.py`` trains the program in the ONNX
+Runtime training environment with numpy and ONNX Runtime only.
 """
 
 from __future__ import annotations
@@ -221,3 +224,29 @@ def test_the_ort_training_index_has_the_names_the_doc_gives():
     eval_graph = onnx.load_from_string(pending.eval_bytes).graph
     assert [i.name for i in eval_graph.input] == index["eval_inputs"]
     assert [o.name for o in eval_graph.output] == [iface["eval_outputs"][0]]  # one output: no exit
+
+
+def test_an_ort_program_trained_by_the_doc_alone_gives_the_torch_runtime_update(tmp_path, digits):
+    """§24: ``ort_doc_client.py`` (numpy + ONNX Runtime only) trains 3 SGD steps; one batch
+    per epoch, so the data order (§24.3 differs from torch's) cannot matter."""
+    from export.onnx import export_ort_training_program
+    from tests.ort_env import run_ort
+
+    x, y = digits[0][:16], digits[1][:16]
+    recipe = Recipe(epochs=3, batch_size=16, lr=0.05, momentum=0.9, weight_decay=1e-3, seed=5)
+    sent = state_numpy(build_model(SPEC, seed=3))
+    (tmp_path / "program").write_bytes(export_ort_training_program(SPEC, {"kind": "ce"}))
+    np.savez(tmp_path / "data.npz", x=x, y=y, **{f"w:{k}": v for k, v in sent.items()})
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe.to_dict()))
+    client = Path(__file__).with_name("ort_doc_client.py")
+    run_ort([str(client), *(str(tmp_path / f) for f in ("program", "data.npz", "recipe.json", "out.npz"))],
+            timeout_s=300)
+    out = np.load(tmp_path / "out.npz")
+    got = {k[2:]: out[k] for k in out.files}
+
+    reference = build_model(SPEC)
+    load_numpy(reference, sent)
+    train_model(reference, x, y, recipe)
+    want = state_numpy(reference)
+    assert _max_delta(want, sent) > 1e-3
+    _close(got, want)
