@@ -96,9 +96,14 @@ def start_pairing(
     ca_file: str | None = None,
     insecure: bool = False,
     security: CredentialIssuer | None = None,
+    fleet_home: Path | None = None,
 ) -> PairingService:
-    """Write ``fleet.json`` and start the pairing service on its own connection and thread."""
+    """Write ``fleet.json`` (in the run directory, and in ``fleet_home``, the directory of the
+    fleet's members and pairing key when it is another: ``fleet/fleet_store.py``) and start
+    the pairing service on its own connection and thread."""
     info.save(run_dir)
+    if fleet_home is not None:
+        info.save(fleet_home)
     endpoint = Endpoint(
         address,
         PairTopics(),
@@ -110,7 +115,7 @@ def start_pairing(
         insecure=insecure,
     )
     ca_pem = Path(ca_file).read_text() if ca_file and address.tls else None
-    codes = PairCodes(registry, run_dir, LockoutPolicy(**info.lockout))
+    codes = PairCodes(registry, fleet_home or run_dir, LockoutPolicy(**info.lockout))
     return PairingService(
         endpoint, registry, codes, method, info, programs, security=security, ca_pem=ca_pem
     ).start()
