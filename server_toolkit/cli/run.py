@@ -256,7 +256,8 @@ def run(
             console.print(f"pairing open: make a code with `fedsdk-server pair-code --run-dir {run_dir}`"
                           + unsecured)
             known = sum(not state.revoked for state in registry.states().values())
-            console.print(f"fleet {fleet}: {known} device(s) registered (in {registry.fleet_path})")
+            console.print(f"fleet {fleet}: {known} device(s) registered (in {registry.fleet_path})",
+                          soft_wrap=True)
             console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
             while grid.wait_for_devices(min_devices, timeout_s=30) < min_devices:
                 progress.note(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
