@@ -63,13 +63,13 @@ def open_fleet(run_dir: Path | None, security_dir: Path | None, must_exist: bool
                                        f"{STATE_FILE}): make one with `fedsdk-server security init`")
         info = info or FleetInfo.load(security_dir)
     store = fleet_file(run_dir, security_dir)
-    if must_exist and not store.is_file():
+    run_file = run_dir / "registry.sqlite" if run_dir is not None else None
+    if must_exist and not store.is_file() and not (run_file is not None and run_file.is_file()):
         where = f"--security-dir {security_dir}" if security_dir is not None else f"--run-dir {run_dir}"
         raise click.ClickException(f"no fleet registry at {store}: is {where} the fleet of "
                                    "`fedsdk-server run`?")
-    run_file = run_dir / "registry.sqlite" if run_dir is not None else None
     if run_file is not None and (run_file.is_file() or security_dir is None):
-        members: FleetMembers = FleetRegistry(run_file, store)
+        members: FleetMembers = FleetRegistry(run_file, store)  # an old run's devices move to the fleet
     else:
         members = FleetMembers(store)
     return Fleet(members, info, fleet_dir(run_dir, security_dir), security_dir, run_dir)

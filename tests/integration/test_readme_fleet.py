@@ -68,6 +68,7 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.timeout(1800)  # two pairings time every runtime; twenty rounds; a second run
 def test_the_readme_fleet_trains_twenty_rounds_and_a_second_run_serves_the_same_devices(tmp_path):
     port = free_port()
     data = load_dataset("digits", seed=0)  # the server evaluates on the test split: devices hold the rest
