@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..protocol import messages as msgs
 from ..protocol.blobs import (
@@ -62,6 +62,7 @@ class Incoming:
     message: msgs.Message | None = None
     status: str | None = None
     rejected: ProtocolError | None = None
+    arrived: float = field(default_factory=time.monotonic)  # monotonic seconds (the clock rule)
 
 
 class Endpoint:
@@ -148,7 +149,11 @@ class Endpoint:
     # -- sending -------------------------------------------------------------------------
     def send(self, peer: str, message: msgs.Message, *, qos: int = 1) -> None:
         """Publish a control message to ``peer`` (a device id, or SERVER on a device). QoS 0
-        (heartbeats) is never queued for an offline peer, and dropped while we are offline."""
+        (heartbeats) is never queued for an offline peer, and dropped while we are offline.
+        A task is stamped with this side's clock as it leaves (``server_time``, the clock rule:
+        ``protocol/clock.py``), so a task sent again carries the time of that sending."""
+        if isinstance(message, msgs.Task):
+            message = replace(message, server_time=time.time())
         self.link.publish(self.routes.control_topic(peer), msgs.encode(message), qos=qos)
 
     def announce_epoch(self, epoch: ServerEpoch) -> None:
