@@ -64,7 +64,7 @@ def connect_patiently(connect: Callable[[float], object], stop: threading.Event,
                 left = timeout_s - (time.monotonic() - started)
                 if left <= 0:
                     raise ConnectionError(f"{exc} (gave up after {attempt} attempt"
-                                          f"{'s' if attempt > 1 else ''} in {timeout_s:.0f} s)") from exc
+                                          f"{'s' if attempt > 1 else ''} in {timeout_s:g} s)") from exc
                 wait = min(wait, left)
             log.warning("%s (attempt %d); next attempt in %.1f s", exc, attempt, wait)
             if stop.wait(wait):

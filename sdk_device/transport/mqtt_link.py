@@ -245,7 +245,10 @@ class MqttLink:
             client.publish(topic, payload, qos=1, retain=True)
         if self._status_topic:
             client.publish(self._status_topic, b"online", qos=1, retain=True)
-        log.debug("%s connected to %s", self.client_id, self.broker.url)
+        if self._connects:
+            log.info("%s reconnected to %s", self.client_id, self.broker.url)
+        else:
+            log.debug("%s connected to %s", self.client_id, self.broker.url)
         self._connected.set()
         self._answered.set()
         self._connects += 1
