@@ -149,9 +149,8 @@ class Endpoint:
     # -- sending -------------------------------------------------------------------------
     def send(self, peer: str, message: msgs.Message, *, qos: int = 1) -> None:
         """Publish a control message to ``peer`` (a device id, or SERVER on a device). QoS 0
-        (heartbeats) is never queued for an offline peer, and dropped while we are offline.
-        A task is stamped with this side's clock as it leaves (``server_time``, the clock rule:
-        ``protocol/clock.py``), so a task sent again carries the time of that sending."""
+        (heartbeats) is never queued for an offline peer, and dropped while we are offline. A task
+        gets ``server_time`` = now at each sending (the clock rule, ``protocol/clock.py``)."""
         if isinstance(message, msgs.Task):
             message = replace(message, server_time=time.time())
         self.link.publish(self.routes.control_topic(peer), msgs.encode(message), qos=qos)
@@ -187,16 +186,8 @@ class Endpoint:
             return blob_id in self._served.get(peer, ())
 
     # -- receiving blobs -----------------------------------------------------------------
-    def fetch(
-        self,
-        peer: str,
-        ref: msgs.BlobRef,
-        *,
-        timeout_s: float = 120.0,
-        idle_s: float = 5.0,
-        durable: bool = False,
-        from_peer: bool = False,
-    ) -> bytes:
+    def fetch(self, peer: str, ref: msgs.BlobRef, *, timeout_s: float = 120.0, idle_s: float = 5.0,
+              durable: bool = False, from_peer: bool = False) -> bytes:
         """Pull blob ``ref`` from ``peer``; returns its verified bytes. A blob already in the
         store is not pulled again unless ``from_peer`` (the peer must show it holds the blob:
         a device's result may not name one the server already has, e.g. the weights it sent).
