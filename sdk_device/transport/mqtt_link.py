@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024  # bytes; chunks are far smaller
 
 
+# CONNACK refusals that waiting does not fix (paho names MQTT 3.1.1 codes with MQTT 5 ones);
+# "Server unavailable", "Server busy" and the like are retried as an unreachable broker.
+PERMANENT_REFUSALS = {"Bad user name or password", "Not authorized", "Client identifier not valid",
+                      "Unsupported protocol version", "Bad authentication method", "Banned"}
+
+
 class BrokerRefused(ConnectionError):
     """A permanent connection failure: credentials refused or the broker's certificate not
     trusted. ``tls`` tells which."""
@@ -233,8 +239,9 @@ class MqttLink:
     # -- paho callbacks (network thread) -------------------------------------------------
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            self._refused = str(reason_code)
-            self._answered.set()
+            if str(reason_code) in PERMANENT_REFUSALS:
+                self._refused = str(reason_code)
+                self._answered.set()
             log.error("broker %s refused connection: %s", self.broker.url, reason_code)
             return
         self._refused = None
