@@ -5,7 +5,7 @@ Where: the ``--config-dir`` option of ``fedsdk pair/run/status/unpair`` when giv
 ``~/.config/fedsdk``. One directory holds one paired device: several devices on one host
 each use their own directory. The directory is created 0700. It also holds ``ca.pem`` (the CA
 the server handed over at pairing). The agent's work directory (blob cache) defaults to
-``<config dir>/work`` with ``$FEDSDK_CONFIG_DIR``, else ``$XDG_STATE_HOME/fedsdk/work``
+``<config dir>/work`` with ``--config-dir`` or ``$FEDSDK_CONFIG_DIR``, else ``$XDG_STATE_HOME/fedsdk/work``
 (``~/.local/state/fedsdk/work``). The file holds the device's broker password: it is written
 0600 and ``load`` warns when someone loosened that.
 """
@@ -28,26 +28,24 @@ log = logging.getLogger(__name__)
 ENV_DIR = "FEDSDK_CONFIG_DIR"
 CONFIG_FILE = "device.json"
 CA_FILE = "ca.pem"
+OPTION_GIVEN = "fedsdk.config_dir_given"
 
 
 def config_dir() -> Path:
     """Where this user's fedsdk device configuration lives (see the module docstring)."""
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR]).expanduser()
-    return default_dir()
-
-
-def default_dir() -> Path:
-    """The directory used when neither ``--config-dir`` nor ``$FEDSDK_CONFIG_DIR`` is given."""
     base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
     return Path(base) / "fedsdk"
 
 
 def _use_config_dir(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     """``--config-dir`` wins over ``$FEDSDK_CONFIG_DIR``: it sets the variable for this process
-    (and so for the default work dir and any child process)."""
+    (and so for the default work dir and any child process); ``ctx.meta[OPTION_GIVEN]`` says
+    it was given (``fedsdk pair`` then repeats it in the command it prints)."""
     if value is not None:
         os.environ[ENV_DIR] = str(value.expanduser().resolve())
+        ctx.meta[OPTION_GIVEN] = True
     return value
 
 

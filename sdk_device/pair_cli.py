@@ -152,7 +152,8 @@ def pair(
     if accept.tier_reason:
         console.print(f"  {accept.tier_reason}")
     console.print(f"  configuration saved to {path} (mode 600)")
-    start = "fedsdk run" + (f" --config-dir {directory}" if directory != device_config.default_dir() else "")
+    given = click.get_current_context().meta.get(device_config.OPTION_GIVEN)
+    start = "fedsdk run" + (f" --config-dir {directory}" if given else "")
     start += "" if data_path else " --data YOUR_DATA.npz"
     console.print(f"\nStart training with:  [bold]{start}[/]")
     if SERVICE_UNIT.exists():  # installed by firmware_scripts/install-device.sh
