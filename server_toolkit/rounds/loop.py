@@ -261,15 +261,17 @@ class RoundLoop:
 
     def check_quality(self, rnd: int, metrics: dict, row: dict) -> None:
         """The quality guard's turn, after the evaluation and before the checkpoint: it may put
-        the best weights back or stop the run (``rounds/quality_guard.py``); ``row`` gets the
-        device lr scale its tasks trained with when that is not 1."""
+        the best weights (and the method's state then) back or stop the run
+        (``rounds/quality_guard.py``); ``row`` gets the device lr scale its tasks trained with
+        when that is not 1."""
         if self.guard is None or not metrics:
             return
         if self.guard.lr_scale != 1.0:
             row["lr_scale"] = self.guard.lr_scale
-        self.guard.observe(rnd, metrics, self.global_weights, row)
+        self.guard.observe(rnd, metrics, self.global_weights, row, self.method.state_dict)
         if self.guard.restore is not None:
             self.global_weights = self.guard.restore
+            self.method.load_state_dict(self.guard.restore_state)
         self.stopped = self.guard.stop or self.stopped
 
     def _finish(self, rnd: int, instruction: TrainInstruction) -> TrainInstruction:

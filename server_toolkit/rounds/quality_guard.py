@@ -7,7 +7,8 @@ aggregator's group loop) has no guard.
 
 Best: the evaluation with the highest accuracy (the lowest loss when there is no accuracy); its
 weights are kept in memory and in ``checkpoints/best.safetensors`` (metadata: round, accuracy),
-which ``--resume`` reads back.
+the method's state then (e.g. FedAvgM's server momentum) in ``checkpoints/best_state.json``;
+``--resume`` reads both back. A rollback restores both.
 
 Divergence rule (``DivergenceRule``; decisions):
 
@@ -39,9 +40,11 @@ when the guard stopped the run or the final model is bad (non-finite, or below
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +58,7 @@ log = logging.getLogger(__name__)
 
 ACTIONS = ("rollback", "stop", "continue")
 BEST_FILE = "best.safetensors"  # in the run's checkpoints/ directory
+BEST_STATE_FILE = "best_state.json"  # the method's state_dict() of the best round, beside it
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ class DivergenceRule:
 
 class QualityGuard:
     """The guard of one loop: ``observe`` each evaluation; then the loop reads ``restore`` (weights
-    to put back, or None), ``stop`` (why the run must end, or None) and ``lr_scale``."""
+    to put back, or None, and ``restore_state``, the method state to load with them), ``stop`` (why
+    the run must end, or None) and ``lr_scale``."""
 
     def __init__(self, action: str = "rollback", run_dir: Path | None = None,
                  rule: DivergenceRule | None = None) -> None:
@@ -98,6 +103,7 @@ class QualityGuard:
         self.best_accuracy: float | None = None
         self.best_loss: float | None = None  # the lowest loss seen (not necessarily the best round's)
         self.best_weights: Weights | None = None
+        self.best_method_state: dict = {}
         self.last: dict | None = None  # {"round", "accuracy", "bad"(, "rolled_back_to")}
         self.streak = 0  # bad evaluations in a row
         self.rollbacks = 0
@@ -107,10 +113,13 @@ class QualityGuard:
         self._fired = False  # continue: this bad streak was recorded
         self.rolled_back_at = 0  # the round (version) of the last rollback
         self.restore: Weights | None = None
+        self.restore_state: dict = {}
 
     # -- per evaluation ----------------------------------------------------------------------
-    def observe(self, rnd: int, metrics: dict, weights: Weights, row: dict) -> None:
-        """Judge evaluation ``metrics`` of round ``rnd``'s global ``weights``; act by the rule.
+    def observe(self, rnd: int, metrics: dict, weights: Weights, row: dict,
+                method_state: Callable[[], dict] = dict) -> None:
+        """Judge evaluation ``metrics`` of round ``rnd``'s global ``weights``; act by the rule
+        (``method_state()``: the method's JSON-ready state, taken when the round is the best).
         Non-finite numbers in ``metrics`` and ``row`` become None (a metrics row holds finite
         numbers only); a divergence adds ``divergence`` to ``row``."""
         self.restore = None
@@ -124,14 +133,15 @@ class QualityGuard:
         self.last = {"round": rnd, "accuracy": accuracy, "bad": found is not None}
         if found is None:
             self.streak, self._fired = 0, False
-            self._maybe_best(rnd, accuracy, loss, weights)
+            self._maybe_best(rnd, accuracy, loss, weights, method_state)
             return
         why, at_once = found
         self.streak += 1
         if (at_once or self.streak >= self.rule.patience) and not self._fired:
             self._diverged(rnd, why, row)
 
-    def _maybe_best(self, rnd: int, accuracy: float | None, loss: float | None, weights: Weights) -> None:
+    def _maybe_best(self, rnd: int, accuracy: float | None, loss: float | None, weights: Weights,
+                    method_state: Callable[[], dict]) -> None:
         if loss is not None:
             self.best_loss = loss if self.best_loss is None else min(self.best_loss, loss)
         if accuracy is None:
@@ -142,11 +152,17 @@ class QualityGuard:
             return
         self.best_round, self.best_accuracy = rnd, accuracy
         self.best_weights = {k: np.array(v, copy=True) for k, v in weights.items()}
+        state_text = json.dumps(method_state())  # a copy, whatever the method keeps a reference to
+        self.best_method_state = json.loads(state_text)
         if self.best_path is not None:
             self.best_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.best_path.with_suffix(".tmp")
             save_file(self.best_weights, str(tmp), metadata={"round": str(rnd), "accuracy": repr(accuracy)})
             os.replace(tmp, self.best_path)
+            state_path = self.best_path.with_name(BEST_STATE_FILE)
+            tmp = state_path.with_suffix(".tmp")
+            tmp.write_text(state_text)
+            os.replace(tmp, state_path)
 
     def _diverged(self, rnd: int, why: str, row: dict) -> None:
         """Record the divergence, log it, and decide the loop's next step."""
@@ -180,6 +196,7 @@ class QualityGuard:
     def _put_back(self, rnd: int) -> None:
         self.rolled_back_at = rnd
         self.restore = {k: np.array(v, copy=True) for k, v in (self.best_weights or {}).items()}
+        self.restore_state = json.loads(json.dumps(self.best_method_state))
         self.last = {"round": rnd, "accuracy": self.best_accuracy, "bad": False,
                      "rolled_back_to": self.best_round}
 
@@ -228,6 +245,8 @@ class QualityGuard:
             if "round" in meta:
                 self.best_round = int(meta["round"])
                 self.best_accuracy = _number(ast.literal_eval(meta.get("accuracy", "None")))
+            state_path = self.best_path.with_name(BEST_STATE_FILE)
+            self.best_method_state = json.loads(state_path.read_text()) if state_path.is_file() else {}
 
 
 def _number(value) -> float | None:

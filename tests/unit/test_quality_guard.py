@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +19,9 @@ from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import DeviceInfo
 from server_toolkit.models.zoo import model_spec
+from server_toolkit.observe import pages
+from server_toolkit.observe.fleet_view import FleetView
+from server_toolkit.observe.state import Snapshot
 from server_toolkit.report.run_status import record_status
 from server_toolkit.rounds.inprocess_grid import InProcessGrid
 from server_toolkit.rounds.local_device import LocalDevice
@@ -34,9 +38,11 @@ def feed(guard: QualityGuard, accuracies: list[float], losses: list[float] | Non
     for rnd, acc in enumerate(accuracies, start=1):
         loss = losses[rnd - 1] if losses else -math.log(max(acc, 1e-3))
         row = {"round": rnd, "accuracy": acc, "loss": loss}
-        guard.observe(rnd, dict(row), {"w": np.full(3, rnd, dtype=np.float32)}, row)
-        if guard.restore is not None:
+        guard.observe(rnd, dict(row), {"w": np.full(3, rnd, dtype=np.float32)}, row,
+                      method_state=lambda rnd=rnd: {"velocity": [rnd]})
+        if guard.restore is not None:  # the best round's weights and method state
             assert guard.restore["w"][0] == guard.best_round
+            assert guard.restore_state == {"velocity": [guard.best_round]}
         rows.append(row)
         if guard.stop:
             break
@@ -132,6 +138,19 @@ def test_the_best_weights_and_the_streak_survive_a_restart(tmp_path):
     row = {"round": 6, "accuracy": 0.2}
     again.observe(6, dict(row), WEIGHTS, row)
     assert row["divergence"]["best_round"] == 2 and again.restore["w"].tolist() == [2, 2, 2]
+    assert again.restore_state == {"velocity": [2]}  # from checkpoints/best_state.json
+
+
+def test_the_dashboard_shows_the_last_divergence_in_red():
+    guard = QualityGuard()
+    rows = feed(guard, [0.6, 0.99, 0.1, 0.1, 0.1])
+    snap = Snapshot({"method": "fedavg"}, rows, FleetView(), None, "finished_after_rollback", time.time(), 5)
+    html = pages.fragment(snap)
+    assert "status <b>finished_after_rollback</b>" in html
+    assert ('<p id="divergence" class="off"><b>model diverged 1 time(s); last at round 5: accuracy '
+            "0.1000 &lt; 0.5 x best 0.9900 (best 0.9900 at round 2); rollback 1/3") in html
+    assert 'id="divergence"' not in pages.fragment(Snapshot({}, rows[:2], FleetView(), None, "running",
+                                                            time.time()))
 
 
 def test_an_unknown_action_is_a_one_line_error():
