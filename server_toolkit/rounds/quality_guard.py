@@ -125,8 +125,9 @@ class QualityGuard:
         self.restore = None
         accuracy, loss = _number(metrics.get("accuracy")), _number(metrics.get("loss"))
         for where in (metrics, row):
-            for key in [k for k, v in where.items() if isinstance(v, float) and not math.isfinite(v)]:
-                where[key] = None
+            for key, value in list(where.items()):
+                if isinstance(value, float | np.floating) and not math.isfinite(value):
+                    where[key] = None
         if accuracy is None and loss is None:
             return
         found = self.rule.judge(accuracy, loss, self.best_accuracy, self.best_loss)
