@@ -82,7 +82,7 @@ def test_a_collapse_fires_on_its_third_evaluation_and_rolls_back_with_half_the_l
 
 def test_a_nan_loss_fires_at_once_and_the_row_keeps_only_finite_numbers():
     guard = QualityGuard("rollback")
-    rows = feed(guard, [0.5, 0.9, 0.1], losses=[1.0, 0.3, float("nan")])
+    rows = feed(guard, [0.5, 0.9, 0.1], losses=[1.0, 0.3, np.float32("nan")])  # torch gives numpy floats
     assert fired(rows) == [3] and rows[2]["loss"] is None and rows[2]["divergence"]["metric"] == "loss is nan"
     json.dumps(rows, allow_nan=False)  # a metrics row is strict JSON
 
