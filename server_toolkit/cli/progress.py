@@ -4,11 +4,14 @@ both commands look the same."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .options import console
+
+log = logging.getLogger(__name__)
 
 
 class RoundProgress:
@@ -33,8 +36,19 @@ class RoundProgress:
     def round(self, row: dict) -> None:
         acc = row.get("accuracy")
         shown = f"accuracy {acc:.3f}" if isinstance(acc, float) else "no accuracy"
+        log.info("%s", closing_line(row))
         self.progress.update(self.bar, completed=row["round"], description=f"round {row['round']}: {shown}, "
                              f"{row.get('accepted', '?')}/{row.get('selected', '?')} updates")
+
+
+def closing_line(row: dict) -> str:
+    """``round 3 closed: 2/2 updates accepted, 0 rejected; accuracy 0.912 (4.1 s)``: a row of
+    ``metrics.jsonl`` as the server's INFO line (a version in async mode)."""
+    acc = row.get("accuracy")
+    shown = f"accuracy {acc:.3f}" if isinstance(acc, (int, float)) else "no accuracy"
+    seconds = f" ({row['seconds']:.1f} s)" if isinstance(row.get("seconds"), (int, float)) else ""
+    return (f"round {row['round']} closed: {row.get('accepted', '?')}/{row.get('selected', '?')} updates "
+            f"accepted, {row.get('rejected', 0)} rejected; {shown}{seconds}")
 
 
 def print_outcome(report, title: str, run_dir: Path, stopped: bool = False) -> None:

@@ -202,6 +202,8 @@ class RoundLoop:
                         configure(self.method, rnd, self.global_weights, selected)] if selected else []
         configure_s = time.perf_counter() - clock
         deadline = time.time() + self.config.round_timeout_s
+        log.info("round %d opens: %d device(s) asked of %d online, %d update(s) needed", rnd, len(selected),
+                 len(online), quorum - len(already))
         exchange = self.grid.exchange(rnd, instructions, deadline, max(0, quorum - len(already)))
         if already:
             log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
