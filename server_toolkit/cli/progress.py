@@ -63,3 +63,18 @@ def print_outcome(report, title: str, run_dir: Path, stopped: bool = False) -> N
         f"{head}final accuracy {acc:.3f}; metrics in {run_dir}/metrics.jsonl, plot {run_dir}/accuracy.png, "
         f"summary {run_dir}/summary.json" if acc is not None else f"no rounds completed; see {run_dir}",
         soft_wrap=True)
+    _print_quality(run_dir)
+
+
+def _print_quality(run_dir: Path) -> None:
+    """The model-quality guard's verdict when it has one (``rounds/quality_guard.py``)."""
+    from ..report.run_status import read_summary
+
+    summary = read_summary(run_dir) or {}
+    guard, best = summary.get("guard") or {}, summary.get("best") or {}
+    if not guard.get("verdict"):
+        return
+    kept = f"; best accuracy {best['accuracy']:.3f} at round {best['round']}" if best.get("accuracy") else ""
+    where = f" in {run_dir}/{best['path']}" if best.get("path") else ""
+    console.print(f"[bold yellow]model quality: {guard['verdict']}[/] ({len(summary.get('divergence', []))} "
+                  f"divergence(s), {guard.get('rollbacks', 0)} rollback(s)){kept}{where}", soft_wrap=True)

@@ -14,7 +14,7 @@ from .async_options import async_options
 from .config_file import config_option
 from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
-from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
+from .options import ROUND_TIMEOUT_S, console, divergence_option, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
 from .privacy_options import privacy_options, privacy_settings
 from .progress import RoundProgress, print_outcome
@@ -92,6 +92,7 @@ from .validate import validated
 @recipe_options
 @click.option("--seed", default=0, show_default=True, help="Seed of the models and device sampling.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
+@divergence_option
 @pairing_options
 @privacy_options
 @observe_options
@@ -130,6 +131,7 @@ def run(
     optimizer,
     seed,
     resume,
+    on_divergence,
     tiers,
     program_formats,
     device_url,
@@ -168,6 +170,7 @@ def run(
     from ..report.run_report import RunReport
     from ..rounds.loop import FleetLost, LoopConfig, NoUpdates
     from ..rounds.modes import async_config, make_loop
+    from ..rounds.quality_guard import guard_summary
     from ..secagg.mqtt_grid import secagg_grid
 
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
@@ -226,7 +229,7 @@ def run(
               "clients_per_round": clients_per_round, "fraction": fraction, "round_timeout_s": round_timeout,
               "seed": seed, "recipe": recipe.to_dict(), "method_options": parse_options(method_options),
               "mode": mode, "buffer": buffer, "max_staleness": max_staleness, "concurrency": concurrency,
-              "server_lr": server_lr, "eval_every": eval_every}
+              "server_lr": server_lr, "eval_every": eval_every, "on_divergence": on_divergence}
     (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     observers.begin(config, report.rows)
     observers.watch_registry(registry, run_dir / "registry.sqlite", grid, fleet_path=registry.fleet_path)
@@ -236,7 +239,7 @@ def run(
                    over_select=over_select, round_timeout_s=round_timeout, seed=seed,
                    tier_map=setup.tier_map, min_devices=min_devices, fleet_timeout_s=fleet_timeout,
                    norm_bound=None if secagg else norm_bound or None,  # secagg: no update in the clear
-                   privacy=privacy),
+                   privacy=privacy, on_divergence=on_divergence),
         settings,
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
@@ -275,7 +278,7 @@ def run(
             if report.rows:  # also when stopped (Ctrl-C) or failed: the rounds that finished are kept
                 report.write_plot()
             report.write_summary({"method": method, "dataset": dataset, "fleet": fleet,
-                                  **privacy_summary(loop)})
+                                  **privacy_summary(loop), **guard_summary(loop)})
             stopped = loop.completed_round < rounds
             print_outcome(report, f"{method} on fleet {fleet}", run_dir, stopped=stopped)
     hold_dashboard(observers, dashboard_hold)

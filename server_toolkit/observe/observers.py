@@ -47,7 +47,7 @@ class RunObservers:
             tracker.add_round(row)
 
     def finish(self, status: str) -> None:
-        """The run ended (finished, stopped or failed): trackers close; the dashboard shows it."""
+        """The run ended (``report/run_status.py``'s ``STATUSES``): trackers close; the dashboard shows it."""
         if self.state:
             self.state.finish(status)
         for tracker in self.trackers:
