@@ -41,9 +41,9 @@ def server(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedP
 
 
 def device(config_dir: Path, *args: str) -> tuple[list[str], dict]:
-    """A `fedsdk` command line of the device whose config lives in ``config_dir``, and its env.
-    (With `fedsdk … --config-dir DIR` this is the one line to change.)"""
-    return [str(BIN / "fedsdk"), *args], {**ENV, "FEDSDK_CONFIG_DIR": str(config_dir)}
+    """A `fedsdk` command line (``args[0]`` the subcommand) of the device whose config lives in
+    ``config_dir``, as docs/fleet.md's "Several devices on one host" types it, and its env."""
+    return [str(BIN / "fedsdk"), args[0], "--config-dir", str(config_dir), *args[1:]], ENV
 
 
 def wait_until(check, timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> None:
