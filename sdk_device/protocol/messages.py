@@ -84,7 +84,10 @@ class Task(Message):
     blob); ``config``: the steps, the models to return and the extra outputs to report.
     An array record may omit tensors of its program (e.g. BatchNorm running statistics that
     stay on the device): the device keeps its own values for those and returns exactly the
-    tensors it received. ``deadline``: unix seconds after which no result is accepted.
+    tensors it received. ``deadline``: unix seconds (server clock) after which no result is
+    accepted; ``server_time``: the server's clock when it published the task (unix seconds,
+    null from servers older than the clock rule) -- a device has ``deadline - server_time``
+    seconds from the task's arrival (``protocol.clock``), whatever its own clock says.
     """
 
     TYPE: ClassVar[str] = "task"
@@ -94,6 +97,7 @@ class Task(Message):
     arrays: dict[str, BlobRef]
     config: dict
     deadline: float
+    server_time: float | None = None
 
     def __post_init__(self) -> None:
         if set(self.programs) != set(self.arrays) or not self.programs:

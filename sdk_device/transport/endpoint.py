@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..protocol import messages as msgs
 from ..protocol.blobs import (
@@ -62,6 +62,7 @@ class Incoming:
     message: msgs.Message | None = None
     status: str | None = None
     rejected: ProtocolError | None = None
+    arrived: float = field(default_factory=time.monotonic)  # monotonic seconds (the clock rule)
 
 
 class Endpoint:
@@ -148,7 +149,10 @@ class Endpoint:
     # -- sending -------------------------------------------------------------------------
     def send(self, peer: str, message: msgs.Message, *, qos: int = 1) -> None:
         """Publish a control message to ``peer`` (a device id, or SERVER on a device). QoS 0
-        (heartbeats) is never queued for an offline peer, and dropped while we are offline."""
+        (heartbeats) is never queued for an offline peer, and dropped while we are offline. A task
+        gets ``server_time`` = now at each sending (the clock rule, ``protocol/clock.py``)."""
+        if isinstance(message, msgs.Task):
+            message = replace(message, server_time=time.time())
         self.link.publish(self.routes.control_topic(peer), msgs.encode(message), qos=qos)
 
     def announce_epoch(self, epoch: ServerEpoch) -> None:
@@ -182,16 +186,8 @@ class Endpoint:
             return blob_id in self._served.get(peer, ())
 
     # -- receiving blobs -----------------------------------------------------------------
-    def fetch(
-        self,
-        peer: str,
-        ref: msgs.BlobRef,
-        *,
-        timeout_s: float = 120.0,
-        idle_s: float = 5.0,
-        durable: bool = False,
-        from_peer: bool = False,
-    ) -> bytes:
+    def fetch(self, peer: str, ref: msgs.BlobRef, *, timeout_s: float = 120.0, idle_s: float = 5.0,
+              durable: bool = False, from_peer: bool = False) -> bytes:
         """Pull blob ``ref`` from ``peer``; returns its verified bytes. A blob already in the
         store is not pulled again unless ``from_peer`` (the peer must show it holds the blob:
         a device's result may not name one the server already has, e.g. the weights it sent).

@@ -30,8 +30,7 @@ def features_request(instruction: TrainInstruction) -> SmashedRequest | None:
     if params is None:
         return None
     spec = instruction.all_models()[params.get("model", MODEL)].spec
-    features, classes = modelspec.last_linear(spec)
-    return SmashedRequest(int(params["samples"]), features, classes)
+    return SmashedRequest(int(params["samples"]), modelspec.feature_size(spec), int(spec["num_classes"]))
 
 
 @dataclass
