@@ -30,7 +30,7 @@ def leaf_commands(group: click.Group, path: str = "") -> set[str]:
 def documented_commands(program: str) -> set[str]:
     """The commands named by the first cells of the rows of ``program``'s table in
     docs/commands.md: each backticked span's leading lower-case words (``devices add --run-dir
-    DIR ID…`` names ``devices add``)."""
+    DIR ID…`` names ``devices add``; ``--run-dir RUN`` names none)."""
     text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
     section = text.split(SECTIONS[program], 1)[1].split("\n## ", 1)[0]
     found = set()
@@ -44,7 +44,8 @@ def documented_commands(program: str) -> set[str]:
                 if not re.fullmatch(r"[a-z][a-z0-9-]*", word):
                     break
                 words.append(word)
-            found.add(" ".join(words))
+            if words:  # a span of options only (`--run-dir RUN`) names no command
+                found.add(" ".join(words))
     return found
 
 
