@@ -66,8 +66,8 @@ def check_records(result: msgs.Result, pending: PendingTask, max_update_factor: 
         if ref.size > limit:
             raise ProtocolError("too_large", f"{name} of {ref.size} bytes; at most {limit} expected")
     samples = result.metrics.get("samples")
-    if type(samples) is not int or samples <= 0:
-        raise ProtocolError("invalid_field", "metrics.samples must be > 0")
+    if type(samples) is not int or not 0 < samples <= msgs.MAX_SAMPLES:
+        raise ProtocolError("invalid_field", f"metrics.samples must be in 1..{msgs.MAX_SAMPLES}")
     if absent:
         check_bundle(pending.instruction, names, result.metrics)
 
