@@ -175,6 +175,11 @@ class MqttLink:
     def connected(self) -> bool:
         return self._connected.is_set()
 
+    @property
+    def connects(self) -> int:
+        """Successful CONNACKs so far (1 after the first connect; more after reconnects)."""
+        return self._connects
+
     # -- traffic -------------------------------------------------------------------------
     def publish(self, topic: str, payload: bytes, *, retain: bool = False,
                 qos: int = 1) -> mqtt.MQTTMessageInfo:

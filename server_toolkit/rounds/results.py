@@ -46,6 +46,7 @@ class PendingTask:
     references: dict[str, dict]  # returned model -> {tensor name: (shape, dtype)} it must have
     features: SmashedRequest | None  # the features output asked for, if any
     answered: bool = False
+    task: msgs.Task | None = None  # the message sent (sent again: mqtt_presence.py)
 
 
 def check_records(result: msgs.Result, pending: PendingTask, max_update_factor: float) -> None:
@@ -78,6 +79,11 @@ def check_record(name: str, tensors: dict[str, np.ndarray], pending: PendingTask
         check_smashed(tensors, pending.features)
     else:
         check_update(tensors, pending.references[name])
+
+
+def is_blob_id(ref: str | None) -> bool:
+    """Whether an error's ``ref`` names a blob (64 hex digits; task ids have 32)."""
+    return ref is not None and len(ref) == 64 and all(c in "0123456789abcdef" for c in ref)
 
 
 def result_key(result: msgs.Result) -> tuple:
