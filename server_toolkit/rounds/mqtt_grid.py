@@ -8,8 +8,9 @@ validate it, persist it, and only then acknowledge it. Invalid input (bad messag
 unknown devices or tasks, wrong shapes, NaN, oversized or corrupt blobs, late results) is
 rejected, recorded in the registry under its task's round, logged and answered with an
 ``error``; the round goes on, and the device's task stays open: only an accepted result, a
-refusal or the device going offline resolves it (``rounds/results.py``). When the exchange
-ends, its result pulls still running are cancelled. The registry (devices, tiers,
+refusal or the device going offline resolves it (``rounds/results.py``); it is sent again when
+its device may have missed it (``mqtt_presence.py``). When the exchange ends, its result pulls
+still running are cancelled. The registry (devices, tiers,
 revocations, tasks, updates) survives server restarts: ``accepted_before`` returns a
 restarted round's updates with the instructions they answered.
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import threading
 import time
 
@@ -38,19 +39,33 @@ ACKED = re.compile(r"server accepted the result of task ([0-9a-f]{8})")
 
 def run_through_a_broker_fault(fleet: Fleet, broker: MosquittoBroker, kill: bool, rounds: int = 3):
     """Three device processes, ``rounds`` rounds; right after round 1 closes the broker dies
-    (SIGKILL or SIGTERM) and starts again on the same port 2 s later. Returns (rows, grid)."""
+    (SIGKILL or SIGTERM) and starts again on the same port 2 s later. The devices are paused
+    meanwhile and resume 3 s after the server is back, so the server publishes round 2's tasks
+    before they have subscribed again: the order a crash produces when the server reconnects
+    first (left to chance, the devices often win the race). Returns (rows, grid)."""
     devices = ["a", "b", "c"]
     for dev, path in fleet.write_data(devices, "iid").items():
         fleet.start_process(dev, path)
     spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
     loop = fleet.server(rounds=rounds, method=FedAvg(spec, FAST), round_timeout_s=ROUND_TIMEOUT_S,
                         min_devices=3, fleet_timeout_s=120)
-    restarted = threading.Event()
+
+    def resume_devices() -> None:
+        for proc in fleet.procs:
+            proc.send_signal(signal.SIGCONT)
 
     def crash_after_round_1(row: dict) -> None:
-        if row["round"] == 1:  # before round 2's tasks go out
-            broker.stop(kill=kill)
-            threading.Timer(2.0, lambda: (broker.start(), restarted.set())).start()
+        if row["round"] != 1:  # before round 2's tasks go out
+            return
+        for proc in fleet.procs:
+            proc.send_signal(signal.SIGSTOP)
+        broker.stop(kill=kill)
+        time.sleep(2)
+        broker.start()
+        deadline = time.monotonic() + 60
+        while not fleet.endpoint.link.connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        threading.Timer(3.0, resume_devices).start()
 
     loop.on_round = crash_after_round_1
     loop.start()
@@ -58,8 +73,8 @@ def run_through_a_broker_fault(fleet: Fleet, broker: MosquittoBroker, kill: bool
     try:
         rows = loop.run()
     finally:
+        resume_devices()
         loop.grid.close()
-    assert restarted.is_set()
     return rows, loop.grid
 
 
