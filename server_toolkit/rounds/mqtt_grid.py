@@ -38,7 +38,7 @@ from ..methods.tiers import resolve_tier
 from .grid import Exchange, Grid, LiveRound
 from .mqtt_live import live_round
 from .mqtt_presence import Presence
-from .results import PendingTask, check_record, check_records, features_request, is_blob_id, result_key
+from .results import PendingTask, check_record, check_records, features_request, result_key
 from .task_pacing import DEFAULT_WINDOW, TaskPacer
 from .task_records import ARRAYS_KEY, stored_update, task_record
 
@@ -215,15 +215,8 @@ class MqttGrid(Presence, Grid):
             self._on_result(dev, message)
         elif isinstance(message, msgs.Heartbeat):
             self.progress[dev] = message.progress
-        elif isinstance(message, msgs.Error) and is_blob_id(message.ref):  # a refused blob request: its
-            log.info("device %s refused blob %s: %s", dev, message.ref[:12], message.code)  # pull books it
         elif isinstance(message, msgs.Error):
-            log.warning("device %s reports %s: %s", dev, message.code, message.detail)
-            task = self._pending.get(message.ref or "")
-            if task is not None and task.instruction.device_id == dev and not task.answered:
-                self._resolved.add(dev)  # it refused its task
-            self._record_rejection(self._round_of(dev, message.ref), dev, message.ref,
-                                   f"device:{message.code}", message.detail)
+            self._on_device_error(dev, message)  # mqtt_presence.py
 
     def _round_of(self, dev: str, task_id: str | None) -> int | None:
         """The round of ``dev``'s task ``task_id`` (also of closed rounds and before a restart);

@@ -6,17 +6,22 @@ snapshot) lets the server publish a round's tasks before the devices have subscr
 and they never arrive. The server cannot see that loss, so it sends a device's open task again
 (same ``task_id``, a new ``msg_id``) whenever the device may have missed it:
 
-* the device's status turns ``online`` (it reconnected, or restarted: its subscriptions are
-  in place by then, it publishes ``online`` after subscribing), even while the server thinks it
-  never left (a killed broker publishes no last wills);
-* it says ``hello`` (a restarted device process: the task died with the old one);
+* the device's status turns ``online`` (it reconnected, or its process restarted and lost the
+  task: its subscriptions are in place by then, it publishes ``online`` after subscribing),
+  also while the server thinks it never left (a killed broker publishes no last wills);
 * the server's own MQTT connection comes back (``MqttLink.connects``).
 
 Only tasks of the open round (``_task_open``) not yet answered, of devices online that have
 not refused or answered them, before their deadline. The device ignores a task id it already
 has (``sdk_device/seen_tasks.py``), so a copy that was not needed costs one control message.
-Decision: no pacing for these copies (``task_pacing.py``): they go to devices that pulled
-their blobs before or pull them now instead of in the lost first attempt.
+Decisions: no copy on a ``hello`` (a device may repeat hellos at any time, e.g. on every
+server ``online``; a restarted process has said ``online`` first); no pacing for the copies
+(``task_pacing.py``): they replace a lost first attempt. A device that does not deduplicate
+may run a copy after its result was accepted, find the task's blobs withdrawn and refuse it:
+a refusal of an answered task is logged, not booked (``_on_device_error``), like a refused
+blob request (an ``error`` whose ``ref`` is a blob id): the pull that asked for the blob, if
+still running, books it; one nobody waits for (e.g. requests queued for a process that died)
+is nobody's rejection.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from sdk_device.protocol.errors import ProtocolError
 
 from ..methods.base import DeviceInfo
 from ..methods.tiers import resolve_tier
+from .results import is_blob_id
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +81,21 @@ class Presence:
         self.devices[dev] = DeviceInfo(dev, hello.num_samples, tier, tuple(hello.runtimes), hello.profile)
         self._await_again(dev)
         log.info("device %s online: %d samples, runtimes %s", dev, hello.num_samples, hello.runtimes)
-        self._resend_tasks({dev}, "it said hello")
+
+    def _on_device_error(self, dev: str, error: msgs.Error) -> None:
+        """A device's ``error``: recorded as ``device:<code>`` (its refusal of its open task ends
+        the wait for it), except refused blob requests and refusals of answered tasks (above)."""
+        task = self._pending.get(error.ref or "")
+        own = task is not None and task.instruction.device_id == dev
+        if is_blob_id(error.ref) or (own and task.answered):
+            what = "blob" if is_blob_id(error.ref) else "a copy of task"
+            log.info("device %s refused %s %s: %s (not booked)", dev, what, error.ref[:12], error.code)
+            return
+        log.warning("device %s reports %s: %s", dev, error.code, error.detail)
+        if own:
+            self._resolved.add(dev)  # it refused its task
+        self._record_rejection(self._round_of(dev, error.ref), dev, error.ref, f"device:{error.code}",
+                               error.detail)
 
     def _link_connects(self) -> int:
         """The server link's connects so far (0 for a grid built without a link: unit tests)."""

@@ -84,15 +84,25 @@ def test_answered_refused_expired_or_offline_tasks_are_not_sent_again(tmp_path):
     assert grid._resend_tasks({"a"}, "test") == 0 and endpoint.sent == []
 
 
-def test_a_hello_and_the_servers_own_reconnect_send_open_tasks_again(tmp_path):
+def test_the_servers_own_reconnect_sends_open_tasks_again_and_a_repeated_hello_does_not(tmp_path):
     grid, endpoint = grid_with_open_tasks(tmp_path)
     grid._on_hello("b", msgs.Hello(device_id="b", runtimes=["torch"], num_samples=10, profile={}))
-    assert [p for p, _ in endpoint.sent] == ["b"]
     grid._check_reconnect()  # no reconnect yet
-    assert len(endpoint.sent) == 1
+    assert endpoint.sent == []
     endpoint.link.connects = 2
     grid._check_reconnect()
-    assert sorted(p for p, _ in endpoint.sent[1:]) == ["a", "b"]
+    assert sorted(p for p, _ in endpoint.sent) == ["a", "b"]
+
+
+def test_a_refused_copy_of_an_answered_task_and_a_refused_blob_are_not_booked(tmp_path):
+    grid, _ = grid_with_open_tasks(tmp_path)
+    answered = grid._pending[grid._task_of["a"]]
+    answered.answered = True
+    grid._on_device_error("a", msgs.Error(code="bad_task", detail="blob not offered", ref=answered.task_id))
+    grid._on_device_error("b", msgs.Error(code="not_offered", detail="not offered", ref="cd" * 32))
+    assert grid.registry.rejections() == [] and grid._rejections == {} and "a" not in grid._resolved
+    grid._on_device_error("b", msgs.Error(code="policy", detail="charging only", ref=grid._task_of["b"]))
+    assert [r["code"] for r in grid.registry.rejections()] == ["device:policy"] and "b" in grid._resolved
 
 
 def test_a_device_takes_each_task_id_once_and_remembers_a_bounded_number():
