@@ -32,6 +32,7 @@ from .protocol.topics import FleetTopics
 from .runtime_choice import RuntimeChooser, trainable_offers
 from .runtimes.registry import available_runtimes, create_runtime, pick_runtime
 from .secagg_sessions import SecAggSessions
+from .seen_tasks import SeenTasks
 from .task_runner import LoadedModel, run_task
 from .transport.backoff import connect_patiently
 from .transport.blob_store import BlobStore
@@ -97,6 +98,7 @@ class DeviceAgent:
         self.tasks_done = 0
         self.secagg = SecAggSessions(config.device_id, self.endpoint)  # secure rounds (--secagg)
         self._trained = 0  # tasks trained by this process
+        self._seen = SeenTasks()  # task ids taken: a copy the server sends again is ignored
 
     def stop(self) -> None:
         self._stop.set()
@@ -153,6 +155,8 @@ class DeviceAgent:
         message = incoming.message
         if incoming.status is not None:  # hellos after a server restart: the announcer's job
             log.info("server is %s", incoming.status)
+        elif isinstance(message, msgs.Task) and not self._seen.first_time(message.task_id):
+            log.info("task %s again: already taken, ignored", message.task_id[:8])
         elif isinstance(message, msgs.Task):
             try:
                 self._run_task(message, incoming.arrived)

@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -102,6 +102,7 @@ class Endpoint:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.corrupt_chunks = 0
+        self.comebacks: Counter[str] = Counter()  # peer -> its status turned "online" live (back, restarted)
         self._lock = threading.Lock()
         self._transfers: dict[tuple[str, str], queue.Queue[Chunk | ProtocolError]] = {}
         self._offered: dict[str, set[str]] = {}
@@ -314,9 +315,8 @@ class Endpoint:
             with self._lock:
                 self._served.setdefault(peer, set()).add(request.blob)
 
-    def frame_chunk(
-        self, blob: str, index: int, size: int, chunk_bytes: int, data: bytes, sha: str | None = None
-    ) -> bytes:
+    def frame_chunk(self, blob: str, index: int, size: int, chunk_bytes: int, data: bytes,
+                    sha: str | None = None) -> bytes:
         """Frame one outgoing chunk (a seam for fault-injection tests)."""
         return encode_chunk(blob, index, size, chunk_bytes, data, sha)
 
@@ -334,6 +334,7 @@ class Endpoint:
         if kind == "status":
             if peer == SERVER or self.is_known_peer(peer):
                 status = payload.decode("utf-8", "replace")
+                self.comebacks[peer] += status == "online" and not retained  # before its later traffic
                 self.inbox.put(Incoming(peer, status=status))
                 if peer == SERVER:
                     self._server_event("status", status, retained)

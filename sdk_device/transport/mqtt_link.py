@@ -208,6 +208,11 @@ class MqttLink:
         """The broker's reason when its last answer refused our login (None after an accept)."""
         return self._refused
 
+    @property
+    def connects(self) -> int:
+        """Successful CONNACKs so far (1 after the first connect; more after reconnects)."""
+        return self._connects
+
     # -- traffic -------------------------------------------------------------------------
     def publish(self, topic: str, payload: bytes, *, retain: bool = False,
                 qos: int = 1) -> mqtt.MQTTMessageInfo:
