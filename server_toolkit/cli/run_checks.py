@@ -185,7 +185,7 @@ def check_tiers(cls: type, options: object, tiers: list[str], edges: bool) -> No
 
     if not tiers:
         return
-    if getattr(cls, "ignores_tiers", False) and not edges:
+    if cls.ignores_tiers and not edges:
         warn(f"--tiers ignored: {cls.name} trains one model on every device (a width method such as "
              "heterofl reads tiers)")
         return

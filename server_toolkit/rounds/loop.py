@@ -250,7 +250,7 @@ class RoundLoop:
         """``instruction`` with this round's seed for this device in every step's recipe, and
         the outputs the method asks of every task (``Method.asks``). An edge relaying a bundle's
         member tasks (``Method.stamped``) keeps the server's stamps."""
-        if getattr(self.method, "stamped", False):
+        if self.method.stamped:
             return instruction
         seed = task_seed(self.config.seed, rnd, instruction.device_id)
         before = tuple(dataclasses.replace(s, recipe=dataclasses.replace(s.recipe, seed=seed))
