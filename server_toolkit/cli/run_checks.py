@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from .oneline import one_line
-from .validate import warn
+from .warning import warn
 
 # option -> (smallest value allowed, whether that bound is open), by Python name
 LOWER_BOUNDS: dict[str, tuple[float, bool]] = {
