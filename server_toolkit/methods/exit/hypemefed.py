@@ -88,7 +88,7 @@ class HypeMeFed(DepthFL):
     Options = HypeMeFedOptions
     options: HypeMeFedOptions
     weighted_sum = None  # its hypernetworks train on each round's absolute client weights
-    not_a_sum = ("it trains its hypernetworks on each device's own tensors, which a sum cannot carry "
+    not_a_sum = ("its hypernetworks are trained on each device's own model, which a sum cannot carry "
                  "(--method-option hypernet=none averages as depthfl does)")
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
