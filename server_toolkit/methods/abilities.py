@@ -29,7 +29,7 @@ import dataclasses
 from typing import Protocol, runtime_checkable
 
 from .base import Method, Weights
-from .capability import ASYNC, EDGES, PRIVACY, SECAGG, why_not
+from .capability import ASYNC, EDGES, PRIVACY, SECAGG, accepting, why_not
 
 PERSONAL_MODELS = "personal models"
 SERVER_DATA = "server data"
@@ -85,7 +85,6 @@ def async_refusal(method: Method | type[Method]) -> str | None:
     if why is None:
         return None
     from . import methods
-    from .capability import accepting
 
     able = accepting(methods(), ASYNC)
     return (f"method {method.name} does not support --mode async ({why}; see docs/async.md); "
