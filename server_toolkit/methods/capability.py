@@ -96,7 +96,7 @@ def why_not(method: object, feature: str) -> str | None:
         return None
     cls = method if isinstance(method, type) else type(method)
     if declared is None:
-        if getattr(method, "not_a_sum", ""):
+        if method.not_a_sum:
             return method.not_a_sum
         inherited = any(vars(c).get("weighted_sum") is not None for c in cls.__mro__)
         return ("it aggregates by a rule of its own, not by weighted sums" if inherited
