@@ -49,12 +49,9 @@ from torch import nn
 from fedcore import modelspec
 from fedcore.losses import Loss
 from fedcore.torch_model import build_model
+from sdk_device.runtimes.pte_contract import FORMAT, META_METHOD, SCHEMA
 
 from .program_model import ProgramModel
-
-FORMAT = "pte/1"
-META_METHOD = "fedsdk_meta"
-SCHEMA = 1
 
 
 class TrainStep(nn.Module):

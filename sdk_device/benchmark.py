@@ -23,9 +23,8 @@ from fedcore import modelspec
 from fedcore.recipe import Recipe
 
 from .profile import current_rss_mb, peak_rss_mb
-from .runtimes.registry import FORMATS, available_runtimes, create_runtime
+from .runtimes.registry import available_runtimes, create_runtime, evaluation_only, formats_of
 
-EVAL_ONLY = ("onnx", "litert")
 REFERENCE_SPEC = {
     "format": "torchspec/1",
     "input_shape": [1, 28, 28],
@@ -63,9 +62,9 @@ def trainable(programs: Collection[str], allowed: list[str] | None = None) -> di
     program formats ``programs`` (any collection of format names, e.g. a dict keyed by them)."""
     out = {}
     for name in available_runtimes():
-        if name in EVAL_ONLY or (allowed is not None and name not in allowed):
+        if name in evaluation_only() or (allowed is not None and name not in allowed):
             continue
-        fmt = next((f for f in FORMATS[name] if f in programs), None)
+        fmt = next((f for f in formats_of(name) if f in programs), None)
         if fmt is not None:
             out[name] = fmt
     return out

@@ -72,10 +72,9 @@ def pair(
     11 plain TCP to a remote host without --insecure; 12 no training runtime here.
     """
     from .bench_cli import load_data_option
-    from .benchmark import EVAL_ONLY
     from .pairing import PairClient, PairingError
     from .profile import device_profile
-    from .runtimes.registry import available_runtimes
+    from .runtimes.registry import available_runtimes, evaluation_only
 
     existing = _load_config()
     if existing and not force:
@@ -87,7 +86,7 @@ def pair(
         )
     name = name or socket.gethostname() or "device"
     x, y = load_data_option(data_path)
-    here = [r for r in available_runtimes() if r not in EVAL_ONLY]
+    here = [r for r in available_runtimes() if r not in evaluation_only()]
     here = [r for r in here if not runtimes or r in runtimes]
     if not here:
         _fail(

@@ -26,11 +26,8 @@ from fedcore.recipe import Recipe
 
 from .base import Progress, StepStats
 from .optimizers import make_optimizer
+from .pte_contract import FORMAT, META_METHOD, SCHEMA
 from .torch_rng import TorchCpuGenerator
-
-FORMAT = "pte/1"
-META_METHOD = "fedsdk_meta"
-SCHEMA = 1
 
 
 class NativeExecutorchRuntime:

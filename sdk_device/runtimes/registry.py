@@ -1,14 +1,21 @@
 """Which runtimes exist, which are installed here, and how the agent picks one.
 
-Runtimes are imported lazily: ``import sdk_device`` never imports torch.
+One table of ``RuntimeEntry`` by name: the built-in runtimes (``BUILT_IN``) and those other
+packages register in the ``fedsdk.runtimes`` entry-point group (docs/byo.md). Runtimes are
+imported lazily: ``import sdk_device`` never imports torch.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .base import Runtime
+from .pte_contract import FORMAT as PTE_FORMAT
+
+log = logging.getLogger(__name__)
 
 
 def _torch() -> Runtime:
@@ -53,27 +60,79 @@ def _litert() -> Runtime:
     return LiteRTRuntime(threads=1)
 
 
-# name -> (python module(s) that must be importable, or a check, factory); preference order =
-# dict order. The executorch wheel installs without torch (--no-deps), so its Python-bindings
-# runtime also needs torch; executorch-native needs the wheel's native files and the shim.
 Check = str | tuple[str, ...] | Callable[[], bool]
-RUNTIMES: dict[str, tuple[Check, Callable[[], Runtime]]] = {
-    "torch": ("torch", _torch),
-    "executorch": (("torch", "executorch"), _executorch),
-    "executorch-native": (_native_usable, _executorch_native),
-    "onnxruntime": ("onnxruntime.training", _onnxruntime),  # the onnxruntime-training build
-    "onnx": ("onnxruntime", _onnx),  # evaluation only
-    "litert": ("ai_edge_litert", _litert),  # evaluation only
+
+
+@dataclass(frozen=True)
+class RuntimeEntry:
+    """One runtime a device can use. ``formats``: the program formats it executes, best first;
+    ``requires``: the Python module(s) that must be importable here, or a check returning
+    whether it can run; ``create``: a factory (no arguments) - the only place that imports its
+    engine, so listing runtimes imports none; ``trains``: False for an evaluation-only runtime."""
+
+    formats: tuple[str, ...]
+    requires: Check
+    create: Callable[[], Runtime]
+    trains: bool = True
+
+
+# The built-in runtimes, in preference order. The executorch wheel installs without torch
+# (--no-deps), so its Python-bindings runtime also needs torch; executorch-native needs the
+# wheel's native files and the shim.
+BUILT_IN: dict[str, RuntimeEntry] = {
+    "torch": RuntimeEntry(("torchspec/1",), "torch", _torch),
+    "executorch": RuntimeEntry((PTE_FORMAT,), ("torch", "executorch"), _executorch),
+    "executorch-native": RuntimeEntry((PTE_FORMAT,), _native_usable, _executorch_native),
+    "onnxruntime": RuntimeEntry(("ort-training/1",), "onnxruntime.training", _onnxruntime),  # training build
+    "onnx": RuntimeEntry(("onnx/1",), "onnxruntime", _onnx, trains=False),
+    "litert": RuntimeEntry(("tflite/1",), "ai_edge_litert", _litert, trains=False),
 }
-FORMATS: dict[str, tuple[str, ...]] = {"torch": ("torchspec/1",), "executorch": ("pte/1",),
-                                       "executorch-native": ("pte/1",),
-                                       "onnxruntime": ("ort-training/1",), "onnx": ("onnx/1",),
-                                       "litert": ("tflite/1",)}
+ENTRY_POINT_GROUP = "fedsdk.runtimes"
+_RUNTIMES: dict[str, RuntimeEntry] = {}
+
+
+def runtimes() -> dict[str, RuntimeEntry]:
+    """Every known runtime by name, in preference order: the built-in ones, then those other
+    packages register in the ``fedsdk.runtimes`` entry-point group (``name =
+    "package.module:ENTRY"``, ENTRY a ``RuntimeEntry``), by name. Read once; an entry that fails
+    to load, is no ``RuntimeEntry`` or reuses a built-in name is logged and left out."""
+    if not _RUNTIMES:
+        _RUNTIMES.update(BUILT_IN)
+        _RUNTIMES.update(_entry_point_runtimes())
+    return _RUNTIMES
+
+
+def _entry_point_runtimes() -> dict[str, RuntimeEntry]:
+    from importlib.metadata import entry_points
+
+    found = {}
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            loaded = entry.load()
+        except Exception as exc:  # noqa: BLE001 - another package's bug must not stop the others
+            log.warning("runtime entry point %s (%s) is unavailable: %s", entry.name, entry.value, exc)
+            continue
+        if not isinstance(loaded, RuntimeEntry) or entry.name in BUILT_IN:
+            log.warning("runtime entry point %s (%s) is left out: it must be a RuntimeEntry under a "
+                        "name of its own", entry.name, entry.value)
+            continue
+        found[entry.name] = loaded
+    return found
+
+
+def formats_of(name: str) -> tuple[str, ...]:
+    """The program formats runtime ``name`` executes, best first (ValueError: unknown runtime)."""
+    return _entry(name).formats
 
 
 def available_runtimes() -> list[str]:
-    """Names of the runtimes whose engine is installed on this machine."""
-    return [name for name, (module, _) in RUNTIMES.items() if _installed(module)]
+    """Names of the runtimes whose engine is installed on this machine, in preference order."""
+    return [name for name, entry in runtimes().items() if _installed(entry.requires)]
+
+
+def evaluation_only() -> tuple[str, ...]:
+    """The runtimes that evaluate but cannot train."""
+    return tuple(name for name, entry in runtimes().items() if not entry.trains)
 
 
 def _installed(module: Check) -> bool:
@@ -95,7 +154,7 @@ def pick_runtime(offered_formats: list[str], allowed: list[str] | None = None) -
     """
     names = [n for n in available_runtimes() if allowed is None or n in allowed]
     for name in names:
-        for fmt in FORMATS[name]:
+        for fmt in formats_of(name):
             if fmt in offered_formats:
                 return name, fmt
     raise ValueError(
@@ -104,6 +163,12 @@ def pick_runtime(offered_formats: list[str], allowed: list[str] | None = None) -
 
 
 def create_runtime(name: str) -> Runtime:
-    if name not in RUNTIMES:
-        raise ValueError(f"unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
-    return RUNTIMES[name][1]()
+    """A fresh runtime called ``name`` (ValueError listing the known ones otherwise)."""
+    return _entry(name).create()
+
+
+def _entry(name: str) -> RuntimeEntry:
+    known = runtimes()
+    if name not in known:
+        raise ValueError(f"unknown runtime {name!r}; known: {', '.join(known)}")
+    return known[name]

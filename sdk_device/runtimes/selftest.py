@@ -29,7 +29,7 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from .registry import FORMATS, available_runtimes, create_runtime
+from .registry import available_runtimes, create_runtime, formats_of
 
 REFERENCE_FORMAT = "torchspec/1"
 
@@ -111,7 +111,7 @@ def run_selftest(programs: dict[str, bytes], weights: dict[str, np.ndarray], x: 
         reference_eval = None
     rows = []
     for name in names:
-        fmt = next((f for f in FORMATS[name] if f in programs), None)
+        fmt = next((f for f in formats_of(name) if f in programs), None)
         if fmt is None:
             continue
         runtime = create_runtime(name)

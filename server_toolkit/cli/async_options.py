@@ -5,8 +5,8 @@
 Every combination is checked before anything starts (no broker, no device, no run
 directory): a bad one is a one-line usage error. Checked: the async-only options need
 ``--mode async``; K >= 1, S >= 0, concurrency >= 1, server lr > 0, eval-every >= 1; the
-method must support async (``Method.asynchronous``); async runs over MQTT (with or without
-edge aggregators: ``docs/async.md``).
+method must declare a weighted sum (``Method.weighted_sum``, ``methods/capability.py``); async
+runs over MQTT (with or without edge aggregators: ``docs/async.md``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import click
 from .method_choice import did_you_mean, unknown_choice
 from .oneline import one_line
 from .tier_checks import check_tiers, model_outputs
-from .validate import warn
+from .warning import warn
 
 # option -> (smallest value allowed, whether that bound is open), by Python name
 LOWER_BOUNDS: dict[str, tuple[float, bool]] = {

@@ -15,8 +15,9 @@ def secagg_options(f):
     """Add the options to a command that has a ``method`` parameter and a ``secagg`` one."""
     @click.option("--secagg", is_flag=True,
                   help="Secure aggregation (SecAgg+): devices send masked updates, the server only ever "
-                  "unmasks their sum. Methods: fedavg, fedprox, fedavgm, fedavg-l/s-exit, heterofl, "
-                  "fedrolex, depthfl. Turns the norm bound off (it compares updates in the clear).")
+                  "unmasks their sum. Methods: those that declare a weighted sum (fedavg, fedprox, fedavgm, "
+                  "fedavg-l/s-exit, heterofl, fedrolex, depthfl; `methods show`). Turns the norm bound off "
+                  "(it compares updates in the clear).")
     @click.option("--secagg-threshold", default=0.5, show_default=True, metavar="FRACTION",
                   type=click.FloatRange(0.5, 1.0, max_open=True),
                   help="t = floor(FRACTION * k) + 1 of a device's k neighbours must survive to unmask it; "
@@ -26,13 +27,16 @@ def secagg_options(f):
                   "30 % of the devices dropping fails a round with chance <= 0.001; 1,000 devices: 134).")
     @functools.wraps(f)
     def wrapper(*args, secagg: bool, secagg_threshold: float, secagg_neighbours: int | None, **kwargs):
-        from ..methods import canonical_name
+        from ..methods import method_class
         from ..secagg.aggregate import refusal
         from ..secagg.mqtt_grid import SecAggSettings
 
         settings = None
         if secagg:
-            why = refusal(canonical_name(kwargs["method"]))
+            try:
+                why = refusal(method_class(kwargs["method"]))
+            except ValueError as exc:  # an unknown method: the one-line error lists the known ones
+                raise click.ClickException(str(exc)) from None
             if why:
                 raise click.ClickException(why)
             if kwargs.get("grid") == "inprocess" or kwargs.get("edges"):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import click
 
 from .method_choice import did_you_mean
-from .validate import warn
+from .warning import warn
 
 
 def check_tiers(cls: type, options: object, tiers: list[str], edges: bool,
@@ -32,7 +32,7 @@ def check_tiers(cls: type, options: object, tiers: list[str], edges: bool,
     given = [("--tiers", t) for t in tiers] + [(f"tier_map[{d!r}]", t) for d, t in (tier_map or {}).items()]
     if not given:
         return
-    if getattr(cls, "ignores_tiers", False) and not edges:
+    if cls.ignores_tiers and not edges:
         warn(f"{' and '.join(dict.fromkeys(w.partition('[')[0] for w, _ in given))} ignored: {cls.name} "
              "trains one model on every device (a width method such as heterofl reads tiers)")
         return
@@ -55,8 +55,6 @@ def tier_problem(cls: type, options: object, tier: str, outputs: int | None) -> 
     """None when ``cls`` can read ``tier``; else (what it reads a tier as, the tier names it
     knows, for a "did you mean")."""
     from ..methods.base import DeviceInfo
-    from ..methods.exit.depthfl import DepthFL
-    from ..methods.hypernet.personalized import PersonalizedMethod
     from ..methods.tiers import tier_ratio
 
     ratios = getattr(options, "tier_ratios", None)
@@ -66,13 +64,13 @@ def tier_problem(cls: type, options: object, tier: str, outputs: int | None) -> 
         except ValueError:
             return f"a width ratio in (0, 1] or a name in tier_ratios {sorted(ratios)}", list(ratios)
         return None
-    if issubclass(cls, DepthFL):
+    if cls.family == "exit":  # the declared family, never the class
         exits = getattr(options, "tier_exits", {}) or {}
         if tier in exits or (tier.isdigit() and 1 <= int(tier) <= (outputs or int(tier))):
             return None
         counts = f"an exit count 1..{outputs}" if outputs else "an exit count (1, 2, ...)"
         return counts + (f" or a name in tier_exits {sorted(exits)}" if exits else ""), list(exits)
-    if issubclass(cls, PersonalizedMethod):
+    if cls.family == "personalised":
         from ..models.architectures import architecture_names
 
         names = architecture_names()

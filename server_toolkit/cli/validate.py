@@ -20,6 +20,8 @@ from collections.abc import Callable
 import click
 from click.core import ParameterSource
 
+from .warning import warn  # noqa: F401 - its home is cli/warning.py; still importable from here
+
 Validator = Callable[[dict], None]
 GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
 
@@ -51,7 +53,3 @@ def validated(command: Callable) -> Callable:
 
     return checked
 
-
-def warn(text: str) -> None:
-    """A one-line warning on stderr (the run goes on)."""
-    click.echo(f"Warning: {text}", err=True)

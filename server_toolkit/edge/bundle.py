@@ -84,7 +84,7 @@ def members_of(edge: DeviceInfo) -> list[DeviceInfo]:
 def expand(method: Method, rnd: int, devices: list[DeviceInfo]) -> tuple[list[DeviceInfo], dict[str, str]]:
     """``devices`` with every bundle edge replaced by its members (sorted by id, as the grid
     lists devices); and {member id: its edge id}."""
-    if getattr(method, "folds_edges", False) or not any(is_bundle_edge(method, d) for d in devices):
+    if method.folds_edges or not any(is_bundle_edge(method, d) for d in devices):
         return devices, {}
     plain = [d for d in devices if not is_bundle_edge(method, d)]
     taken = {d.device_id for d in plain}

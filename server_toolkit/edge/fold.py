@@ -54,7 +54,7 @@ def configure(method: Method, rnd: int, global_weights: Weights,
 def _configure(method: Method, rnd: int, global_weights: Weights,
                devices: list[DeviceInfo]) -> list[TrainInstruction]:
     edges = [d for d in devices if is_sum_edge(d)]
-    if not edges or getattr(method, "folds_edges", False):
+    if not edges or method.folds_edges:
         return method.configure_train(rnd, global_weights, devices)
     direct = [d for d in devices if not is_sum_edge(d)]
     reason = refusal(method)
@@ -95,6 +95,6 @@ def fold(method: Method, global_weights: Weights, updates: list[ClientUpdate]) -
 def aggregate(method: Method, rnd: int, global_weights: Weights, updates: list[ClientUpdate]) -> Weights:
     """``method.aggregate_train``, or the fold of the round when an edge answered in it."""
     updates = bundle.unpack(updates)
-    if not any(is_partial(u) for u in updates) or getattr(method, "folds_edges", False):
+    if not any(is_partial(u) for u in updates) or method.folds_edges:
         return method.aggregate_train(rnd, global_weights, updates)
     return fold(method, global_weights, updates).finish(global_weights)

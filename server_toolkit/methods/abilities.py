@@ -9,15 +9,16 @@ Some can do more, and whoever drives them asks this module instead of probing at
 * server data — it trains something on labelled data the server keeps (FedConv):
   ``server_fraction`` > 0 says which share of the training split, ``attach_server_data``
   takes it (``assembly.attach_server_data``, ``sim``).
-* asynchronous — ``Method.asynchronous``: its ``aggregate_train`` averages the updates per
-  element, so ``--mode async`` can fold staleness-weighted deltas through it
-  (``rounds/staleness.py``); ``async_refusal`` is the one-line error for the others.
+* a weighted sum — ``Method.weighted_sum`` (``methods/capability.py``): its aggregate is a
+  weighted mean of per-element contributions (``Method.summands``). It is the one declaration
+  edges (pre-added sums), ``--mode async`` (``rounds/staleness.py``; ``async_refusal`` is the
+  one-line error for the others), DP / robust aggregation (``privacy/windows.py``) and
+  ``--secagg`` (``secagg/aggregate.py``) read; each serves the declarations it can.
 * ``tier_plan`` — every method has it (default: the global model); methods whose tiers train
   different models override it, and pairing sizes a device's tier with it.
 
-* private aggregation — its aggregate is an average of model windows, so ``--dp-*`` and
-  ``--robust`` can replace it (``privacy/windows.py``); label-histogram noise — it asks devices
-  for ``label_counts``, which ``--label-noise-epsilon`` noises (``docs/privacy.md``).
+* label-histogram noise — it asks devices for ``label_counts``, which
+  ``--label-noise-epsilon`` noises (``docs/privacy.md``).
 
 ``abilities(method)`` names what a method declares; ``fedsdk-server methods show`` prints it.
 """
@@ -28,12 +29,15 @@ import dataclasses
 from typing import Protocol, runtime_checkable
 
 from .base import Method, Weights
+from .capability import ASYNC, EDGES, PRIVACY, SECAGG, accepting, why_not
 
 PERSONAL_MODELS = "personal models"
 SERVER_DATA = "server data"
 TIER_PLANS = "per-tier models"
+EDGE_SUMS = "edge sums (--edges, aggregates: sums)"
 ASYNCHRONOUS = "asynchronous (--mode async)"
 PRIVATE_AGGREGATION = "DP and robust aggregation (--dp-*, --robust)"
+SECURE_AGGREGATION = "secure aggregation (--secagg)"
 LABEL_NOISE = "label-histogram noise (--label-noise-epsilon)"
 
 
@@ -66,12 +70,10 @@ def abilities(method: Method | type[Method]) -> list[str]:
         found.append(SERVER_DATA)
     if "tier_plan" in _own_members(cls):
         found.append(TIER_PLANS)
-    if cls.asynchronous:
-        found.append(ASYNCHRONOUS)
-    from ..privacy.windows import averages_windows  # privacy/ builds on the methods
-
-    if averages_windows(cls):
-        found.append(PRIVATE_AGGREGATION)
+    for feature, ability in ((EDGES, EDGE_SUMS), (ASYNC, ASYNCHRONOUS), (PRIVACY, PRIVATE_AGGREGATION),
+                             (SECAGG, SECURE_AGGREGATION)):
+        if why_not(method, feature) is None:
+            found.append(ability)
     if "label_counts" in cls.asks:
         found.append(LABEL_NOISE)
     return found
@@ -79,14 +81,14 @@ def abilities(method: Method | type[Method]) -> list[str]:
 
 def async_refusal(method: Method | type[Method]) -> str | None:
     """Why ``method`` cannot run with ``--mode async`` (one line), or None when it can."""
-    cls = method if isinstance(method, type) else type(method)
-    if cls.asynchronous:
+    why = why_not(method, ASYNC)
+    if why is None:
         return None
     from . import methods
 
-    able = sorted(name for name, klass in methods().items() if klass.asynchronous)
-    return (f"method {cls.name} does not support --mode async (its aggregation is not a per-element "
-            f"average of the updates; see docs/async.md); methods that do: {', '.join(able)}")
+    able = accepting(methods(), ASYNC)
+    return (f"method {method.name} does not support --mode async ({why}; see docs/async.md); "
+            f"methods that do: {', '.join(able)}")
 
 
 def _own_members(cls: type) -> set[str]:

@@ -16,6 +16,7 @@ import numpy as np
 from fedcore.recipe import Recipe
 from sdk_device.protocol.task_plan import TaskPlan, TrainStep
 
+from .capability import EDGES, WeightedSum, why_not
 from .options import MethodOptions
 from .summands import NotASum, Summand
 
@@ -148,9 +149,23 @@ class Method(ABC):
     asks: dict[str, dict] = {}  # outputs every task asks devices for (``sdk_device.outputs``)
     server_fraction: float = 0.0  # share of the training data the server keeps (0: none)
     bounds_updates: bool = True  # the round loop clips outsized update deltas (rounds/norm_bound.py)
-    # aggregate_train averages the updates per element with value-independent coefficients, so
-    # --mode async can fold staleness-weighted deltas through it (rounds/staleness.py)
-    asynchronous: bool = False
+    weighted_sum: WeightedSum | None = None
+    """The capability every feature reads (``methods/capability.py``): set, the aggregate is a
+    weighted mean of per-element contributions, ``summands`` gives them, and edges, ``--mode
+    async``, DP / robust aggregation and ``--secagg`` serve the method as the declaration says;
+    None: it is not, and they refuse it."""
+    not_a_sum: str = ""
+    """Why the aggregate is not a weighted sum (one clause, for the features' refusals; "": generic)."""
+    classifiers: tuple[str, ...] | list[str] = ()
+    """Global tensors whose rows are classes, weighted per class (``present`` layout; DepthFL)."""
+    ignores_tiers: bool = False
+    """One model for every device: ``--tiers`` has no effect and only warns (``cli/run_checks.py``)."""
+    folds_edges: bool = False
+    """``configure_train`` / ``aggregate_train`` handle the group's edge aggregators themselves, so
+    the round loop passes their tasks and partials through (``edge/fold.py``, ``edge/bundle.py``)."""
+    stamped: bool = False
+    """Its tasks carry recipes the server already stamped (seeds, DP): the round loop keeps them
+    (an edge's bundle relay, ``rounds/loop.py``)."""
     server_data: tuple[np.ndarray, np.ndarray] | None = None
     Options: type[MethodOptions] = MethodOptions  # the method's options (a frozen dataclass)
 
@@ -206,14 +221,10 @@ class Method(ABC):
                 out[f"device_{key}"] = sum(v * n for v, n in values) / total
         return out
 
-    def sum_refusal(self) -> str | None:
-        """Why this method's aggregate is not a weighted sum (None: it is; ``summands``)."""
-        return f"{self.name or type(self).__name__} does not aggregate by weighted sums"
-
     def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
         """``update``'s share of the aggregate, per global tensor (``methods/summands.py``);
-        methods whose aggregate is a weighted sum implement it (and ``sum_refusal``)."""
-        raise NotASum(self.sum_refusal())
+        methods that declare ``weighted_sum`` implement it."""
+        raise NotASum(f"{self.name or type(self).__name__}: {why_not(self, EDGES)}")
 
     def state_dict(self) -> dict:
         """JSON-ready method state saved with each checkpoint (for ``--resume``)."""

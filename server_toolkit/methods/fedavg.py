@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..reconstruct.average import weighted_average
 from ..submodels.base import FullModel
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from .capability import FULL, WeightedSum
 from .summands import Summand, whole
 
 
@@ -17,7 +18,7 @@ class FedAvg(Method):
     family = "averaging"
     ignores_tiers = True  # one model for every device: `--tiers` only warns (cli/run_checks.py)
     planner = FullModel()
-    asynchronous = True  # a sample-weighted average (rounds/staleness.py)
+    weighted_sum = WeightedSum(FULL)  # a sample-weighted average of whole tensors
 
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:
@@ -27,9 +28,6 @@ class FedAvg(Method):
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
         return weighted_average([(u.weights, u.num_samples) for u in updates])
-
-    def sum_refusal(self) -> str | None:
-        return None
 
     def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
         return whole(update.weights, update.num_samples)

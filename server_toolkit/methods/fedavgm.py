@@ -27,6 +27,7 @@ from fedcore.recipe import Recipe
 from ..reconstruct.average import weighted_average
 from ..torch_utils import tensors_from_json, tensors_to_json, to_numpy, to_torch
 from .base import ClientUpdate, Weights
+from .capability import FULL, WeightedSum
 from .fedavg import FedAvg
 from .options import MethodOptions, option
 
@@ -47,6 +48,7 @@ class FedAvgMOptions(MethodOptions):
 class FedAvgM(FedAvg):
     name = "fedavgm"
     example = "--method-option beta=0.5"
+    weighted_sum = WeightedSum(FULL, server_step=True)  # momentum on the sample-weighted mean
     Options = FedAvgMOptions
     options: FedAvgMOptions
 

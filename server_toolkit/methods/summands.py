@@ -3,14 +3,15 @@
 Every averaging method computes, per element of each global tensor, ``sum_i a_i w_i /
 sum_i a_i`` over the clients covering that element, where ``a_i`` is a client's weight for
 that element (its samples; for a per-class classifier row, its samples of that class).
-A method that aggregates this way says so by implementing ``Method.summands``: for one
+A method that aggregates this way declares it (``Method.weighted_sum``,
+``methods/capability.py``) and implements ``Method.summands``: for one
 update, per global tensor it trained, a ``Summand`` = (its values, where they sit in the
 global tensor, their weight). Sums of ``a_i w_i`` and of ``a_i`` then add up in any order
 and grouping, which is what lets an edge aggregator stand for a group
 (``server_toolkit/edge/partial.py``).
 
-A method whose aggregate is not such a sum (server momentum, hypernetworks, clustering,
-FedConv's reconstruction, FedDM's similarity tree) does not implement it: ``summands``
+A method whose aggregate is not such a sum (hypernetworks, clustering,
+FedConv's reconstruction, FedDM's similarity tree) declares nothing: ``summands``
 raises ``NotASum`` with the reason, and generic edges forward each member's update
 instead, for the server to aggregate (``server_toolkit/edge/bundle.py``).
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from .capability import EDGES, why_not
 
 
 class NotASum(ValueError):
@@ -44,13 +47,7 @@ def whole(weights: dict[str, np.ndarray], weight: float) -> dict[str, Summand]:
 
 
 def refusal(method: object) -> str | None:
-    """Why ``method`` cannot be aggregated by sums (None: it can): its own
-    ``sum_refusal()``; and a subclass that overrides ``aggregate_train`` without overriding
-    ``summands`` is refused (its aggregate is no longer the one its parent's summands
-    describe, e.g. FedAvgM's server momentum)."""
-    cls = type(method)
-    owner_sum = next(c for c in cls.__mro__ if "summands" in vars(c))
-    owner_agg = next(c for c in cls.__mro__ if "aggregate_train" in vars(c))
-    if not issubclass(owner_sum, owner_agg):
-        return f"{getattr(cls, 'name', cls.__name__)} aggregates by a rule of its own, not by weighted sums"
-    return method.sum_refusal()  # type: ignore[attr-defined]
+    """Why edges cannot pre-add ``method``'s updates (None: they can), one line; reads only its
+    declared ``weighted_sum`` (``methods/capability.py``)."""
+    why = why_not(method, EDGES)
+    return None if why is None else f"{getattr(method, 'name', '') or type(method).__name__}: {why}"

@@ -11,7 +11,7 @@ from ..methods.base import Method
 from ..methods.records import LABEL_COUNTS
 from ..rounds.robust import RULES
 from .accountant import epsilon
-from .windows import WHY_NOT, averages_windows
+from .windows import refusal as window_refusal
 
 MODES = ("central", "local")
 
@@ -69,8 +69,8 @@ class PrivacySettings:
                                  "(the server noises the count of unclipped updates)")
             if self.adaptive_quantile is not None and self.noise_multiplier <= 0:
                 raise ValueError("--dp-adaptive-clip needs --dp-noise-multiplier > 0")
-            if not averages_windows(method):
-                raise ValueError(f"differential privacy is not supported by {name}: {WHY_NOT}")
+            if why := window_refusal(method):
+                raise ValueError(f"differential privacy is not supported by {name}: {why}")
             if self.robust is not None:
                 raise ValueError("--robust and --dp-clip do not combine: the noise is calibrated to a "
                                  "sum, a median's sensitivity is not bounded by C")
@@ -91,5 +91,5 @@ class PrivacySettings:
                 raise ValueError(f"--robust must be one of {RULES}, got {self.robust!r}")
             if not 0 <= self.trim_fraction < 0.5:
                 raise ValueError(f"--trim-fraction must be in [0, 0.5), got {self.trim_fraction}")
-            if not averages_windows(method):
-                raise ValueError(f"robust aggregation is not supported by {name}: {WHY_NOT}")
+            if why := window_refusal(method):
+                raise ValueError(f"robust aggregation is not supported by {name}: {why}")

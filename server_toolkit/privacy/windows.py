@@ -1,12 +1,13 @@
 """Which methods privacy and robust aggregation apply to, and each update's window.
 
 Clipping, noise and the robust rules replace a method's ``aggregate_train``; that is only
-sound for methods whose aggregate *is* an average of the devices' values per element over
-the devices covering it: FedAvg and its subclasses that keep its aggregate (FedProx, the
-FedAvg exit baselines, AllSmall), and the width-shared methods that cut every window from
-the global tensors (HeteroFL, FedRolex). A device's window: for FedAvg the whole of every
-tensor; for a width method the index map of the plan it was sent (``index_map``), so a
-sub-model is a window of the global tensors.
+sound for methods whose aggregate *is* a mean of the devices' values per element over the
+devices covering it, laid out as windows of the global tensors: those that declare
+``Method.weighted_sum`` with layout ``full`` or ``window`` and no server step
+(``methods/capability.py``; today FedAvg, FedProx, the FedAvg exit baselines, AllSmall,
+HeteroFL, FedRolex, and any method of another package that declares it). A device's window:
+``full``, the whole of every tensor; ``window``, the method's index map of the plan it was
+sent (``index_map(context)``), so a sub-model is a window of the global tensors.
 """
 
 from __future__ import annotations
@@ -14,24 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..methods.base import ClientUpdate, Method, Weights
-from ..methods.fedavg import FedAvg
+from ..methods.capability import PRIVACY, WINDOW, weighted_sum, why_not
 from ..methods.width.coverage import Contribution, IndexMap
-from ..methods.width.width_shared import WidthSharedMethod
-
-WHY_NOT = ("its aggregate is not a per-element average of the devices' models (it trains a "
-           "hypernetwork, distils, keeps per-device or per-cluster models, or adds server momentum)")
 
 
-def averages_windows(method: Method | type[Method]) -> bool:
-    """Whether ``method`` (instance or class) aggregates by averaging windows of the global model."""
-    cls = method if isinstance(method, type) else type(method)
-    if issubclass(cls, FedAvg):
-        return cls.aggregate_train is FedAvg.aggregate_train
-    if issubclass(cls, WidthSharedMethod):
-        return (cls.aggregate_train is WidthSharedMethod.aggregate_train
-                and cls.source_weights is WidthSharedMethod.source_weights
-                and cls.contributions is WidthSharedMethod.contributions)
-    return False
+def refusal(method: Method | type[Method]) -> str | None:
+    """Why DP and robust aggregation cannot replace ``method``'s aggregate (a clause; None: they can)."""
+    return why_not(method, PRIVACY)
 
 
 def full_window(weights: Weights) -> IndexMap:
@@ -41,8 +31,9 @@ def full_window(weights: Weights) -> IndexMap:
 
 def window_of(method: Method, update: ClientUpdate, global_weights: Weights) -> IndexMap:
     """Where ``update``'s tensors sit in the global ones."""
-    if isinstance(method, WidthSharedMethod):
-        return method.index_map(update.instruction.context)
+    declared = weighted_sum(method)
+    if declared is not None and declared.layout == WINDOW:
+        return method.index_map(update.instruction.context)  # type: ignore[attr-defined]
     return full_window(global_weights)
 
 

@@ -281,7 +281,7 @@ class RoundLoop:
         the outputs the method asks of every task (``Method.asks``). An edge relaying a bundle's
         member tasks (``Method.stamped``) keeps the server's stamps. After a rollback the quality
         guard's ``lr_scale`` multiplies every recipe's ``lr``."""
-        if getattr(self.method, "stamped", False):
+        if self.method.stamped:
             return instruction
         seed = task_seed(self.config.seed, rnd, instruction.device_id)
         scale = self.guard.lr_scale if self.guard else 1.0

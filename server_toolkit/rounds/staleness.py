@@ -22,7 +22,8 @@ present (classifier rows per class). Decisions: the sample weights stay in the d
 unscaled, so a stale update shrinks the step instead of being renormalised away (FedBuff
 divides by K for the same reason); ``server_lr`` defaults to 1.0, where a buffer of fresh
 updates (all tau = 0) gives exactly the synchronous round of the same updates. Methods
-declare that their aggregation has this form with ``Method.asynchronous``.
+declare that their aggregation has this form with ``Method.weighted_sum``
+(``methods/capability.py``).
 
 Edge aggregators (``edge/``): an edge answers a task made from version ``b`` with its
 group's partial aggregate (``model`` = the group's mean, the sent value where nobody covered

@@ -1,16 +1,18 @@
 """Which methods secure aggregation serves, each device's layout in global coordinates
 (``fedcore/secagg/layout.py``), and the next global weights from the unmasked sums.
 
-Served (their aggregate is a per-element weighted mean, so a sum suffices):
+Served: every method that declares ``Method.weighted_sum`` with ``secure``
+(``methods/capability.py``): its aggregate is a per-element weighted mean, so a sum suffices.
+The declaration's layout says where a device's tensors sit:
 
-* ``full`` - FedAvg, FedProx, FedAvgM, FedAvg-L/S-Exit: every device trains the whole
+* ``full`` (FedAvg, FedProx, FedAvgM, FedAvg-L/S-Exit): every device trains the whole
   model; the cover part is one number (the sum of sample counts). The secure mean goes
   through the method's own ``aggregate_train`` as a single update, so FedAvgM's momentum
   applies as usual;
-* ``window`` - HeteroFL, FedRolex: each tensor is a window of its global tensor (the
-  method's index map), so covers are per element (``coverage_average``'s arithmetic);
-* ``present`` - DepthFL: a depth prefix holds some global tensors whole; the exits'
-  classifier rows are weighted by the device's own class counts (``classwise_heads``).
+* ``window`` (HeteroFL, FedRolex): each tensor is a window of its global tensor (the
+  method's ``index_map``), so covers are per element (``coverage_average``'s arithmetic);
+* ``present`` (DepthFL): a depth prefix holds some global tensors whole (the method's
+  ``global_names``); the ``classifiers`` rows are weighted by the device's own class counts.
 
 Refused, with the reason, before anything starts: every other method; each needs something
 of every single device's update (a hypernetwork input, a similarity, a personal model).
@@ -24,26 +26,18 @@ from fedcore.secagg import fixed_point
 from fedcore.secagg.layout import CLASSES, SAMPLES, Layout, Placement
 
 from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
-from ..submodels.exit_split import name_map
-
-FULL, WINDOW, PRESENT = "full", "window", "present"
-SUPPORTED = {"fedavg": FULL, "fedprox": FULL, "fedavgm": FULL, "fedavg-l-exit": FULL, "fedavg-s-exit": FULL,
-             "heterofl": WINDOW, "fedrolex": WINDOW, "depthfl": PRESENT}
-WHY_NOT = {
-    "hypemefed": "its hypernetworks are trained on each device's own model",
-    "feddm": "its similarity tree compares the devices' individual updates",
-    "fedconv": "its server-side transposed convolutions are learned from each device's model",
-    "recipfl": "its server distils from each device's own model",
-}
+from ..methods.capability import FULL, PRESENT, SECAGG, WINDOW, accepting, weighted_sum, why_not
 
 
-def refusal(method_name: str) -> str | None:
-    """One line saying why ``--secagg`` cannot run ``method_name`` (None: it can)."""
-    if method_name in SUPPORTED:
+def refusal(method: Method | type[Method]) -> str | None:
+    """One line saying why ``--secagg`` cannot run ``method`` (an instance or a class; None: it can)."""
+    why = why_not(method, SECAGG)
+    if why is None:
         return None
-    why = WHY_NOT.get(method_name, "it needs each device's individual update, not only their sum")
-    return (f"--secagg does not support {method_name}: {why}. Supported: "
-            f"{', '.join(sorted(SUPPORTED))}")
+    from ..methods import methods
+
+    return (f"--secagg does not support {method.name}: {why}. Supported: "
+            f"{', '.join(accepting(methods(), SECAGG))}")
 
 
 def offsets(global_weights: Weights) -> tuple[dict[str, int], int]:
@@ -57,7 +51,7 @@ def offsets(global_weights: Weights) -> tuple[dict[str, int], int]:
 
 def layout_for(method: Method, global_weights: Weights, instruction: TrainInstruction) -> Layout:
     """Where ``instruction``'s returned tensors sit in global coordinates."""
-    kind = SUPPORTED[method.name]
+    kind = weighted_sum(method).layout
     where, size = offsets(global_weights)
     placements = {}
     if kind == WINDOW:
@@ -67,11 +61,11 @@ def layout_for(method: Method, global_weights: Weights, instruction: TrainInstru
             placements[name] = Placement(where[name], g.shape, tuple(np.asarray(i) for i in index_map[name]))
     else:
         if kind == PRESENT:
-            mapping = name_map(method.global_spec, int(instruction.context["tier"]), list(global_weights))
+            mapping = method.global_names(global_weights, instruction)
             names = {sub: mapping[sub] for sub in instruction.weights}
         else:
             names = {name: name for name in instruction.weights}
-        classifiers = set(getattr(method, "classifiers", []) or [])
+        classifiers = set(method.classifiers)
         for sub, glob in names.items():
             g = global_weights[glob]
             placements[sub] = Placement(where[glob], g.shape, (), CLASSES if glob in classifiers else SAMPLES)

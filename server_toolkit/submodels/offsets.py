@@ -25,11 +25,8 @@ tier the same window ignore it). Offsets are taken modulo the space's size.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from .width import WidthLayout
-
-OffsetRule = Callable[[WidthLayout, float, int, float], dict[int, int]]
 
 
 def heterofl_offsets(layout: WidthLayout, ratio: float, round_number: int,
@@ -66,11 +63,3 @@ def r_sequence_steps(dims: int) -> list[float]:
     for _ in range(60):  # fixed-point iteration for the root of x^(d+1) = x + 1
         g = (1.0 + g) ** (1.0 / (dims + 1))
     return [(1.0 / g ** k) % 1.0 for k in range(1, dims + 1)]
-
-
-OFFSET_RULES: dict[str, OffsetRule] = {
-    "heterofl": heterofl_offsets,
-    "fedrolex": rolling_offsets,
-    "four_corner": four_corner_offsets,
-    "feddm": balanced_offsets,
-}

@@ -122,8 +122,8 @@ def test_a_partial_adds_blocks_and_per_row_weights_and_leaves_uncovered_elements
 
 
 @pytest.mark.parametrize(("name", "options", "why"), [
-    ("fedavgm", {}, "rule of its own"),
-    ("feddm", {}, "rule of its own"),
+    ("fedavgm", {}, "server step"),
+    ("feddm", {}, "similarity tree"),
     ("hypemefed", {}, "hypernetworks"),
 ])
 def test_methods_that_are_not_sums_are_refused_with_their_reason(name, options, why):

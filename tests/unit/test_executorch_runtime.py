@@ -180,8 +180,8 @@ class _EvalOnly(TorchRuntime):
 def test_selftest_reports_evaluation_only_runtimes(monkeypatch, digits):
     from sdk_device.runtimes import registry
 
-    monkeypatch.setitem(registry.RUNTIMES, "eval-only", ("torch", lambda: _EvalOnly(threads=1)))
-    monkeypatch.setitem(registry.FORMATS, "eval-only", ("torchspec/1",))
+    entry = registry.RuntimeEntry(("torchspec/1",), "torch", lambda: _EvalOnly(threads=1), trains=False)
+    monkeypatch.setitem(registry.runtimes(), "eval-only", entry)
     programs = {"torchspec/1": modelspec.dumps(SPEC)}
     rows = run_selftest(programs, _weights(5), digits[0][:16], digits[1][:16], Recipe(batch_size=BATCH),
                         steps=1, runtimes=["torch", "eval-only"])

@@ -6,9 +6,11 @@ from fedcore.recipe import Recipe
 from server_toolkit.methods import method_class, methods
 from server_toolkit.methods.abilities import (
     ASYNCHRONOUS,
+    EDGE_SUMS,
     LABEL_NOISE,
     PERSONAL_MODELS,
     PRIVATE_AGGREGATION,
+    SECURE_AGGREGATION,
     SERVER_DATA,
     TIER_PLANS,
     PersonalModels,
@@ -23,7 +25,8 @@ def test_each_family_declares_what_it_can_do():
     assert SERVER_DATA in abilities(method_class("fedconv"))
     assert PERSONAL_MODELS in abilities(method_class("mh-pfedhn"))
     assert TIER_PLANS in abilities(method_class("heterofl"))
-    assert abilities(method_class("fedavg")) == [ASYNCHRONOUS, PRIVATE_AGGREGATION]
+    assert abilities(method_class("fedavg")) == [EDGE_SUMS, ASYNCHRONOUS, PRIVATE_AGGREGATION,
+                                                 SECURE_AGGREGATION]
     assert PRIVATE_AGGREGATION not in abilities(method_class("pfedhn"))
     assert LABEL_NOISE in abilities(method_class("recipfl"))
     personal = [name for name, cls in methods().items() if has_personal_models(cls)]

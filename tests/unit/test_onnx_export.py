@@ -27,7 +27,7 @@ from fedcore import modelspec
 from fedcore.torch_model import build_model, load_numpy, state_numpy
 from sdk_device.runtimes import ort_program, program_archive
 from sdk_device.runtimes.onnxruntime_runtime import OnnxEvalRuntime, cross_entropy_sum
-from sdk_device.runtimes.registry import FORMATS, RUNTIMES, _installed, pick_runtime
+from sdk_device.runtimes.registry import _installed, formats_of, pick_runtime, runtimes
 from sdk_device.runtimes.torch_runtime import TorchRuntime
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.models.zoo import model_spec
@@ -202,9 +202,10 @@ def test_ort_program_needs_every_file_and_unpacks_under_fixed_names(tmp_path):
 # ---- registry ----------------------------------------------------------------------------------
 
 def test_registry_knows_the_onnx_runtimes():
-    assert FORMATS["onnxruntime"] == ("ort-training/1",)
-    assert RUNTIMES["onnxruntime"][0] == "onnxruntime.training"
-    assert FORMATS["onnx"] == ("onnx/1",) and FORMATS["litert"] == ("tflite/1",)
+    assert formats_of("onnxruntime") == ("ort-training/1",)
+    assert runtimes()["onnxruntime"].requires == "onnxruntime.training"
+    assert formats_of("onnx") == ("onnx/1",) and formats_of("litert") == ("tflite/1",)
+    assert not runtimes()["onnx"].trains and runtimes()["onnxruntime"].trains
     assert not _installed("no_such_package.training")  # a missing parent package is "not installed"
     # the main venv has plain onnxruntime, not the training build: torch takes the task
     assert pick_runtime(["ort-training/1", "torchspec/1"]) == ("torch", "torchspec/1")

@@ -65,6 +65,7 @@ from ...submodels.exit_split import (
     prefix_spec,
 )
 from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights, label_histogram
+from ..capability import PRESENT, WeightedSum
 from ..options import MethodOptions, option
 from ..summands import Summand, whole
 from ..target_accuracy import TargetAccuracy, role_by_tier_name
@@ -115,7 +116,7 @@ class DepthFL(Method):
     family = "exit"
     example = "--model vgg_multi_exit --tiers 1,2,3"
     asks = {"label_counts": {}}  # the per-class weights of the classifier rows
-    asynchronous = True  # per tensor present (classifier rows per class): an average of the updates
+    weighted_sum = WeightedSum(PRESENT)  # per tensor present (classifier rows per class): a weighted mean
     Options = DepthFLOptions
     options: MultiExitOptions  # DepthFLOptions; HypeMeFed's (no tier_exits) in the subclass
 
@@ -153,8 +154,12 @@ class DepthFL(Method):
         """(tier, the update's tensors under their global names); the tier is the
         instruction's ``context["tier"]``."""
         tier = int(update.instruction.context["tier"])
-        mapping = name_map(self.global_spec, tier, list(global_weights))
+        mapping = self.global_names(global_weights, update.instruction)
         return tier, {mapping[sub]: value for sub, value in update.weights.items()}
+
+    def global_names(self, global_weights: Weights, instruction: TrainInstruction) -> dict[str, str]:
+        """The global name of each tensor ``instruction``'s depth prefix returns (``present`` layout)."""
+        return name_map(self.global_spec, int(instruction.context["tier"]), list(global_weights))
 
     def class_counts(self, update: ClientUpdate) -> np.ndarray:
         """The update's training samples per class (its ``label_counts``); without a usable
@@ -175,9 +180,6 @@ class DepthFL(Method):
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
         return self.average(global_weights, [(self.client_tensors(global_weights, u)[1], u) for u in updates])
-
-    def sum_refusal(self) -> str | None:
-        return None
 
     def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
         """Tensors under their global names, weighted by samples; classifier rows (with

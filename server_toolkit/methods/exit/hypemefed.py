@@ -87,7 +87,9 @@ class HypeMeFed(DepthFL):
     example = "--model vgg_multi_exit --tiers 1,2,3"
     Options = HypeMeFedOptions
     options: HypeMeFedOptions
-    asynchronous = False  # its hypernetworks train on each round's absolute client weights
+    weighted_sum = None  # its hypernetworks train on each round's absolute client weights
+    not_a_sum = ("its hypernetworks are trained on each device's own model, which a sum cannot carry "
+                 "(--method-option hypernet=none averages as depthfl does)")
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)
@@ -99,6 +101,8 @@ class HypeMeFed(DepthFL):
             conv_segments(global_spec), kind=o.hypernet, rank=parse_rank(o.rank), hidden=o.hidden,
             epochs=o.hn_epochs, lr=o.hn_lr, seed=o.seed, gate=o.hn_gate)
         self.last_round: dict = {}
+        if self.bank is None:  # without hypernetworks it averages as DepthFL does
+            self.weighted_sum = DepthFL.weighted_sum
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
@@ -116,12 +120,6 @@ class HypeMeFed(DepthFL):
                            "hn_check_rel_err": _mean([c.hypernet for c in checks]),
                            "hn_stand_in_rel_err": _mean([c.stand_in for c in checks])}
         return self.average(global_weights, contributions)
-
-    def sum_refusal(self) -> str | None:
-        if self.bank is not None:
-            return ("hypemefed trains its hypernetworks on each client's own tensors, which a sum "
-                    "cannot carry; use --method-option hypernet=none behind generic edges")
-        return None
 
     def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
         """Without hypernetworks HypeMeFed averages as DepthFL does (refused otherwise)."""

@@ -106,6 +106,7 @@ def drift(generated: Weights, block: Weights) -> float:
 class FedConv(Method):
     name = "fedconv"
     family = "conv"
+    not_a_sum = "its server-side transposed convolutions are learned from each device's model"
     example = "--tiers 1.0,0.75,0.5,0.25"
     Options = FedConvOptions
     options: FedConvOptions

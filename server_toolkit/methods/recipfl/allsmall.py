@@ -16,6 +16,7 @@ import numpy as np
 from fedcore.recipe import Recipe
 
 from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ..capability import FULL, WeightedSum
 from ..fedavg import FedAvg
 from ..target_accuracy import TargetAccuracy
 from .strong_weak import StrongWeakOptions, strong_weak
@@ -24,6 +25,7 @@ from .strong_weak import StrongWeakOptions, strong_weak
 class AllSmall(FedAvg):
     name = "allsmall"
     ignores_tiers = False  # strong / weak tiers pick its reports
+    weighted_sum = WeightedSum(FULL, secure=False)  # FedAvg's; not in the SecAgg plan (docs/privacy.md)
     asks = {"label_counts": {}}  # accuracy_strong / accuracy_weak weigh the test set by them
     family = "resource-skew"
     example = ("--model lenet5 --devices 6 --partition quantity-skew --num-strong 1 "

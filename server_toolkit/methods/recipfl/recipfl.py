@@ -98,6 +98,7 @@ class RecipFLOptions(StrongWeakOptions):
 
 class RecipFL(Method):
     name = "recipfl"
+    not_a_sum = "its server distils from each device's own model"
     asks = {"label_counts": {}}  # the client descriptor
     family = "resource-skew"
     example = ("--model lenet5 --devices 6 --partition quantity-skew --num-strong 1 "

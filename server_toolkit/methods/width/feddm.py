@@ -91,7 +91,8 @@ class FedDM(WidthSharedMethod):
     example = "--tiers 1.0,0.75,0.5,0.25"
     Options = FedDMOptions
     options: FedDMOptions
-    asynchronous = False  # the similarity tree mixes the clients' absolute weights (not an average)
+    weighted_sum = None  # the similarity tree mixes the clients' absolute weights (not an average)
+    not_a_sum = "its similarity tree compares the devices' individual updates"
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)

@@ -23,6 +23,7 @@ from fedcore.recipe import Recipe
 
 from ...submodels.width import IndexMap, WidthPlan, extract, plan_args, static_bn, width_layout
 from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..capability import WINDOW, WeightedSum
 from ..options import MethodOptions, option
 from ..summands import Summand
 from ..tiers import tier_ratio
@@ -42,7 +43,7 @@ class WidthSharedMethod(Method):
 
     Options = WidthOptions
     options: WidthOptions
-    asynchronous = True  # coverage_average: per element, an average of the covering updates
+    weighted_sum = WeightedSum(WINDOW)  # coverage_average: per element, a mean of the covering updates
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(static_bn(global_spec), recipe, **options)
@@ -99,9 +100,6 @@ class WidthSharedMethod(Method):
     def contributions(self, updates: list[ClientUpdate]) -> list[tuple[Weights, IndexMap, float]]:
         """(weights, index map, samples) of each update, as ``coverage_average`` takes them."""
         return [(u.weights, self.index_map(u.instruction.context), u.num_samples) for u in updates]
-
-    def sum_refusal(self) -> str | None:
-        return None
 
     def summands(self, global_weights: Weights, update: ClientUpdate) -> dict[str, Summand]:
         index_map = self.index_map(update.instruction.context)
