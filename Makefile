@@ -1,5 +1,6 @@
 # The two set-up commands of the README:
-#   make demo   - install into .venv and run a real federated simulation (embedded broker, digits)
+#   make demo   - install the server (.[server]) into .venv and run a real federated simulation
+#                 (embedded broker, digits)
 #   make test   - install into .venv (+ mosquitto, shellcheck, chromium, Fashion-MNIST, an arm64 device root)
 #                 and run the test suite
 # Versions come from constraints.txt (torch 2.13.0 CPU etc.); override PYTHON to pick another interpreter.
@@ -11,12 +12,33 @@ STAMP := $(VENV)/.fedsdk-installed
 
 .PHONY: demo test lint bench mosquitto cpp-deps gxx shellcheck chromium fashion-mnist ort-env litert-env arm64-root clean
 
-$(STAMP): pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
-	touch $(STAMP)
+# Two stamps in one venv: $(DEMO_STAMP) once '.[server]' (what the demo imports) is in, $(STAMP)
+# once '.[dev]' (everything: tests, lint, the arm64 root) is. '.[dev]' contains '.[server]', so
+# installing it marks the demo's stamp too; `make demo` first and `make test` later installs dev
+# on top. pip is not quiet: the install takes minutes and its lines are the progress.
+DEMO_STAMP := $(VENV)/.fedsdk-demo-installed
 
-demo: $(STAMP)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt constraints.txt ]; then \
+	    echo "$(VENV) already has fedsdk[dev], which includes the server"; \
+	else \
+	    echo "make demo: installing fedsdk[server] into $(VENV): torch (CPU), amqtt, scikit-learn, scipy,"; \
+	    echo "  matplotlib, dp-accounting, ... (~300 MB of wheels, ~1.4 GB installed; a few minutes)"; \
+	    $(BIN)/python -m pip install --disable-pip-version-check -c constraints.txt -e '.[server]'; \
+	fi
+	touch $(DEMO_STAMP)
+
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	@echo "installing fedsdk[dev] into $(VENV): the server, executorch, onnx, ONNX Runtime, LiteRT,"
+	@echo "  tensorboard, mlflow, pytest, ruff (~2 GB installed; several minutes)"
+	$(BIN)/python -m pip install --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	@echo "make demo: fedsdk-server simulate (FedAvg, 8 device processes, embedded broker, digits, 20 rounds)"
 	$(BIN)/fedsdk-server simulate
 
 test: $(STAMP) mosquitto cpp-deps shellcheck chromium fashion-mnist ort-env litert-env gxx arm64-root

@@ -73,7 +73,7 @@ def pairing_times(root: Path, tls: bool, count: int) -> tuple[float, float]:
     method = HeteroFL(model_spec("small_cnn", (1, 8, 8), 10), Recipe(epochs=1, batch_size=16))
     service, registry = start_pairing_on(secured, run_dir, method, ["1.0", "0.5"], method_name="heterofl",
                                          model="small_cnn", lockout=LockoutPolicy())
-    codes = PairCodes(registry, run_dir)
+    codes = PairCodes(registry, secured.security.directory)  # the fleet's pairing key
     pin = certificate_fingerprint(Path(secured.ca_file).read_text()) if tls else None
     totals, benches = [], []
     try:

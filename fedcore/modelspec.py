@@ -77,13 +77,12 @@ def validate(spec: Any) -> None:
             raise SpecError(f"{where} produces shape {exit_shape}, expected ({k},)")
 
 
-def last_linear(spec: dict) -> tuple[int, int]:
-    """(in, out) of the model's last top-level linear layer: its input is what the
-    ``features`` output of a device reports (F = in)."""
-    for layer in reversed(spec["layers"]):
-        if layer["op"] == "linear":
-            return int(layer["in"]), int(layer["out"])
-    raise SpecError("the model has no top-level linear layer")
+def feature_size(spec: dict) -> int:
+    """F, the width of the model's features (docs/protocol.md §12.4): the ``in`` of its last
+    top-level layer when that layer is ``linear``, else ``num_classes`` (the features are then
+    the final logits). Every runtime and the server's ``features`` check use this one rule."""
+    last = spec["layers"][-1]
+    return int(last["in"]) if last["op"] == "linear" else int(spec["num_classes"])
 
 
 def num_outputs(spec: dict) -> int:

@@ -25,16 +25,19 @@ from .policy import DevicePolicy
 from .profile import device_profile, peak_rss_mb
 from .protocol import messages as msgs
 from .protocol.blobs import DEFAULT_CHUNK_BYTES, decode_tensors, encode_tensors
+from .protocol.clock import seconds_left
 from .protocol.errors import ProtocolError
 from .protocol.task_plan import TaskPlan, parse_plan
 from .protocol.topics import FleetTopics
 from .runtime_choice import RuntimeChooser, trainable_offers
 from .runtimes.registry import available_runtimes, create_runtime, pick_runtime
 from .secagg_sessions import SecAggSessions
+from .seen_tasks import SeenTasks
 from .task_runner import LoadedModel, run_task
+from .transport.backoff import connect_patiently
 from .transport.blob_store import BlobStore
 from .transport.endpoint import SERVER, Endpoint
-from .transport.mqtt_link import BrokerAddress
+from .transport.mqtt_link import BrokerAddress, BrokerRefused
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ class AgentConfig:
     # the process's first task, whose time is mostly the runtime's warm-up (~10x a later task's)
     slowdown: float = 1.0
     policy: DevicePolicy | None = None  # train only while its conditions hold (else refuse: policy)
+    connect_timeout_s: float | None = None  # give up waiting for the broker after this; None: never
 
 
 class DeviceAgent:
@@ -94,6 +98,7 @@ class DeviceAgent:
         self.tasks_done = 0
         self.secagg = SecAggSessions(config.device_id, self.endpoint)  # secure rounds (--secagg)
         self._trained = 0  # tasks trained by this process
+        self._seen = SeenTasks()  # task ids taken: a copy the server sends again is ignored
 
     def stop(self) -> None:
         self._stop.set()
@@ -115,7 +120,13 @@ class DeviceAgent:
         self.announcer = Announcer(lambda m: self.endpoint.send(SERVER, m), hello,
                                    self.config.announce_window_s)
         self.endpoint.on_server_event = self.announcer.on_event  # before connecting: retained copies
-        self.endpoint.start()
+        try:  # a broker that is not up yet is waited for (transport/backoff.py)
+            if not connect_patiently(self.endpoint.start, self._stop, self.config.connect_timeout_s):
+                return  # stopped while waiting
+        except BaseException:  # gave up, refused, or Ctrl-C while waiting
+            self.announcer.close()
+            self.endpoint.close()
+            raise
         log.info(
             "device %s connected to %s (runtimes: %s, %d samples)",
             self.config.device_id,
@@ -126,6 +137,9 @@ class DeviceAgent:
         self.announcer.say_hello()
         try:
             while not self._stop.is_set() and (max_tasks is None or self.tasks_done < max_tasks):
+                if self.endpoint.link.refused:  # a reconnect was refused: the credentials are gone
+                    raise BrokerRefused(f"MQTT broker at {self.config.broker_url} refused us: "
+                                        f"{self.endpoint.link.refused}")
                 try:
                     incoming = self.endpoint.inbox.get(timeout=0.5)
                 except queue.Empty:
@@ -141,9 +155,11 @@ class DeviceAgent:
         message = incoming.message
         if incoming.status is not None:  # hellos after a server restart: the announcer's job
             log.info("server is %s", incoming.status)
+        elif isinstance(message, msgs.Task) and not self._seen.first_time(message.task_id):
+            log.info("task %s again: already taken, ignored", message.task_id[:8])
         elif isinstance(message, msgs.Task):
             try:
-                self._run_task(message)
+                self._run_task(message, incoming.arrived)
             except Exception as exc:  # one broken task must not end the agent
                 log.exception("task %s failed", message.task_id[:8])
                 self._refuse(message, "device_failure", f"{type(exc).__name__}: {exc}")
@@ -157,10 +173,13 @@ class DeviceAgent:
             if message.ref is not None and message.ref == self._awaiting:  # our result was refused
                 self._finish_task()
 
-    def _run_task(self, task: msgs.Task) -> None:
-        started = time.time()
-        if task.deadline < started:
-            self._refuse(task, "deadline_passed", "the task arrived after its deadline")
+    def _run_task(self, task: msgs.Task, arrived: float) -> None:
+        """Train ``task`` (``arrived``: monotonic seconds when it reached this device)."""
+        left = seconds_left(task.deadline, task.server_time, time.monotonic() - arrived)
+        if left <= 0:
+            rule = "from its server_time" if task.server_time is not None else "by this device's clock"
+            self._refuse(task, "deadline_passed", f"the task arrived after its deadline ({-left:.1f} s late, "
+                         f"{rule})")
             return
         blocked = self.config.policy.blocked() if self.config.policy is not None else None
         if blocked is not None:

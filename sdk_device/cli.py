@@ -11,9 +11,11 @@ from pathlib import Path
 import click
 
 from . import pair_cli
+from .device_config import config_dir_option as device_config_option
 from .policy_options import make_policy, policy_options
 from .profile import device_profile
 from .runtimes import native_build
+from .transport.mqtt_link import BrokerRefused
 
 
 @click.group()
@@ -58,10 +60,14 @@ def main(verbose: int) -> None:
 @click.option("--slowdown", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
               help="Simulation knob: after training, sleep (FACTOR - 1) x the training time, so the "
                    "device looks FACTOR times slower (from its second task on: the first is warm-up).")
+@click.option("--connect-timeout", type=click.FloatRange(min=0), default=None,
+              help="Give up (exit code 3) when the broker cannot be reached within this many seconds "
+                   "(default: keep trying forever, waits growing from 1 s to 60 s).")
 @policy_options
+@device_config_option
 def run(
     broker_url, fleet, device_id, data_path, work_dir, runtimes, username, password, ca_file, insecure,
-    max_tasks, no_smashed, announce_window, slowdown, only_when, policy_root,
+    max_tasks, no_smashed, announce_window, slowdown, connect_timeout, only_when, policy_root,
 ) -> None:
     """Connect to the fleet and train whatever tasks the server sends, until stopped.
 
@@ -71,7 +77,12 @@ def run(
     With --only-when, a task that arrives while a condition does not hold is refused with the
     code `policy` (the server counts it and asks the device again in later rounds):
     charging = on external power (or no battery at all); idle = 1-minute load average below
-    0.5 per CPU; cool = every /sys/class/thermal zone below 70 °C."""
+    0.5 per CPU; cool = every /sys/class/thermal zone below 70 °C.
+
+    A broker that cannot be reached yet (the device booted before the server) is waited for,
+    one log line per attempt. Exit codes: 0 stopped (Ctrl-C, SIGTERM, --max-tasks); 1 bad
+    option or data; 3 broker unreachable within --connect-timeout; 4 the broker's TLS
+    certificate is not trusted; 5 the broker refused the device's credentials."""
     from .agent import AgentConfig, DeviceAgent
     from .data.npz import DataError
     from .device_config import DeviceConfig, config_dir
@@ -86,8 +97,8 @@ def run(
         if stored is None:
             raise click.ClickException(
                 f"this device is not paired (no configuration in {config_dir()}): run "
-                "`fedsdk pair --server mqtts://HOST:8883 --code CODE`, or give --broker, --fleet, "
-                "--device-id and --data")
+                "`fedsdk pair --server mqtts://HOST:8883 --code CODE`, pass the --config-dir it was "
+                "paired with, or give --broker, --fleet, --device-id and --data")
         broker_url = broker_url or stored.broker_url
         fleet = fleet or stored.fleet
         device_id = device_id or stored.device_id
@@ -116,6 +127,7 @@ def run(
         announce_window_s=announce_window,
         slowdown=slowdown,
         policy=make_policy(only_when, policy_root),
+        connect_timeout_s=connect_timeout,
     )
     try:
         agent = DeviceAgent(config)
@@ -124,14 +136,23 @@ def run(
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     try:
         agent.run(max_tasks=max_tasks)
-    except ConnectionError as exc:
-        hint = ""
-        if stored is not None and "refused us" in str(exc):
-            hint = (f"\nThe broker refused {device_id}'s credentials: the device may have been revoked. "
-                    "Check with `fedsdk status`; pair again with `fedsdk pair --force ...`.")
-        raise click.ClickException(f"{exc}{hint}") from None
+    except BrokerRefused as exc:
+        if exc.tls:
+            hint = " The broker's certificate is not the CA this device trusts (--ca-file, or pair again)."
+        else:
+            hint = (f" The broker refused {device_id}'s credentials: the device may have been revoked; "
+                    "check with `fedsdk status`, pair again with `fedsdk pair --force ...`.")
+        _exit(f"{exc}.{hint}", 4 if exc.tls else 5)
+    except ConnectionError as exc:  # only with --connect-timeout: otherwise the agent keeps trying
+        _exit(str(exc), 3)
     except KeyboardInterrupt:
         agent.stop()
+
+
+def _exit(text: str, code: int) -> None:
+    """One line on stderr, then exit with ``code`` (systemd's unit does not restart on 4 and 5)."""
+    click.echo(f"Error: {text}", err=True)
+    sys.exit(code)
 
 
 @main.command()

@@ -1,9 +1,11 @@
 """The paired device's stored configuration: ``<config dir>/device.json`` (mode 0600).
 
-Where: ``$FEDSDK_CONFIG_DIR`` when set (tests, services), else ``$XDG_CONFIG_HOME/fedsdk``,
-else ``~/.config/fedsdk``. The directory is created 0700. It also holds ``ca.pem`` (the CA
+Where: the ``--config-dir`` option of ``fedsdk pair/run/status/unpair`` when given, else
+``$FEDSDK_CONFIG_DIR`` when set (services), else ``$XDG_CONFIG_HOME/fedsdk``, else
+``~/.config/fedsdk``. One directory holds one paired device: several devices on one host
+each use their own directory. The directory is created 0700. It also holds ``ca.pem`` (the CA
 the server handed over at pairing). The agent's work directory (blob cache) defaults to
-``<config dir>/work`` with ``$FEDSDK_CONFIG_DIR``, else ``$XDG_STATE_HOME/fedsdk/work``
+``<config dir>/work`` with ``--config-dir`` or ``$FEDSDK_CONFIG_DIR``, else ``$XDG_STATE_HOME/fedsdk/work``
 (``~/.local/state/fedsdk/work``). The file holds the device's broker password: it is written
 0600 and ``load`` warns when someone loosened that.
 """
@@ -17,6 +19,8 @@ import stat
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import click
+
 from .transport.blob_store import atomic_write
 
 log = logging.getLogger(__name__)
@@ -24,6 +28,7 @@ log = logging.getLogger(__name__)
 ENV_DIR = "FEDSDK_CONFIG_DIR"
 CONFIG_FILE = "device.json"
 CA_FILE = "ca.pem"
+OPTION_GIVEN = "fedsdk.config_dir_given"
 
 
 def config_dir() -> Path:
@@ -32,6 +37,23 @@ def config_dir() -> Path:
         return Path(os.environ[ENV_DIR]).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
     return Path(base) / "fedsdk"
+
+
+def _use_config_dir(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """``--config-dir`` wins over ``$FEDSDK_CONFIG_DIR``: it sets the variable for this process
+    (and so for the default work dir and any child process); ``ctx.meta[OPTION_GIVEN]`` says
+    it was given (``fedsdk pair`` then repeats it in the command it prints)."""
+    if value is not None:
+        os.environ[ENV_DIR] = str(value.expanduser().resolve())
+        ctx.meta[OPTION_GIVEN] = True
+    return value
+
+
+config_dir_option = click.option(
+    "--config-dir", type=click.Path(file_okay=False, path_type=Path), default=None, expose_value=False,
+    is_eager=True, callback=_use_config_dir,
+    help="This device's configuration directory (default: $FEDSDK_CONFIG_DIR, else ~/.config/fedsdk). "
+         "One directory per device: several devices on one host each pair with their own.")
 
 
 def default_work_dir() -> Path:

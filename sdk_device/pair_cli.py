@@ -61,6 +61,7 @@ def _fail(err) -> None:
 )
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each server answer.")
 @click.option("--force", is_flag=True, help="Pair again even if this device is already paired.")
+@device_config.config_dir_option
 def pair(
     server_url, code, name, data_path, ca_fingerprint, ca_file, insecure, runtimes, work_dir, timeout, force
 ) -> None:
@@ -80,7 +81,8 @@ def pair(
         raise click.ClickException(
             f"this device is already paired as {existing.device_id!r} in fleet {existing.fleet!r} "
             f"({device_config.config_dir() / device_config.CONFIG_FILE}). Run `fedsdk unpair` first, "
-            "or pass --force to replace that pairing."
+            "pass --force to replace that pairing, or give this device a directory of its own with "
+            "--config-dir DIR (several devices on one host: one directory each)."
         )
     name = name or socket.gethostname() or "device"
     x, y = load_data_option(data_path)
@@ -149,7 +151,9 @@ def pair(
     if accept.tier_reason:
         console.print(f"  {accept.tier_reason}")
     console.print(f"  configuration saved to {path} (mode 600)")
-    start = "fedsdk run" if data_path else "fedsdk run --data YOUR_DATA.npz"
+    given = click.get_current_context().meta.get(device_config.OPTION_GIVEN)
+    start = "fedsdk run" + (f" --config-dir {directory}" if given else "")
+    start += "" if data_path else " --data YOUR_DATA.npz"
     console.print(f"\nStart training with:  [bold]{start}[/]")
     if SERVICE_UNIT.exists():  # installed by firmware_scripts/install-device.sh
         console.print("or run it as the installed service:  [bold]sudo systemctl start fedsdk-agent[/]")
@@ -234,6 +238,7 @@ def _load_config() -> DeviceConfig | None:
 @click.command()
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the broker.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@device_config.config_dir_option
 def status(timeout, as_json) -> None:
     """Is this device paired, is its server reachable, what did it do last?
 
@@ -355,6 +360,7 @@ def _ago(t: float) -> str:
 @click.command()
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for the server.")
+@device_config.config_dir_option
 def unpair(yes, timeout) -> None:
     """Leave the fleet: ask the server to revoke this device (if reachable), delete the local config."""
     from .pairing import PairClient, PairingError

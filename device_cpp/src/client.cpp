@@ -218,7 +218,10 @@ class Agent {
       const std::string type = m["type"];
       if (type == "blob_request") serve_.push(m);
       else if (type == "error" && m.value("ref", json()).is_string()) puller_.on_error(m["ref"], m["code"]), work_.push(m);
-      else if (type == "task" || type == "ack" || type == "error") work_.push(m);
+      else if (type == "task") {
+        m["_arrived_mono"] = mono_s();  // the deadline counts from now (the clock rule, §9.6)
+        work_.push(m);
+      } else if (type == "ack" || type == "error") work_.push(m);
     } else if (topic == root_ + "server/status") {
       on_status(payload, retained);
     } else if (topic == root_ + "broadcast/epoch") {

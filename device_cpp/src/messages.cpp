@@ -56,7 +56,8 @@ void check_record_object(const json& j, const std::string& where) {
     if (key.empty() || key.size() > 64) invalid(where + ": a record key must have 1-64 characters");
 }
 
-// One field: kind is s(tring), S(tring or null), i(nteger), n(umber), o(bject), a(rray of strings),
+// One field: kind is s(tring), S(tring or null), i(nteger), n(umber), N(umber or null), o(bject),
+// a(rray of strings),
 // I (array of integers), R (record of BlobRef lists), B (record of BlobRefs).
 void check_field(const json& msg, const std::string& type, const std::string& name, char kind, bool required) {
   const std::string where = type + "." + name;
@@ -70,6 +71,7 @@ void check_field(const json& msg, const std::string& type, const std::string& na
     case 'S': if (!v.is_null()) check_string(v, where); break;
     case 'i': if (!is_int(v)) invalid(where + ": expected an integer"); break;
     case 'n': if (!is_num(v)) invalid(where + ": expected a number"); break;
+    case 'N': if (!v.is_null() && !is_num(v)) invalid(where + ": expected a number or null"); break;
     case 'o': if (!v.is_object()) invalid(where + ": expected an object"); break;
     case 'a':
       if (!v.is_array()) invalid(where + ": expected an array");
@@ -98,7 +100,7 @@ const std::map<std::string, std::vector<Field>>& catalogue() {
   static const std::map<std::string, std::vector<Field>> fields = {
       {"hello", {{"device_id", 's', true}, {"runtimes", 'a', true}, {"num_samples", 'i', true}, {"profile", 'o', true}}},
       {"task", {{"task_id", 's', true}, {"round", 'i', true}, {"programs", 'R', true}, {"arrays", 'B', true},
-                {"config", 'o', true}, {"deadline", 'n', true}}},
+                {"config", 'o', true}, {"deadline", 'n', true}, {"server_time", 'N', false}}},
       {"blob_request", {{"blob", 's', true}, {"indices", 'I', true}, {"chunk_bytes", 'i', true}}},
       {"heartbeat", {{"state", 's', true}, {"task_id", 'S', false}, {"progress", 'n', false}}},
       {"result", {{"task_id", 's', true}, {"round", 'i', true}, {"arrays", 'B', true}, {"metrics", 'o', true}}},

@@ -128,9 +128,17 @@ PteTrainer& TaskRunner::trainer_for(const BlobRef& program) {
   return *trainers_.emplace(program.id, std::move(trainer)).first->second;
 }
 
+double seconds_left(const json& task, double arrived_mono) {
+  const double deadline = task["deadline"].get<double>();
+  const json server_time = task.value("server_time", json());
+  if (server_time.is_number()) return deadline - server_time.get<double>() - (mono_s() - arrived_mono);
+  return deadline - now_s();
+}
+
 nlohmann::ordered_json TaskRunner::run(const json& task, const std::function<void(double)>& progress) {
   const std::string task_id = task["task_id"];
-  if (task["deadline"].get<double>() < now_s()) throw CodedError("deadline_passed", "task arrived after its deadline");
+  if (seconds_left(task, task.value("_arrived_mono", mono_s())) <= 0)
+    throw CodedError("deadline_passed", "task arrived after its deadline");
   std::vector<std::string> models;
   for (auto& [name, _] : task["programs"].items()) models.push_back(name);  // sorted: name order
   Plan plan = parse_plan(task["config"], models);

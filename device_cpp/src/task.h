@@ -28,12 +28,18 @@ Recipe parse_recipe(const json& recipe);
 // §5.5; `models` = the task's model names. invalid_field, or unsupported_task for an unknown output.
 Plan parse_plan(const json& config, const std::vector<std::string>& models);
 
+// The clock rule (§9.6): seconds left before the task's deadline (negative: late). With
+// `server_time`, deadline - server_time counted on the monotonic clock from `arrived_mono` (when
+// the task reached this device, mono_s()); without it, deadline - this device's wall clock.
+double seconds_left(const json& task, double arrived_mono);
+
 class TaskRunner {
  public:
   TaskRunner(std::string work_dir, Puller& puller, Holder& holder, const Dataset& data)
       : dir_(std::move(work_dir)), puller_(puller), holder_(holder), data_(data) {}
   // Runs a validated task; returns the `result` message (its blobs offered). Throws CodedError
-  // with the refusal code (§9.3). `progress(f)` reports the fraction of the task done.
+  // with the refusal code (§9.3). `progress(f)` reports the fraction of the task done. The
+  // deadline counts from `task["_arrived_mono"]` (set by the client on arrival; default now).
   nlohmann::ordered_json run(const json& task, const std::function<void(double)>& progress);
 
  private:

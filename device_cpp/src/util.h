@@ -29,7 +29,7 @@ struct CodedError : std::runtime_error {
 std::string sha256_hex(const void* data, size_t size);
 std::string sha256_hex(const std::string& bytes);
 bool is_hex(const std::string& s, size_t min_len, size_t max_len);
-double now_s();                // wall clock, Unix seconds
+double now_s();                // wall clock, Unix seconds (+ $FEDSDK_CLOCK_OFFSET_S, a test hook)
 double mono_s();               // monotonic seconds
 std::string random_hex(size_t digits);
 void log(const std::string& line);

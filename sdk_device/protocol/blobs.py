@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import wire_json
 from .errors import ProtocolError
 
 CHUNK_MAGIC = b"FSC1"
@@ -91,7 +92,7 @@ def decode_chunk(payload: bytes) -> Chunk:
     if header_len > MAX_HEADER_BYTES or 8 + header_len > len(payload):
         raise ProtocolError("malformed", f"chunk header length {header_len} is invalid")
     try:
-        header = json.loads(payload[8 : 8 + header_len].decode())
+        header = wire_json.loads(payload[8 : 8 + header_len])
         blob, declared_sha = header["blob"], header["sha256"]
         index, count, size, chunk_bytes = (header[k] for k in ("index", "count", "size", "chunk_bytes"))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:

@@ -19,6 +19,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from . import wire_json
 from .errors import ProtocolError
 
 MAX_EPOCH_BYTES = 1024
@@ -57,8 +58,8 @@ class ServerEpoch:
         if len(payload) > MAX_EPOCH_BYTES:
             raise ProtocolError("too_large", f"epoch payload of {len(payload)} bytes")
         try:
-            body = json.loads(payload.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            body = wire_json.loads(payload)
+        except ValueError as exc:
             raise ProtocolError("malformed", f"epoch payload is not JSON: {exc}") from None
         if not isinstance(body, dict):
             raise ProtocolError("malformed", "epoch payload is not a JSON object")

@@ -21,6 +21,7 @@ import uuid
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
+from . import wire_json
 from .errors import ProtocolError
 
 SCHEMA_VERSION = 2
@@ -28,6 +29,7 @@ MAX_CONTROL_BYTES = 64 * 1024  # a control message larger than this is rejected 
 MAX_STRING = 4096
 MAX_REQUEST_INDICES = 64
 MAX_RECORDS = 16  # named programs / array records per task or result
+MAX_SAMPLES = 10**9  # hello.num_samples (and a result's metrics.samples) at most this
 
 
 def new_id() -> str:
@@ -71,8 +73,13 @@ class Hello(Message):
     TYPE: ClassVar[str] = "hello"
     device_id: str
     runtimes: list[str]
-    num_samples: int
+    num_samples: int  # 1 .. MAX_SAMPLES
     profile: dict
+
+    def __post_init__(self) -> None:
+        if not 0 < self.num_samples <= MAX_SAMPLES:
+            raise ProtocolError("invalid_field", f"hello.num_samples must be in 1..{MAX_SAMPLES}, "
+                                f"got {self.num_samples}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,10 @@ class Task(Message):
     blob); ``config``: the steps, the models to return and the extra outputs to report.
     An array record may omit tensors of its program (e.g. BatchNorm running statistics that
     stay on the device): the device keeps its own values for those and returns exactly the
-    tensors it received. ``deadline``: unix seconds after which no result is accepted.
+    tensors it received. ``deadline``: unix seconds (server clock) after which no result is
+    accepted; ``server_time``: the server's clock when it published the task (unix seconds,
+    null from servers older than the clock rule) -- a device has ``deadline - server_time``
+    seconds from the task's arrival (``protocol.clock``), whatever its own clock says.
     """
 
     TYPE: ClassVar[str] = "task"
@@ -94,6 +104,7 @@ class Task(Message):
     arrays: dict[str, BlobRef]
     config: dict
     deadline: float
+    server_time: float | None = None
 
     def __post_init__(self) -> None:
         if set(self.programs) != set(self.arrays) or not self.programs:
@@ -287,9 +298,9 @@ def decode(payload: bytes) -> Message:
             "too_large", f"control message of {len(payload)} bytes > {MAX_CONTROL_BYTES}"
         )
     try:
-        obj = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ProtocolError("malformed", f"not a JSON object: {exc}") from None
+        obj = wire_json.loads(payload)  # numbers out of range are malformed here (wire_json.py)
+    except ValueError as exc:
+        raise ProtocolError("malformed", f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("malformed", "a control message must be a JSON object")
     schema = obj.pop("schema", None)
@@ -302,17 +313,6 @@ def decode(payload: bytes) -> Message:
     if cls is None:
         raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
     return _build(cls, obj, kind)
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not allowed")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of range")
-    return value
 
 
 @functools.cache
@@ -381,7 +381,7 @@ def says_error(payload: bytes) -> bool:
     if len(payload) > MAX_CONTROL_BYTES:
         return False
     try:
-        body = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        body = wire_json.loads(payload)
+    except ValueError:
         return False
     return isinstance(body, dict) and body.get("type") == "error"

@@ -25,9 +25,9 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..protocol import messages as msgs
 from ..protocol.blobs import (
@@ -62,6 +62,7 @@ class Incoming:
     message: msgs.Message | None = None
     status: str | None = None
     rejected: ProtocolError | None = None
+    arrived: float = field(default_factory=time.monotonic)  # monotonic seconds (the clock rule)
 
 
 class Endpoint:
@@ -101,6 +102,7 @@ class Endpoint:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.corrupt_chunks = 0
+        self.comebacks: Counter[str] = Counter()  # peer -> its status turned "online" live (back, restarted)
         self._lock = threading.Lock()
         self._transfers: dict[tuple[str, str], queue.Queue[Chunk | ProtocolError]] = {}
         self._offered: dict[str, set[str]] = {}
@@ -148,7 +150,10 @@ class Endpoint:
     # -- sending -------------------------------------------------------------------------
     def send(self, peer: str, message: msgs.Message, *, qos: int = 1) -> None:
         """Publish a control message to ``peer`` (a device id, or SERVER on a device). QoS 0
-        (heartbeats) is never queued for an offline peer, and dropped while we are offline."""
+        (heartbeats) is never queued for an offline peer, and dropped while we are offline. A task
+        gets ``server_time`` = now at each sending (the clock rule, ``protocol/clock.py``)."""
+        if isinstance(message, msgs.Task):
+            message = replace(message, server_time=time.time())
         self.link.publish(self.routes.control_topic(peer), msgs.encode(message), qos=qos)
 
     def announce_epoch(self, epoch: ServerEpoch) -> None:
@@ -182,16 +187,8 @@ class Endpoint:
             return blob_id in self._served.get(peer, ())
 
     # -- receiving blobs -----------------------------------------------------------------
-    def fetch(
-        self,
-        peer: str,
-        ref: msgs.BlobRef,
-        *,
-        timeout_s: float = 120.0,
-        idle_s: float = 5.0,
-        durable: bool = False,
-        from_peer: bool = False,
-    ) -> bytes:
+    def fetch(self, peer: str, ref: msgs.BlobRef, *, timeout_s: float = 120.0, idle_s: float = 5.0,
+              durable: bool = False, from_peer: bool = False) -> bytes:
         """Pull blob ``ref`` from ``peer``; returns its verified bytes. A blob already in the
         store is not pulled again unless ``from_peer`` (the peer must show it holds the blob:
         a device's result may not name one the server already has, e.g. the weights it sent).
@@ -318,9 +315,8 @@ class Endpoint:
             with self._lock:
                 self._served.setdefault(peer, set()).add(request.blob)
 
-    def frame_chunk(
-        self, blob: str, index: int, size: int, chunk_bytes: int, data: bytes, sha: str | None = None
-    ) -> bytes:
+    def frame_chunk(self, blob: str, index: int, size: int, chunk_bytes: int, data: bytes,
+                    sha: str | None = None) -> bytes:
         """Frame one outgoing chunk (a seam for fault-injection tests)."""
         return encode_chunk(blob, index, size, chunk_bytes, data, sha)
 
@@ -338,6 +334,7 @@ class Endpoint:
         if kind == "status":
             if peer == SERVER or self.is_known_peer(peer):
                 status = payload.decode("utf-8", "replace")
+                self.comebacks[peer] += status == "online" and not retained  # before its later traffic
                 self.inbox.put(Incoming(peer, status=status))
                 if peer == SERVER:
                     self._server_event("status", status, retained)

@@ -10,6 +10,10 @@
   size and would otherwise re-send an oversized message forever.
 * ``on_message`` runs on paho's network thread and must return quickly (paho acknowledges
   after it returns): handlers only parse and enqueue.
+* A broker that refuses the login, or a TLS certificate that fails verification, raises
+  ``BrokerRefused`` (waiting would not fix it); an unreachable broker raises a plain
+  ``ConnectionError`` (``backoff.connect_patiently`` retries those). A refusal on one of
+  paho's later reconnects is kept in ``refused`` for the owner to act on.
 """
 
 from __future__ import annotations
@@ -29,6 +33,21 @@ from .tls import check_plain_tcp
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024  # bytes; chunks are far smaller
+
+
+# CONNACK refusals that waiting does not fix (paho names MQTT 3.1.1 codes with MQTT 5 ones);
+# "Server unavailable", "Server busy" and the like are retried as an unreachable broker.
+PERMANENT_REFUSALS = {"Bad user name or password", "Not authorized", "Client identifier not valid",
+                      "Unsupported protocol version", "Bad authentication method", "Banned"}
+
+
+class BrokerRefused(ConnectionError):
+    """A permanent connection failure: credentials refused or the broker's certificate not
+    trusted. ``tls`` tells which."""
+
+    def __init__(self, text: str, tls: bool = False) -> None:
+        super().__init__(text)
+        self.tls = tls
 
 
 @dataclass(frozen=True)
@@ -114,6 +133,7 @@ class MqttLink:
         self._status_topic = status_topic
         self._subscriptions = list(subscriptions or [])
         self._connected = threading.Event()
+        self._answered = threading.Event()  # a CONNACK came: accepted or refused
         self._refused: str | None = None
         self._closing = False
         self._pass_retain = pass_retain
@@ -141,6 +161,7 @@ class MqttLink:
         client.reconnect_delay_set(min_delay=1, max_delay=30)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
+        client.on_connect_fail = self._on_connect_fail
         client.on_message = self._on_message
         self._client = client
         self._keepalive_s = keepalive_s
@@ -148,15 +169,22 @@ class MqttLink:
     # -- lifecycle -----------------------------------------------------------------------
     def connect(self, timeout_s: float = 15.0) -> MqttLink:
         """Connect and start the network thread; raises ConnectionError with the reason."""
+        self._answered.clear()
+        self._refused = None
         try:
             self._client.connect(self.broker.host, self.broker.port, keepalive=self._keepalive_s)
+        except ssl.SSLCertVerificationError as exc:
+            raise BrokerRefused(f"cannot reach MQTT broker at {self.broker.url}: {exc}", tls=True) from exc
         except (OSError, ssl.SSLError) as exc:
             raise ConnectionError(f"cannot reach MQTT broker at {self.broker.url}: {exc}") from exc
         self._client.loop_start()
-        if not self._connected.wait(timeout_s):
+        self._answered.wait(timeout_s)
+        if not self._connected.is_set():
             self._client.loop_stop()
-            reason = self._refused or f"no answer within {timeout_s:.0f} s"
-            raise ConnectionError(f"MQTT broker at {self.broker.url} refused us: {reason}")
+            if self._refused:
+                raise BrokerRefused(f"MQTT broker at {self.broker.url} refused us: {self._refused}")
+            raise ConnectionError(f"MQTT broker at {self.broker.url} refused us: no answer within "
+                                  f"{timeout_s:.0f} s")
         return self
 
     def close(self) -> None:
@@ -174,6 +202,16 @@ class MqttLink:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def refused(self) -> str | None:
+        """The broker's reason when its last answer refused our login (None after an accept)."""
+        return self._refused
+
+    @property
+    def connects(self) -> int:
+        """Successful CONNACKs so far (1 after the first connect; more after reconnects)."""
+        return self._connects
 
     # -- traffic -------------------------------------------------------------------------
     def publish(self, topic: str, payload: bytes, *, retain: bool = False,
@@ -206,9 +244,12 @@ class MqttLink:
     # -- paho callbacks (network thread) -------------------------------------------------
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            self._refused = str(reason_code)
+            if str(reason_code) in PERMANENT_REFUSALS:
+                self._refused = str(reason_code)
+                self._answered.set()
             log.error("broker %s refused connection: %s", self.broker.url, reason_code)
             return
+        self._refused = None
         _disable_nagle(client)
         if self._subscriptions:
             client.subscribe([(t, 1) for t in self._subscriptions])
@@ -216,8 +257,12 @@ class MqttLink:
             client.publish(topic, payload, qos=1, retain=True)
         if self._status_topic:
             client.publish(self._status_topic, b"online", qos=1, retain=True)
-        log.debug("%s connected to %s", self.client_id, self.broker.url)
+        if self._connects:
+            log.info("%s reconnected to %s", self.client_id, self.broker.url)
+        else:
+            log.debug("%s connected to %s", self.client_id, self.broker.url)
         self._connected.set()
+        self._answered.set()
         self._connects += 1
         if self._on_connected is not None:
             try:
@@ -229,6 +274,11 @@ class MqttLink:
         self._connected.clear()
         if not self._closing:
             log.warning("%s lost the broker (%s); reconnecting", self.client_id, reason_code)
+
+    def _on_connect_fail(self, client, userdata) -> None:
+        if not self._closing:
+            log.warning("%s: broker %s unreachable; paho tries again within 30 s", self.client_id,
+                        self.broker.url)
 
     def _on_message(self, client, userdata, message) -> None:
         try:

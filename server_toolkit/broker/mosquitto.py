@@ -54,11 +54,14 @@ def mosquitto_config(
     tls_dir: Path | None = None,
     extra: str = "",
     max_queued_messages: int = DEFAULT_MAX_QUEUED,
+    persistence: bool = True,
 ) -> str:
     """A mosquitto 2.0 configuration: one listener, persistence, fedsdk's size limits, and
     the accounts/ACL of ``security_dir`` and the certificates of ``tls_dir`` when given.
     ``max_queued_messages`` is per client session; the server's must hold about 3 × the
-    fleet size (docs/operations.md §1): the default suits fleets of up to ~30,000 devices."""
+    fleet size (docs/operations.md §1): the default suits fleets of up to ~30,000 devices.
+    ``persistence=False``: sessions, queued messages and retained statuses die with the
+    process (fault tests: a broker that restarts empty)."""
     # Run as root (CI), mosquitto would switch to user "mosquitto" and then fail to read
     # certificates or write persistence in our private work directory: keep the user.
     lines = ["user root"] if os.geteuid() == 0 else []
@@ -73,7 +76,7 @@ def mosquitto_config(
     else:
         lines.append("allow_anonymous true")
     lines += [
-        "persistence true",
+        f"persistence {'true' if persistence else 'false'}",
         f"persistence_location {persistence_dir}/",
         f"max_queued_messages {max_queued_messages}",
         "max_inflight_messages 20",
@@ -101,6 +104,7 @@ class MosquittoBroker:
         security_dir: str | Path | None = None,
         tls_dir: str | Path | None = None,
         max_queued_messages: int = DEFAULT_MAX_QUEUED,
+        persistence: bool = True,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
@@ -108,6 +112,7 @@ class MosquittoBroker:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.extra_config = extra_config
         self.max_queued_messages = max_queued_messages
+        self.persistence = persistence
         self.executable = executable or shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         self.security_dir = Path(security_dir).resolve() if security_dir else None
         self.tls_dir = Path(tls_dir).resolve() if tls_dir else None
@@ -123,7 +128,7 @@ class MosquittoBroker:
 
     def config_text(self) -> str:
         return mosquitto_config(self.host, self.port, self.workdir, self.security_dir, self.tls_dir,
-                                self.extra_config, self.max_queued_messages)
+                                self.extra_config, self.max_queued_messages, self.persistence)
 
     def start(self, timeout_s: float = 10.0) -> MosquittoBroker:
         if not Path(self.executable).exists():

@@ -24,8 +24,6 @@ module          commands
 
 from __future__ import annotations
 
-import logging
-
 import click
 
 from .bridge import bridge_config
@@ -45,15 +43,20 @@ from .runs import runs
 from .security import certs, security
 from .simulate import simulate
 from .swarm import swarm
+from .talk import set_up
 
 
 @click.group(cls=OneLineGroup)
 @click.version_option(package_name="fedsdk", prog_name="fedsdk-server")
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.option("-v", "--verbose", count=True,
+              help="More logging, one level per -v: `run -v` adds debug lines; other commands "
+                   "(warnings by default) show info with -v, debug with -vv.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Warnings and errors only (run and edge print a line per event by default).")
+@click.pass_context
+def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """fedsdk server: cut models for a fleet of unlike devices and run federated rounds."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    set_up(ctx.invoked_subcommand, verbose, quiet)
 
 
 for command in (simulate, run, edge, devices, pair_code, broker, certs, security, datasets, methods, report,

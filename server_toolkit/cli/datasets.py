@@ -25,13 +25,15 @@ _data_dir_option = click.option(
 
 
 def _known(name: str):
-    from ..data.catalogue import known_dataset
+    from ..data.catalogue import CATALOGUE, known_dataset
     from ..data.errors import DatasetError
+    from .method_choice import did_you_mean
 
     try:
         return known_dataset(name)
-    except DatasetError as exc:
-        raise click.ClickException(str(exc)) from None
+    except DatasetError:
+        raise click.ClickException(f"unknown dataset {name!r}{did_you_mean(name, CATALOGUE)}; "
+                                   f"known datasets: {', '.join(CATALOGUE)}") from None
 
 
 @click.group()

@@ -1,4 +1,5 @@
-"""``fedsdk-server devices``: the fleet registry of a run directory."""
+"""``fedsdk-server devices``: the members of a fleet (kept in its broker security directory,
+or in a run directory when the fleet has none; see ``fleet/fleet_store.py``)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,18 @@ from pathlib import Path
 
 import click
 
+from .fleet_options import fleet_options, open_fleet
 from .options import console
 from .pairing import devices_retier, devices_revoke, devices_show
 
 
 @click.group()
 def devices() -> None:
-    """Manage the fleet registry of a run directory."""
+    """Manage a fleet's devices (--security-dir, or --run-dir of a run of the fleet)."""
 
 
 @devices.command("add")
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="The run directory of `fedsdk-server run` (its registry.sqlite).")
+@fleet_options
 @click.option("--tier", default=None, help="Tier of every device added (a line's ,TIER wins).")
 @click.option("--count", type=int, default=None, help="Add N devices named PREFIX + zero-padded index.")
 @click.option("--prefix", default="device-", show_default=True, help="Id prefix for --count.")
@@ -26,14 +27,12 @@ def devices() -> None:
 @click.option("--from-file", "id_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="One device id per line, optionally ID,TIER.")
 @click.argument("device_ids", nargs=-1)
-def devices_add(run_dir, tier, count, prefix, start, id_file, device_ids) -> None:
+def devices_add(run_dir, security_dir, tier, count, prefix, start, id_file, device_ids) -> None:
     """Register devices by hand so the server accepts them (`pair-code` + `fedsdk pair` do it for you).
 
     All ids (arguments, --count, --from-file) are added in one transaction, or none: an
     invalid id, an id given twice or one already registered is refused."""
     from ..fleet.device_ids import numbered_ids, read_id_file
-    from ..fleet.fleet_info import FleetInfo
-    from ..fleet.registry import FleetRegistry
 
     if not device_ids and count is None and id_file is None:
         raise click.UsageError("give device ids, --count N (with --prefix) or --from-file FILE")
@@ -42,14 +41,14 @@ def devices_add(run_dir, tier, count, prefix, start, id_file, device_ids) -> Non
         entries = [(dev, tier) for dev in device_ids]
         entries += [(dev, tier) for dev in numbered_ids(prefix, count, start)] if count is not None else []
         entries += read_id_file(id_file, tier) if id_file is not None else []
-        info = FleetInfo.load(run_dir)
+        fleet = open_fleet(run_dir, security_dir, must_exist=False)
+        info = fleet.info
         unknown = sorted({t for _, t in entries if t is not None} - set(info.tiers)) \
             if info is not None and info.tiers else []
         if unknown:
             raise ValueError(f"tier {unknown[0]!r} is not one of the fleet's tiers: {', '.join(info.tiers)}")
-        registry = FleetRegistry(run_dir / "registry.sqlite")
-        added = registry.add_devices(entries)
-        registry.close()
+        added = fleet.members.add_devices(entries)
+        fleet.close()
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     if added <= 10:
@@ -61,17 +60,15 @@ def devices_add(run_dir, tier, count, prefix, start, id_file, device_ids) -> Non
 
 
 @devices.command("list")
-@click.option("--run-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="The run directory of `fedsdk-server run` (its registry.sqlite).")
-def devices_list(run_dir) -> None:
-    """Show the registered devices and what they reported."""
+@fleet_options
+def devices_list(run_dir, security_dir) -> None:
+    """Show the fleet's devices and what they reported."""
     from rich.table import Table
 
-    from ..fleet.registry import FleetRegistry
-
+    fleet = open_fleet(run_dir, security_dir)
     table = Table("device", "status", "last seen", "tier", "samples", "runtimes", "arch")
     now = time.time()
-    for d in FleetRegistry(run_dir / "registry.sqlite").devices():
+    for d in fleet.members.devices():
         table.add_row(
             d["device_id"],
             presence(d["status"], d["last_seen"], now),
@@ -81,6 +78,7 @@ def devices_list(run_dir) -> None:
             ",".join(d["runtimes"] or []),
             (d["profile"] or {}).get("arch", "-"),
         )
+    fleet.close()
     console.print(table)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
@@ -66,7 +65,6 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
     from ..edge.aggregator import EdgeAggregator, EdgeConfig, default_group_fleet
     from ..methods.fedconv.relay import EdgeOptions
 
-    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
     try:
         group_login: dict = {}
         if group_security_dir:

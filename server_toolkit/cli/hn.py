@@ -181,9 +181,13 @@ def adapt_run(run_dir: Path, device_id: str, tier: str, weights_path: Path | Non
         summary["exported"] = str(export)
     registry_path = run_dir / "registry.sqlite"
     if register and registry_path.exists():
+        from ..fleet.fleet_info import FleetInfo
+        from ..fleet.fleet_store import fleet_file
         from ..fleet.registry import FleetRegistry
 
-        registry = FleetRegistry(registry_path)
+        info = FleetInfo.load(run_dir)  # a fleet with a security directory keeps its devices there
+        security_dir = Path(info.security_dir) if info is not None and info.security_dir else None
+        registry = FleetRegistry(registry_path, fleet_file(run_dir, security_dir))
         try:
             registry.add_device(device_id, tier=tier)
         finally:

@@ -32,13 +32,14 @@ def methods_list() -> None:
 @click.argument("name")
 def methods_show(name: str) -> None:
     """One method: what it does (its module's documentation), its options and their defaults."""
-    from ..methods import method_class
+    from ..methods import canonical_name, method_class
+    from ..methods import methods as registry
     from ..methods.abilities import abilities
+    from .method_choice import unknown_choice
 
-    try:
-        cls = method_class(name)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    if canonical_name(name) not in registry():
+        raise click.ClickException(unknown_choice("method", name, sorted(registry())))
+    cls = method_class(name)
     alias = f" (old id {name!r})" if cls.name != name else ""
     console.print(f"[bold]{cls.name}[/]{alias} ({cls.family}); example: "
                   f"fedsdk-server simulate --method {cls.name} {cls.example}")

@@ -71,8 +71,10 @@ def hold_dashboard(observers, seconds: float) -> None:
 
 @contextlib.contextmanager
 def observed(observers, run_dir: Path):
-    """Run the body; record how it ended (finished / stopped / failed) in ``run_dir``'s summary.json
-    and tell the observers. Unless it finished the dashboard stops too (else ``hold_dashboard`` does)."""
+    """Run the body; record how it ended (finished / stopped / failed, or the quality guard's
+    finished_after_rollback / diverged: ``report/run_status.py``) in ``run_dir``'s summary.json and
+    tell the observers. Unless the body got through the dashboard stops too (else ``hold_dashboard``
+    does)."""
     status = "failed"
     try:
         yield observers
@@ -81,7 +83,7 @@ def observed(observers, run_dir: Path):
         status = "stopped"
         raise
     finally:
-        record_status(run_dir, status)
-        observers.finish(status)
+        recorded = record_status(run_dir, status)
+        observers.finish(recorded)
         if status != "finished":
             observers.close()

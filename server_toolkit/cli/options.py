@@ -43,6 +43,14 @@ def parse_options(pairs: tuple[str, ...]) -> dict:
     return options
 
 
+divergence_option = click.option(
+    "--on-divergence", type=click.Choice(["rollback", "stop", "continue"]), default="rollback",
+    show_default=True,
+    help="When the global model diverges (its test accuracy below half its best for 3 evaluations in a "
+    "row, or a NaN loss): rollback = restore the best weights and halve the devices' lr (the 4th time: "
+    "stop); stop = end the run; continue = only record it. The best model is kept either way "
+    "(checkpoints/best.safetensors).")
+
 method_option = click.option(
     "--method-option",
     "method_options",

@@ -13,10 +13,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .aliases import Aliased
+from .fleet_options import fleet_options, open_fleet
 
 console = Console(highlight=False, soft_wrap=True)
-RunDir = click.Path(file_okay=False, path_type=Path)
 
 
 def parse_duration(text: str) -> float:
@@ -80,16 +79,6 @@ def pairing_options(f):
     return f
 
 
-def _registry(run_dir: Path):
-    from ..fleet.registry import FleetRegistry
-
-    if not (run_dir / "registry.sqlite").is_file():
-        raise click.ClickException(
-            f"no fleet registry in {run_dir}: is that the run directory of `fedsdk-server run --run-dir`?"
-        )
-    return FleetRegistry(run_dir / "registry.sqlite")
-
-
 def _server_running(info) -> bool | None:
     """Whether the `run` process that wrote ``info`` is alive (None: another host, cannot tell)."""
     if not info.server_pid or info.server_host != socket.gethostname():
@@ -104,7 +93,7 @@ def _server_running(info) -> bool | None:
 
 
 @click.command("pair-code")
-@click.option("--run-dir", type=RunDir, required=True, help="The run directory of `fedsdk-server run`.")
+@fleet_options
 @click.option(
     "--ttl",
     default="10m",
@@ -125,19 +114,22 @@ def _server_running(info) -> bool | None:
     help="The broker URL the device should use (default: the one `run` serves).",
 )
 @click.option("--count", default=1, show_default=True, help="How many codes (one per device).")
-def pair_code(run_dir, ttl, tier, server_url, count) -> None:
-    """Make one-time pairing codes and print the exact command to type on the device."""
+def pair_code(run_dir, security_dir, ttl, tier, server_url, count) -> None:
+    """Make one-time pairing codes and print the exact command to type on the device.
+
+    The fleet is found by --security-dir (its broker security directory) or by --run-dir (a
+    run directory of it); a device paired once belongs to every later run of the fleet."""
     from sdk_device.transport.mqtt_link import BrokerAddress
     from sdk_device.transport.tls import certificate_fingerprint, is_loopback
 
-    from ..fleet.fleet_info import FleetInfo
     from ..fleet.pair_codes import LockoutPolicy, PairCodes
-    from ..fleet.registry import FleetRegistry
 
-    info = FleetInfo.load(run_dir)
+    fleet = open_fleet(run_dir, security_dir, must_exist=False)
+    info = fleet.info
+    serve = f"--security-dir {fleet.security_dir}" if fleet.security_dir else f"--run-dir {run_dir}"
     if info is None and not server_url:
         raise click.ClickException(
-            f"`fedsdk-server run --run-dir {run_dir}` has not served yet, so the fleet's "
+            f"`fedsdk-server run {serve}` has not served yet, so the fleet's "
             "broker is unknown: start it first (or pass --server URL)"
         )
     tier_name = None if tier == "auto" else tier
@@ -149,8 +141,8 @@ def pair_code(run_dir, ttl, tier, server_url, count) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     address = BrokerAddress.parse(url)
-    registry = FleetRegistry(run_dir / "registry.sqlite")
-    codes = PairCodes(registry, run_dir, LockoutPolicy(**info.lockout) if info and info.lockout else None)
+    policy = LockoutPolicy(**info.lockout) if info and info.lockout else None
+    codes = PairCodes(fleet.members, fleet.home, policy)
     trust = ""
     if address.tls and info is not None and info.ca_file:
         trust = f" --ca-fingerprint {certificate_fingerprint(Path(info.ca_file).read_text())}"
@@ -173,6 +165,7 @@ def pair_code(run_dir, ttl, tier, server_url, count) -> None:
             "address (--server here, or `run --device-url`).[/]"
         )
     locked = codes.locked_until()
+    fleet.close()
     if locked:
         console.print(
             f"[yellow]! pairing is locked after wrong codes until "
@@ -180,20 +173,21 @@ def pair_code(run_dir, ttl, tier, server_url, count) -> None:
         )
     if info is not None and _server_running(info) is False:
         console.print(
-            f"[yellow]! `fedsdk-server run --run-dir {run_dir}` is not running: start it, "
+            f"[yellow]! `fedsdk-server run {serve}` is not running: start it, "
             "the device pairs through it[/]"
         )
 
 
 @click.command("show")
-@click.option("--run-dir", type=RunDir, required=True, help="The run directory of `fedsdk-server run`.")
+@fleet_options
 @click.argument("device_id")
-def devices_show(run_dir, device_id) -> None:
-    """Everything known of one device, and why it has its tier."""
-    registry = _registry(run_dir)
+def devices_show(run_dir, security_dir, device_id) -> None:
+    """Everything known of one device, and why it has its tier (updates accepted: with --run-dir)."""
+    fleet = open_fleet(run_dir, security_dir)
+    registry = fleet.members
     d = registry.device(device_id)
     if d is None:
-        raise click.ClickException(f"no device {device_id!r} in {run_dir}")
+        raise click.ClickException(f"no device {device_id!r} in the fleet at {fleet.home}")
 
     def when(t):
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
@@ -212,7 +206,8 @@ def devices_show(run_dir, device_id) -> None:
         ("os, python", f"{profile.get('os', '-')}, {profile.get('python', '-')}"),
         ("runtimes", ", ".join(d["runtimes"] or profile.get("runtimes") or []) or "-"),
         ("samples", str(d["num_samples"] or profile.get("num_samples") or "-")),
-        ("updates accepted", str(registry.count_device_updates(device_id))),
+        ("updates accepted", str(registry.count_device_updates(device_id))
+         if hasattr(registry, "count_device_updates") else "- (give --run-dir)"),
     ]:
         facts.add_row(f"[bold]{label}[/]", value)
     console.print(facts)
@@ -295,31 +290,18 @@ def _print_reason(reason: dict | None) -> None:
 
 
 @click.command("revoke")
-@click.option("--run-dir", type=RunDir, required=True, help="The run directory of `fedsdk-server run`.")
-@click.option(
-    "--security-dir",
-    "--broker-security",
-    "security_dir",
-    cls=Aliased,
-    aliases=["--broker-security"],
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="Broker security directory (default: the one `run` uses).",
-)
+@fleet_options
 @click.argument("device_id")
 def devices_revoke(run_dir, security_dir, device_id) -> None:
     """Revoke a device: its broker account is deleted (its session is cut) and the server refuses it."""
-    from ..fleet.fleet_info import FleetInfo
-
-    registry = _registry(run_dir)
+    fleet = open_fleet(run_dir, security_dir)
+    registry = fleet.members
     if registry.device(device_id) is None:
-        raise click.ClickException(f"no device {device_id!r} in {run_dir}")
-    info = FleetInfo.load(run_dir)
-    security_dir = security_dir or (Path(info.security_dir) if info and info.security_dir else None)
-    if security_dir is not None:
+        raise click.ClickException(f"no device {device_id!r} in the fleet at {fleet.home}")
+    if fleet.security_dir is not None:
         from .security import _security_for
 
-        _security_for(security_dir).revoke_device(device_id)
+        _security_for(fleet.security_dir).revoke_device(device_id)
         console.print(f"broker account of {device_id} deleted (live session cut)")
     else:
         console.print(
@@ -327,23 +309,22 @@ def devices_revoke(run_dir, security_dir, device_id) -> None:
             "(the broker enforces no accounts)[/]"
         )
     registry.revoke(device_id)
+    fleet.close()
     console.print(f"{device_id} revoked: the server refuses it from now on")
 
 
 @click.command("retier")
-@click.option("--run-dir", type=RunDir, required=True, help="The run directory of `fedsdk-server run`.")
+@fleet_options
 @click.argument("device_id")
 @click.argument("tier")
-def devices_retier(run_dir, device_id, tier) -> None:
+def devices_retier(run_dir, security_dir, device_id, tier) -> None:
     """Set a device's tier (a tier name, or "auto" to decide again from its pairing profile).
     It applies from the next round."""
-    from ..fleet.fleet_info import FleetInfo
-
-    registry = _registry(run_dir)
+    fleet = open_fleet(run_dir, security_dir)
+    registry, info = fleet.members, fleet.info
     d = registry.device(device_id)
     if d is None:
-        raise click.ClickException(f"no device {device_id!r} in {run_dir}")
-    info = FleetInfo.load(run_dir)
+        raise click.ClickException(f"no device {device_id!r} in the fleet at {fleet.home}")
     if tier == "auto":
         if info is None or not d["pair_profile"]:
             raise click.ClickException(
@@ -362,6 +343,7 @@ def devices_retier(run_dir, device_id, tier) -> None:
             {"mode": "manual", "tier": tier, "note": "set with `fedsdk-server devices retier`"},
         )
     registry.set_tier(device_id, new_tier, reason)
+    fleet.close()
     console.print(
         f"{device_id}: tier {d['tier'] or '-'} -> {new_tier or '- (full model)'} (from its next round)"
     )

@@ -20,7 +20,8 @@ def report(run_dirs: tuple[Path, ...], out: Path, last_k: int) -> None:
     RUN_DIRS are run directories (holding metrics.jsonl) or directories holding them (searched
     four levels down). Runs are grouped into series by config.json's "label" (else method, tiers
     and method options) and compared within settings (config.json's "setting", else dataset,
-    partition and model); seeds are a series' replicates.
+    partition and model); seeds are a series' replicates (runs of one seed and configuration are
+    repeats of one run: counted once, as their mean).
     """
     from ..report.compare_html import build_page, write_page
     from ..report.runs import ReportInputError, load_runs

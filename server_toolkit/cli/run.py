@@ -14,7 +14,7 @@ from .async_options import async_options
 from .config_file import config_option
 from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
-from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
+from .options import ROUND_TIMEOUT_S, console, divergence_option, method_option, parse_options, recipe_options
 from .pairing import pairing_options, parse_tiers
 from .privacy_options import privacy_options, privacy_settings
 from .progress import RoundProgress, print_outcome
@@ -44,7 +44,8 @@ from .validate import validated
     aliases=["--broker-security"],
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     default=None,
-    help="Broker security directory (security init): log in as fedsdk-server, manage device accounts.",
+    help="Broker security directory (security init): log in as fedsdk-server, manage device accounts; "
+    "the fleet's devices and pairing codes live there, shared by every run of the fleet.",
 )
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
 @click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a non-loopback broker.")
@@ -53,7 +54,8 @@ from .validate import validated
     "--run-dir",
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
-    help="Where the registry, blobs, checkpoints and metrics live.",
+    help="Where this run's rounds, updates, blobs, checkpoints and metrics live (and the fleet's "
+    "devices, without --security-dir).",
 )
 @click.option("--method", default="fedavg", show_default=True, cls=MethodOption, help="Federated method.")
 @click.option("--model", default="small_cnn", show_default=True,
@@ -90,6 +92,7 @@ from .validate import validated
 @recipe_options
 @click.option("--seed", default=0, show_default=True, help="Seed of the models and device sampling.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir.")
+@divergence_option
 @pairing_options
 @privacy_options
 @observe_options
@@ -128,6 +131,7 @@ def run(
     optimizer,
     seed,
     resume,
+    on_divergence,
     tiers,
     program_formats,
     device_url,
@@ -158,6 +162,7 @@ def run(
     from ..broker.embedded import EmbeddedBroker
     from ..broker.mosquitto_auth import SecurityDirError
     from ..broker.secured import server_connection
+    from ..fleet.fleet_store import fleet_dir, fleet_file
     from ..fleet.pair_codes import LockoutPolicy
     from ..fleet.pairing_setup import describe_fleet, device_url_for, start_pairing
     from ..fleet.registry import FleetRegistry
@@ -165,6 +170,7 @@ def run(
     from ..report.run_report import RunReport
     from ..rounds.loop import FleetLost, LoopConfig, NoUpdates
     from ..rounds.modes import async_config, make_loop
+    from ..rounds.quality_guard import guard_summary
     from ..secagg.mqtt_grid import secagg_grid
 
     recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
@@ -180,7 +186,7 @@ def run(
         console.print(f"[yellow]--server-data ignored: {method} uses no server data[/]")
     data, the_method = setup.data, setup.method
     observers = open_observers(dashboard, dashboard_token, log_to, run_dir.name)
-    registry = FleetRegistry(run_dir / "registry.sqlite")
+    registry = None
     broker = None
     username = password = None
     try:
@@ -190,11 +196,13 @@ def run(
                 raise ValueError(f"{security_dir} holds the accounts of fleet {broker_security.fleet!r}, "
                                  f"not {fleet!r}")
             username, password = broker_security.server_credentials()
+            security_dir = security_dir.resolve()  # fleet.json: pair-code may run from elsewhere
         elif broker_url:
             address = BrokerAddress.parse(broker_url)
         else:
             broker = EmbeddedBroker(host, port, allow_remote=insecure_embedded_broker).start()
             address = broker.address
+        registry = FleetRegistry(run_dir / "registry.sqlite", fleet_file(run_dir, security_dir))
         endpoint = Endpoint(
             address, FleetTopics(fleet), BlobStore(run_dir / "blobs"), is_known_peer=registry.is_known,
             username=username, password=password, ca_file=ca_file,
@@ -208,6 +216,8 @@ def run(
     except (ValueError, SecurityDirError, FileNotFoundError) as exc:
         if broker:
             broker.stop()
+        if registry:
+            registry.close()
         raise click.ClickException(str(exc)) from None
     report = (
         RunReport.load(run_dir) if resume and (run_dir / "metrics.jsonl").exists() else RunReport(run_dir)
@@ -219,17 +229,17 @@ def run(
               "clients_per_round": clients_per_round, "fraction": fraction, "round_timeout_s": round_timeout,
               "seed": seed, "recipe": recipe.to_dict(), "method_options": parse_options(method_options),
               "mode": mode, "buffer": buffer, "max_staleness": max_staleness, "concurrency": concurrency,
-              "server_lr": server_lr, "eval_every": eval_every}
+              "server_lr": server_lr, "eval_every": eval_every, "on_divergence": on_divergence}
     (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     observers.begin(config, report.rows)
-    observers.watch_registry(registry, run_dir / "registry.sqlite", grid)
+    observers.watch_registry(registry, run_dir / "registry.sqlite", grid, fleet_path=registry.fleet_path)
     loop = make_loop(
         the_method, grid,
         LoopConfig(rounds=rounds, clients_per_round=clients_per_round, fraction=fraction,
                    over_select=over_select, round_timeout_s=round_timeout, seed=seed,
                    tier_map=setup.tier_map, min_devices=min_devices, fleet_timeout_s=fleet_timeout,
                    norm_bound=None if secagg else norm_bound or None,  # secagg: no update in the clear
-                   privacy=privacy),
+                   privacy=privacy, on_divergence=on_divergence),
         settings,
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
@@ -243,10 +253,14 @@ def run(
             loop.start(resume=resume)
             pairing = start_pairing(run_dir, fleet_info, address, the_method, registry, grid.programs,
                                     username=username, password=password, ca_file=ca_file, insecure=insecure,
-                                    security=broker_security if security_dir else None)
+                                    security=broker_security if security_dir else None,
+                                    fleet_home=fleet_dir(run_dir, security_dir))
             unsecured = "" if security_dir else " (no --security-dir: the broker enforces no accounts)"
             console.print(f"pairing open: make a code with `fedsdk-server pair-code --run-dir {run_dir}`"
                           + unsecured)
+            known = sum(not state.revoked for state in registry.states().values())
+            console.print(f"fleet {fleet}: {known} device(s) registered (in {registry.fleet_path})",
+                          soft_wrap=True)
             console.print(f"serving fleet {fleet} on {address.url}; waiting for {min_devices} device(s)")
             while grid.wait_for_devices(min_devices, timeout_s=30) < min_devices:
                 progress.note(f"{len(grid.devices)}/{min_devices} devices online, still waiting")
@@ -264,7 +278,7 @@ def run(
             if report.rows:  # also when stopped (Ctrl-C) or failed: the rounds that finished are kept
                 report.write_plot()
             report.write_summary({"method": method, "dataset": dataset, "fleet": fleet,
-                                  **privacy_summary(loop)})
+                                  **privacy_summary(loop), **guard_summary(loop)})
             stopped = loop.completed_round < rounds
             print_outcome(report, f"{method} on fleet {fleet}", run_dir, stopped=stopped)
     hold_dashboard(observers, dashboard_hold)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import click
 
+from .method_choice import did_you_mean, unknown_choice
 from .oneline import one_line
+from .tier_checks import check_tiers, model_outputs
 from .warning import warn
 
 # option -> (smallest value allowed, whether that bound is open), by Python name
@@ -114,8 +116,7 @@ def validate_broker(params: dict) -> None:
 def validate_dataset(params: dict) -> None:
     """``--dataset`` names a known dataset found on disk, or ``npz:`` a readable npz file."""
     from ..byo.load import UserCodeError, is_user_ref, load_user_function
-    from ..data.catalogue import known_dataset
-    from ..data.datasets import KNOWN_DATASETS
+    from ..data.catalogue import CATALOGUE, known_dataset
     from ..data.errors import DatasetError
     from ..data.locate import find_dataset, not_found_message
 
@@ -150,57 +151,36 @@ def validate_dataset(params: dict) -> None:
     try:
         dataset = known_dataset(name)
     except DatasetError:
-        raise click.UsageError(f"unknown --dataset {name!r}; known: {', '.join(KNOWN_DATASETS)} "
-                               "or npz:<path>") from None
+        raise click.UsageError(unknown_choice("--dataset", name, CATALOGUE, more=", npz:<path> or a "
+                                              "loader (module:function)")) from None
     if not dataset.bundled and find_dataset(dataset, params.get("data_dir")) is None:
         raise click.UsageError(one_line(not_found_message(dataset, params.get("data_dir"))))
 
 
 def validate_method(params: dict) -> None:
-    """``--method`` is known, its ``--method-option``s typed right, ``--tiers`` readable by it,
-    ``--model`` in the zoo. Imports the method registry (torch): the last check."""
+    """``--method`` is known, its ``--method-option``s typed right, ``--model`` in the zoo, the
+    tiers of ``--tiers`` and ``tier_map`` readable by the method (``tier_checks.py``). Imports
+    the method registry (torch): the last check."""
     from ..assembly import split_tier_map
-    from ..methods import method_class
+    from ..methods import canonical_name, method_class, methods
     from ..methods.options import OptionError
     from .options import parse_options
 
     if params.get("resume_dir"):
         return
     name = params.get("method")
+    if canonical_name(name) not in methods():
+        raise click.UsageError(unknown_choice("--method", name, sorted(methods()),
+                                              more=" (`fedsdk-server methods list`)"))
     try:
         cls = method_class(name)
-        options, _ = split_tier_map(parse_options(params.get("method_options") or ()))
+        options, tier_map = split_tier_map(parse_options(params.get("method_options") or ()))
         parsed = cls.Options.parse(cls.name, options)
     except (OptionError, ValueError) as exc:
         raise click.UsageError(one_line(exc)) from None
-    check_tiers(cls, parsed, split_tiers(params.get("tiers")), bool(params.get("edges")))
     check_model(params.get("model"), params)
-
-
-def check_tiers(cls: type, options: object, tiers: list[str], edges: bool) -> None:
-    """Every tier readable by the method (a width ratio, an exit count, a named tier), or a
-    warning that the method ignores tiers."""
-    from ..methods.base import DeviceInfo
-    from ..methods.tiers import tier_ratio
-
-    if not tiers:
-        return
-    if cls.ignores_tiers and not edges:
-        warn(f"--tiers ignored: {cls.name} trains one model on every device (a width method such as "
-             "heterofl reads tiers)")
-        return
-    ratios = getattr(options, "tier_ratios", None)
-    exits = getattr(options, "tier_exits", None)
-    for tier in tiers:
-        if ratios is not None:
-            try:
-                tier_ratio(DeviceInfo("tier", 0, tier), ratios)
-            except ValueError:
-                raise click.UsageError(f"--tiers: {cls.name} reads a tier as a width ratio in (0, 1] or a "
-                                       f"name in tier_ratios {sorted(ratios)}; {tier!r} is neither") from None
-        elif exits is not None and tier not in exits and not (tier.isdigit() and int(tier) >= 1):
-            raise click.UsageError(f"--tiers: {cls.name} reads a tier as an exit count (1, 2, ...) or a name "
-                                   f"in tier_exits {sorted(exits)}; {tier!r} is neither")
+    outputs = model_outputs(params.get("model"), params.get("dataset")) if cls.family == "exit" else None
+    check_tiers(cls, parsed, split_tiers(params.get("tiers")), bool(params.get("edges")), outputs, tier_map)
 
 
 def check_model(name: str | None, params: dict) -> None:
@@ -225,6 +205,8 @@ def check_model(name: str | None, params: dict) -> None:
         except (UserCodeError, UnsupportedModel, DatasetError) as exc:
             raise click.UsageError(str(exc)) from None
         return
-    if name and name.partition("@")[0] not in model_names():
-        raise click.UsageError(f"unknown --model {name!r}; the zoo has {', '.join(model_names())} "
-                               "(fedsdk-server methods list shows what each method expects)")
+    base = (name or "").partition("@")[0]
+    if name and base not in model_names():
+        raise click.UsageError(f"unknown --model {name!r}{did_you_mean(base, model_names())}; the zoo has "
+                               f"{', '.join(model_names())} (`fedsdk-server methods list` shows what each "
+                               "method expects)")

@@ -14,7 +14,8 @@ SHOWN = ("round", "accuracy", "loss", "accepted", "rejected", "seconds")  # the 
 
 @click.group()
 def runs() -> None:
-    """List and inspect run directories (status: finished, stopped or failed)."""
+    """List and inspect run directories (status: finished, finished_after_rollback, diverged, stopped
+    or failed)."""
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -27,11 +28,13 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 @click.argument("directory", default="runs", type=click.Path(path_type=Path))
 def runs_list(directory: Path) -> None:
     """Every run below DIRECTORY (default: runs): method, dataset, rounds done / planned, final
-    accuracy and status.
+    accuracy, best accuracy (@ its round) and status.
 
-    Status: summary.json's "status" (finished, stopped or failed, written when the run ends);
-    else, with a summary.json, finished when every planned round is done, stopped if not; without
-    one the run crashed or was killed (or is still running): failed."""
+    Status: summary.json's "status" (finished, stopped or failed, written when the run ends;
+    finished_after_rollback or diverged when the model-quality guard rolled the model back or
+    found the final model far below its best); else, with a summary.json, finished when every
+    planned round is done, stopped if not; without one the run crashed or was killed (or is
+    still running): failed."""
     from ..report.run_index import find_runs
 
     if not directory.is_dir():
@@ -41,8 +44,9 @@ def runs_list(directory: Path) -> None:
         click.echo(f"no runs in {directory}")
         return
     rows = [[e.name, e.method, e.dataset, f"{e.done}/{e.planned if e.planned is not None else '?'}",
-             f"{e.final_accuracy:.4f}" if e.final_accuracy is not None else "–", e.status] for e in entries]
-    click.echo(_table(["run", "method", "dataset", "rounds", "final accuracy", "status"], rows))
+             f"{e.final_accuracy:.4f}" if e.final_accuracy is not None else "–",
+             f"{e.best[0]:.4f}@{e.best[1]}" if e.best else "–", e.status] for e in entries]
+    click.echo(_table(["run", "method", "dataset", "rounds", "final accuracy", "best", "status"], rows))
 
 
 @runs.command("show")

@@ -12,7 +12,7 @@ from .async_options import async_options, straggler_options
 from .config_file import config_option
 from .method_choice import MethodOption
 from .observe_options import hold_dashboard, observe_options, observed, open_observers
-from .options import ROUND_TIMEOUT_S, console, method_option, parse_options, recipe_options
+from .options import ROUND_TIMEOUT_S, console, divergence_option, method_option, parse_options, recipe_options
 from .privacy_options import privacy_options, privacy_settings
 from .progress import RoundProgress, print_outcome
 from .secagg_options import secagg_options
@@ -115,6 +115,7 @@ from .validate import validated
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Continue the run in this directory from its last checkpoint.",
 )
+@divergence_option
 @privacy_options
 @observe_options
 @secagg_options

@@ -214,6 +214,17 @@ def check_refusals(ctx: Context) -> None:
         _expect_error(ctx, code, task["task_id"], timeout_s=30)
 
 
+def check_clock_rule(ctx: Context) -> None:
+    """§9.6: the deadline is a duration from the task's server_time, whatever the device's clock.
+    A server clock an hour behind: 120 s left, the task is trained (a device comparing the
+    deadline with its own clock refuses it); an hour ahead with the deadline 5 s before its
+    server_time: deadline_passed (a device comparing with its own clock trains it)."""
+    _run_task(ctx, ctx.tasks.task(ctx.peer, deadline_s=120, server_clock_s=-3600))
+    late = ctx.tasks.task(ctx.peer, deadline_s=-5, server_clock_s=3600)
+    ctx.peer.send(late)
+    _expect_error(ctx, "deadline_passed", late["task_id"], timeout_s=30)
+
+
 def check_blob_serving_refusals(ctx: Context) -> None:
     """§7.2: a holder refuses unknown blobs (not_offered) and bad indices (invalid_field)."""
     task = ctx.tasks.task(ctx.peer)
@@ -257,6 +268,7 @@ CHECKS = [
     check_offers_withdrawn_after_ack,
     check_envelope_errors,
     check_refusals,
+    check_clock_rule,
     check_chunk_loss,
     check_corrupt_chunk,
     check_wrong_sizes,

@@ -62,11 +62,16 @@ class TaskFactory:
         peer: ServerPeer,
         *,
         deadline_s: float = 120.0,
+        server_clock_s: float = 0.0,
         config: dict | None = None,
         formats: list[str] | None = None,
         weights: bytes | None = None,
     ) -> dict:
-        """Offer this task's blobs to the device and return the task message (not sent)."""
+        """Offer this task's blobs to the device and return the task message (not sent).
+
+        ``deadline_s``: seconds from the task's ``server_time`` to its deadline;
+        ``server_clock_s``: how far the kit's server clock is ahead of the real time (the clock
+        rule, docs/protocol.md §9.6: the device must not care)."""
         weights = weights if weights is not None else self.fresh_weights()
         programs = [
             peer.offer(data, "program", fmt)
@@ -89,5 +94,6 @@ class TaskFactory:
             arrays={"model": peer.offer(weights, "weights", "safetensors")},
             config=config
             or {"steps": [{"train": "model", "recipe": RECIPE.to_dict()}], "return": ["model"], "report": {}},
-            deadline=time.time() + deadline_s,
+            deadline=time.time() + server_clock_s + deadline_s,
+            server_time=time.time() + server_clock_s,
         )

@@ -54,6 +54,7 @@ from sdk_device.protocol.blobs import decode_tensors, encode_tensors
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.task_plan import TaskPlan, parse_plan
 from sdk_device.protocol.topics import FleetTopics, check_name
+from sdk_device.seen_tasks import SeenTasks
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import SERVER, Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
@@ -141,6 +142,7 @@ class EdgeAggregator:
         self._announced: tuple | None = None  # (devices, samples) of the last hello
         self._awaiting: str | None = None  # task whose result waits for the server's answer
         self._current: tuple[str, int] | None = None  # (task id, group round) being relayed
+        self._seen = SeenTasks()  # task ids taken: a copy the server sends again is ignored
         self.tasks_done = 0
 
     def stop(self) -> None:
@@ -182,6 +184,8 @@ class EdgeAggregator:
             log.info("server is %s", incoming.status)
             if incoming.status == "online" and self.grid.devices:
                 self._hello()
+        elif isinstance(message, msgs.Task) and not self._seen.first_time(message.task_id):
+            log.info("task %s again: already relayed, ignored", message.task_id[:8])
         elif isinstance(message, msgs.Task):
             try:
                 self._relay(message)

@@ -2,9 +2,10 @@
 
 A code is 8 characters of Crockford's base32 (no I, L, O, U), shown as ``K7QF-M2XD``:
 40 random bits. Typing is forgiving: case, spaces and dashes do not matter, and O/I/L are
-read as 0/1/1. The registry stores only ``HMAC-SHA256(key, code)`` with a per-run-directory
-key (``<run dir>/pairing.key``, 0600), so the file alone does not reveal live codes; a check
-compares the candidate's hash with every recent code's hash using ``hmac.compare_digest``.
+read as 0/1/1. The registry stores only ``HMAC-SHA256(key, code)`` with the fleet's key
+(``pairing.key``, 0600, next to the fleet's file: ``fleet/fleet_store.py``), so the file
+alone does not reveal live codes; a check compares the candidate's hash with every recent
+code's hash using ``hmac.compare_digest``.
 
 A code is single-use (claimed atomically by the first client that presents it) and expires
 after its TTL. Wrong codes are recorded; ``max_failures`` wrong codes within ``window_s``
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from sdk_device.protocol.errors import ProtocolError
 
-from .registry import FleetRegistry
+from .membership import FleetMembers
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,9 @@ def normalize(code: str) -> str | None:
     return cleaned
 
 
-def load_key(run_dir: Path) -> bytes:
-    """The run directory's pairing key (32 random bytes), created 0600 on first use."""
-    path = Path(run_dir) / "pairing.key"
+def load_key(key_dir: Path) -> bytes:
+    """The fleet's pairing key in ``key_dir`` (32 random bytes), created 0600 on first use."""
+    path = Path(key_dir) / "pairing.key"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -90,11 +91,12 @@ class Claim:
 
 
 class PairCodes:
-    """Issue and check codes stored in ``registry`` (hashed with the run directory's key)."""
+    """Issue and check codes stored in ``registry`` (hashed with the key in ``key_dir``, the
+    fleet's directory)."""
 
-    def __init__(self, registry: FleetRegistry, run_dir: Path, policy: LockoutPolicy | None = None) -> None:
+    def __init__(self, registry: FleetMembers, key_dir: Path, policy: LockoutPolicy | None = None) -> None:
         self.registry = registry
-        self.key = load_key(run_dir)
+        self.key = load_key(key_dir)
         self.policy = policy or LockoutPolicy()
 
     def _hash(self, canonical: str) -> str:

@@ -43,8 +43,8 @@ from sdk_device.transport.endpoint import Endpoint, Incoming
 from ..broker.security import RESERVED_PREFIX
 from ..methods.base import Method
 from .fleet_info import FleetInfo
+from .membership import FleetMembers
 from .pair_codes import PairCodes, sha256_text
-from .registry import FleetRegistry
 from .tiers import spec_cost, train_memory_mb
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class PairingService:
     def __init__(
         self,
         endpoint: Endpoint,
-        registry: FleetRegistry,
+        registry: FleetMembers,
         codes: PairCodes,
         method: Method,
         info: FleetInfo,

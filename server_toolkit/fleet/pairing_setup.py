@@ -17,6 +17,7 @@ from sdk_device.transport.tls import is_loopback
 
 from ..methods.base import Method
 from .fleet_info import FleetInfo
+from .fleet_store import fleet_file
 from .pair_codes import LockoutPolicy, PairCodes
 from .pairing_service import CredentialIssuer, PairingService
 from .registry import FleetRegistry
@@ -96,9 +97,14 @@ def start_pairing(
     ca_file: str | None = None,
     insecure: bool = False,
     security: CredentialIssuer | None = None,
+    fleet_home: Path | None = None,
 ) -> PairingService:
-    """Write ``fleet.json`` and start the pairing service on its own connection and thread."""
+    """Write ``fleet.json`` (in the run directory, and in ``fleet_home``, the directory of the
+    fleet's members and pairing key when it is another: ``fleet/fleet_store.py``) and start
+    the pairing service on its own connection and thread."""
     info.save(run_dir)
+    if fleet_home is not None:
+        info.save(fleet_home)
     endpoint = Endpoint(
         address,
         PairTopics(),
@@ -110,7 +116,7 @@ def start_pairing(
         insecure=insecure,
     )
     ca_pem = Path(ca_file).read_text() if ca_file and address.tls else None
-    codes = PairCodes(registry, run_dir, LockoutPolicy(**info.lockout))
+    codes = PairCodes(registry, fleet_home or run_dir, LockoutPolicy(**info.lockout))
     return PairingService(
         endpoint, registry, codes, method, info, programs, security=security, ca_pem=ca_pem
     ).start()
@@ -129,13 +135,14 @@ def start_pairing_on(
 ) -> tuple[PairingService, FleetRegistry]:
     """The pairing service of ``method``'s fleet on a secured mosquitto (tests and benches:
     ``broker.secured.make_secured_broker``), logged in as fedsdk-server, with the fleet's
-    registry in ``run_dir``."""
-    registry = FleetRegistry(Path(run_dir) / "registry.sqlite")
+    members in its security directory and the run's registry in ``run_dir`` (as ``run``)."""
+    home = Path(secured.security.directory)
+    registry = FleetRegistry(Path(run_dir) / "registry.sqlite", fleet_file(run_dir, home))
     info = describe_fleet(method, secured.fleet, secured.url, tiers, 60.0, method_name=method_name,
                           model=model, ca_file=secured.ca_file,
                           security_dir=str(secured.security.directory), insecure=False, lockout=lockout)
     user, password = secured.security.server_credentials()
     service = start_pairing(run_dir, info, secured.address, method, registry, programs or ProgramCache(),
                             username=user, password=password, ca_file=secured.ca_file,
-                            security=secured.security)
+                            security=secured.security, fleet_home=home)
     return service, registry

@@ -28,8 +28,9 @@ class Tallies:
     pair_arch: dict[str, str] = field(default_factory=dict)
 
 
-def read_tallies(registry_path: Path) -> Tallies:
-    """The tallies of the registry at ``registry_path`` (empty when the file does not exist yet)."""
+def read_tallies(registry_path: Path, fleet_path: Path | None = None) -> Tallies:
+    """The tallies of the registry at ``registry_path``, its devices' tier reasons from
+    ``fleet_path`` when the fleet has a file of its own (empty when a file does not exist yet)."""
     out = Tallies()
     if not Path(registry_path).exists():
         return out
@@ -43,6 +44,13 @@ def read_tallies(registry_path: Path) -> Tallies:
             out.rejected[device], out.last_error[device] = count, f"{code}: {detail}"
         for code, count in db.execute("SELECT code, COUNT(*) FROM rejections GROUP BY code"):
             out.by_reason[code] = count
+    finally:
+        db.close()
+    fleet = Path(fleet_path or registry_path)
+    if not fleet.exists():
+        return out
+    db = sqlite3.connect(f"{fleet.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    try:
         for device, reason, profile in db.execute(
                 "SELECT device_id, tier_reason, pair_profile FROM devices "
                 "WHERE tier_reason IS NOT NULL OR pair_profile IS NOT NULL"):

@@ -48,14 +48,14 @@ FleetSource = Callable[[], FleetView]
 
 
 def registry_fleet(registry: FleetRegistry, registry_path: Path, grid: Grid,
-                   unexplained: str = "set by hand") -> FleetSource:
+                   unexplained: str = "set by hand", fleet_path: Path | None = None) -> FleetSource:
     """A source reading the registry's in-memory device states and the file's tallies;
     ``unexplained``: the reason shown for a registered tier stored without one
     (``devices add --tier``; ``--tiers`` in a simulation)."""
 
     def view() -> FleetView:
         online = {d.device_id for d in grid.online()}
-        tallies = read_tallies(registry_path)
+        tallies = read_tallies(registry_path, fleet_path)
         rows = []
         for dev, state in registry.states().items():
             profile = state.profile or {}

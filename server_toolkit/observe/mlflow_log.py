@@ -1,7 +1,8 @@
 """``--log-to mlflow:URI``: one MLflow run (experiment ``fedsdk``) per fedsdk run, through the client
 API of ``mlflow-skinny``: params = the flattened config, metrics = the rows' numeric keys at step =
-round, status FINISHED or FAILED. URI: a tracking server (``http://host:5000``) or a directory
-(``file:/path/mlruns``; MLflow keeps file stores in maintenance mode, this opts in to them)."""
+round, status FINISHED (also finished_after_rollback), KILLED (stopped) or FAILED (also diverged).
+URI: a tracking server (``http://host:5000``) or a directory (``file:/path/mlruns``; MLflow keeps
+file stores in maintenance mode, this opts in to them)."""
 
 from __future__ import annotations
 
@@ -43,5 +44,5 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def finish(self, status: str) -> None:
-        self.client.set_terminated(self.run_id, "FINISHED" if status == "finished" else
+        self.client.set_terminated(self.run_id, "FINISHED" if status.startswith("finished") else
                                    "KILLED" if status == "stopped" else "FAILED")

@@ -28,11 +28,12 @@ class RunObservers:
             tracker.begin(config)
 
     def watch_registry(self, registry: FleetRegistry, registry_path: Path, grid: Grid,
-                       unexplained: str = "set by hand") -> None:
-        """A fleet behind the MQTT grid, registered in ``registry`` (file ``registry_path``);
-        ``unexplained``: why a tier stored without a reason is what it is."""
+                       unexplained: str = "set by hand", fleet_path: Path | None = None) -> None:
+        """A fleet behind the MQTT grid, registered in ``registry`` (file ``registry_path``; its
+        devices in ``fleet_path`` when another file); ``unexplained``: why a tier stored without
+        a reason is what it is."""
         if self.state:
-            self.state.watch(registry_fleet(registry, registry_path, grid, unexplained), grid)
+            self.state.watch(registry_fleet(registry, registry_path, grid, unexplained, fleet_path), grid)
 
     def watch_inprocess(self, grid: InProcessGrid) -> None:
         """Simulated devices trained in this process."""
@@ -46,7 +47,7 @@ class RunObservers:
             tracker.add_round(row)
 
     def finish(self, status: str) -> None:
-        """The run ended (finished, stopped or failed): trackers close; the dashboard shows it."""
+        """The run ended (``report/run_status.py``'s ``STATUSES``): trackers close; the dashboard shows it."""
         if self.state:
             self.state.finish(status)
         for tracker in self.trackers:

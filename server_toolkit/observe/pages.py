@@ -1,7 +1,8 @@
 """The dashboard's HTML, rendered on the server from a ``Snapshot``: header, the open round, the
 fleet table and inline SVG charts (accuracy and loss per round, accuracy per tier / device key when
 the rows have them; bytes and server seconds per stage). No CDN, no framework: the page's one small script
-re-fetches ``fragment`` every ``POLL_S`` seconds and counts the deadline down."""
+re-fetches ``fragment`` every ``POLL_S`` seconds and counts the deadline down. A model the quality
+guard found diverged (``rounds/quality_guard.py``) gets a red line under the header."""
 
 from __future__ import annotations
 
@@ -59,7 +60,20 @@ def _header(snap: Snapshot) -> str:
     return (f"<h1>fedsdk: {escape(what or 'run')}</h1>"
             f'<p id="status">status <b>{escape(snap.status)}</b>; <span id="rounds-done">{len(snap.rows)}'
             f"</span>{planned} rounds done; {snap.fleet.online}/{len(snap.fleet.devices)} devices online; "
-            f"up {_ago(snap.started_at)}</p>")
+            f"up {_ago(snap.started_at)}</p>{_divergence(snap.rows)}")
+
+
+def _divergence(rows: list[dict]) -> str:
+    """A warning line when the quality guard found the model diverged (rows' ``divergence``)."""
+    events = [r["divergence"] for r in rows if isinstance(r.get("divergence"), dict)]
+    if not events:
+        return ""
+    last = events[-1]
+    best = last.get("best_accuracy")
+    shown = f"{best:.4f} at round {last.get('best_round')}" if is_number(best) else "none"
+    text = (f"model diverged {len(events)} time(s); last at round {last.get('round')}: {last.get('metric')} "
+            f"(best {shown}); {last.get('action')}")
+    return f'<p id="divergence" class="off"><b>{escape(text)}</b></p>'
 
 
 def _round_section(snap: Snapshot) -> str:

@@ -22,7 +22,8 @@ FLEET_TTL_S = 1.0
 
 @dataclass
 class Snapshot:
-    """A consistent copy of the state: ``status`` is starting, running, finished, stopped or failed."""
+    """A consistent copy of the state: ``status`` is starting, running, or how the run ended
+    (``report/run_status.py``: finished, finished_after_rollback, diverged, stopped, failed)."""
 
     config: dict
     rows: list[dict]
@@ -67,7 +68,7 @@ class DashboardState:
             self._fleet_read_at = -FLEET_TTL_S  # counts changed: read the fleet again
 
     def finish(self, status: str) -> None:
-        """The run ended: ``finished``, ``stopped`` or ``failed``."""
+        """The run ended (``report/run_status.py``'s ``STATUSES``)."""
         with self._lock:
             self._status = status
 

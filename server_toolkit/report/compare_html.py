@@ -107,9 +107,13 @@ def format_stat(key: str, stat: Stat | None) -> str:
 
 
 def seeds_text(series: Series) -> str:
-    """``3 (0, 1, 2)``: how many runs, and their seeds (``?`` when a run has none)."""
-    seeds = ", ".join("?" if seed is None else str(seed) for seed in series.seeds)
-    return f"{len(series.runs)} ({seeds})"
+    """``3 (0, 1, 2)``: how many runs, and their seeds (``?`` when a run has none); repeats of
+    one run show once with their count, ``3 (0 ×2, 1)``."""
+    seeds = []
+    for repeats in series.replicates():
+        seed = repeats[0].seed
+        seeds.append(("?" if seed is None else str(seed)) + (f" ×{len(repeats)}" if len(repeats) > 1 else ""))
+    return f"{len(series.runs)} ({', '.join(seeds)})"
 
 
 def rounds_text(series: Series) -> str:
@@ -193,19 +197,24 @@ def _accuracy_block(sid: str, setting: Setting, styles: Styles, last_k: int) -> 
     lines = [_line(series, MAIN_KEY, styles) for series in setting.series]
     chart = svg.line_chart(lines, title=f"{MAIN_KEY} per round", x_label="round", y_label=MAIN_KEY)
     out = ["<figure>" + chart
-           + f"<figcaption>The rows' <code>{MAIN_KEY}</code> per round: each series' mean over its runs; "
-           "the band is ± one standard deviation where it has two runs or more.</figcaption></figure>",
+           + f"<figcaption>The rows' <code>{MAIN_KEY}</code> per round: each series' mean over its "
+           "replicates (seeds); the band is ± one standard deviation where it has two or more."
+           "</figcaption></figure>",
            f"<h3>{escape(MAIN_KEY.capitalize())}</h3>"]
     rows = [[_label_td(series, styles), _td(seeds_text(series)), _td(rounds_text(series)),
              _td(format_stat(MAIN_KEY, series.final(MAIN_KEY))),
              _td(format_stat(MAIN_KEY, series.last_k(MAIN_KEY, last_k)))] for series in setting.series]
     out.append(_table(f"{sid}-accuracy", ["series", "runs (seeds)", "rounds", f"final {MAIN_KEY}",
                                           f"mean of last {last_k} rounds"], rows))
-    out.append('<p class="note">mean ± sample standard deviation over the series\' runs; '
+    out.append('<p class="note">mean ± sample standard deviation over the series\' replicates (its '
+               "seeds: runs of one seed and configuration are repeats, counted once as their mean); "
                f"a run with fewer than {last_k} rounds counts all of them.</p>")
     notes = [f"<li>{escape(series.label)}: runs differ in <code>{escape(key)}</code> "
              f"({escape(', '.join(values))}), yet count as replicates.</li>"
              for series in setting.series for key, values in config_differences(series).items()]
+    notes += [f"<li>{escape(series.label)}: runs {escape(', '.join(run.name for run in repeats))} repeat "
+              f"seed {repeats[0].seed} with the same configuration: one replicate, their mean.</li>"
+              for series in setting.series for repeats in series.replicates() if len(repeats) > 1]
     if notes:
         out.append('<ul class="note">' + "".join(notes) + "</ul>")
     return "\n".join(out)

@@ -30,6 +30,7 @@ class RunEntry:
     planned: int | None
     final_accuracy: float | None
     status: str
+    best: tuple[float, int] | None = None  # (best accuracy, its round), from summary.json
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
@@ -48,9 +49,12 @@ def describe(run_dir: Path, name: str) -> RunEntry:
     accuracy = summary.get("final_accuracy")
     if not isinstance(accuracy, (int, float)):
         accuracy = _last_accuracy(run_dir)
+    best_acc, best_round = summary.get("best_accuracy"), summary.get("best_round")
+    known = isinstance(best_acc, int | float) and isinstance(best_round, int)
+    best = (float(best_acc), best_round) if known else None
     return RunEntry(name, run_dir, str(config.get("method") or summary.get("method") or "?"),
                     str(config.get("dataset") or summary.get("dataset") or "?"), rounds_done(run_dir),
-                    planned, accuracy, run_status(run_dir, planned))
+                    planned, accuracy, run_status(run_dir, planned), best)
 
 
 def find_runs(root: Path, depth: int = SEARCH_DEPTH) -> list[RunEntry]:

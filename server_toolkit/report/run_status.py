@@ -1,7 +1,12 @@
 """How a run ended, recorded and read back (``fedsdk-server runs``).
 
 ``run`` and ``simulate`` record the end in ``summary.json``'s ``"status"``: ``finished`` (every
-planned round ran), ``stopped`` (Ctrl-C) or ``failed`` (an error). ``run_status`` reads it back:
+planned round ran), ``stopped`` (Ctrl-C) or ``failed`` (an error). A run that got through without
+an error but whose model-quality guard had something to say (``rounds/quality_guard.py``:
+``summary.json``'s ``guard.verdict``) is recorded as that instead of ``finished``:
+``finished_after_rollback`` (the model diverged, was rolled back, and the run went on to its end)
+or ``diverged`` (the guard stopped the run, or the final model is far below the best).
+``run_status`` reads it back:
 
 1. ``summary.json`` has a ``"status"``: that one;
 2. else ``summary.json`` exists (written only after the last round, by older versions):
@@ -21,7 +26,8 @@ from typing import Any
 
 from .run_report import METRICS_JSONL, SUMMARY_JSON
 
-STATUSES = ("finished", "stopped", "failed")
+STATUSES = ("finished", "finished_after_rollback", "diverged", "stopped", "failed")
+GUARD_VERDICTS = ("finished_after_rollback", "diverged")
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -49,7 +55,7 @@ def rounds_done(run_dir: Path) -> int:
 
 
 def run_status(run_dir: Path, planned: int | None) -> str:
-    """finished, stopped or failed, by the rule of the module docstring."""
+    """One of ``STATUSES``, by the rule of the module docstring."""
     summary = read_summary(run_dir)
     if summary is None:
         return "failed"
@@ -58,15 +64,20 @@ def run_status(run_dir: Path, planned: int | None) -> str:
     return "finished" if planned is None or rounds_done(run_dir) >= planned else "stopped"
 
 
-def record_status(run_dir: Path, status: str) -> None:
-    """Set ``summary.json``'s ``"status"`` (making a minimal summary when there is none)."""
+def record_status(run_dir: Path, status: str) -> str:
+    """Set ``summary.json``'s ``"status"`` (making a minimal summary when there is none): ``status``,
+    or, for ``finished``, the guard's verdict when it has one. Returns the status recorded."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
     if not Path(run_dir).is_dir():
-        return  # it failed before it had a directory
+        return status  # it failed before it had a directory
     path = Path(run_dir) / SUMMARY_JSON
     summary = read_summary(run_dir) or {"run": Path(run_dir).name, "rounds": rounds_done(run_dir)}
+    guard = summary.get("guard")
+    verdict = guard.get("verdict") if isinstance(guard, dict) else None
+    status = verdict if status == "finished" and verdict in GUARD_VERDICTS else status
     summary["status"] = status
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
+    return status

@@ -4,7 +4,8 @@ A run directory is any directory holding ``metrics.jsonl`` (one JSON object per 
 ``RunReport``); ``config.json`` next to it is optional. Each run belongs to a *series* (what is
 compared: one method with its options, or ``config.json``'s ``"label"``) inside a *setting* (where
 it is compared: dataset, partition and model, or ``config.json``'s ``"setting"``). Runs of one
-series in one setting are its replicates (normally one per seed).
+series in one setting are its replicates (one per seed; runs repeating a seed and configuration
+count once, see ``series.py``).
 
 Unlike ``RunReport.load`` (which repairs a crashed run's file so that it can go on), reading for a
 report is strict: a corrupt line is an error naming the file and line.

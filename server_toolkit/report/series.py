@@ -1,8 +1,15 @@
 """Runs grouped into settings and series, and their statistics over replicates (seeds).
 
+A series' *replicates* are its runs that differ in their seed (or in anything else). Runs with
+the same seed and the same configuration (apart from where they ran: fleet, broker, data
+directory, label, setting) are *repeats* of one run: they count as one replicate, whose value is
+their mean. So two runs of one seed never make a "± 0.0000"; only different seeds (or configs)
+make a standard deviation. A run without a seed is a replicate of its own.
+
 Every statistic is computed per run first (its final value, the mean of its last k values, its mean
-per round), then summarised over the series' runs as mean ± sample standard deviation (n - 1; no
-std for a single run). A run that lacks a key simply does not count for that key.
+per round), averaged over a replicate's repeats, then summarised over the series' replicates as
+mean ± sample standard deviation (n - 1; no std for a single replicate). A run that lacks a key
+simply does not count for that key.
 
 Per-round keys are any numbers in the rows except ``round`` (booleans, strings, lists and dicts
 are skipped). Keys starting with ``bytes_`` are cumulative counters: their per-round values are the
@@ -94,7 +101,8 @@ def points(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 
 @dataclass
 class Series:
-    """The runs of one label in one setting (replicates, normally one per seed)."""
+    """The runs of one label in one setting (replicates, normally one per seed; see the module
+    docstring for repeats)."""
 
     label: str
     runs: list[Run]
@@ -104,38 +112,55 @@ class Series:
         """Each run's seed (None when unknown), in run order."""
         return [run.seed for run in self.runs]
 
+    def replicates(self) -> list[list[Run]]:
+        """The runs grouped into replicates (each a list of repeats, in run order), in order of
+        their first run."""
+        groups: dict[object, list[Run]] = {}
+        for run in self.runs:
+            groups.setdefault(repeat_key(run), []).append(run)
+        return list(groups.values())
+
     def keys(self) -> list[str]:
         """Every numeric per-round key of any of its runs (first-seen order)."""
         return numeric_keys(row for run in self.runs for row in run.rows)
 
     def curve(self, key: str) -> list[tuple[int, Stat]]:
-        """Per round (ascending): the value of ``key`` summarised over the runs that report it."""
+        """Per round (ascending): the value of ``key`` summarised over the replicates that report
+        it (each the mean of its repeats that do)."""
         by_round: dict[int, list[float]] = {}
-        for run in self.runs:
-            for round_no, value in points(run.rows, key):
-                by_round.setdefault(round_no, []).append(value)
+        for repeats in self.replicates():
+            values: dict[int, list[float]] = {}
+            for run in repeats:
+                for round_no, value in points(run.rows, key):
+                    values.setdefault(round_no, []).append(value)
+            for round_no, repeated in values.items():
+                by_round.setdefault(round_no, []).append(statistics.fmean(repeated))
         return [(round_no, summarize(values)) for round_no, values in sorted(by_round.items())]
 
     def _over_runs(self, per_run: Callable[[list[float]], float], key: str) -> Stat | None:
         values = []
-        for run in self.runs:
-            run_values = [value for _, value in points(run.rows, key)]
-            if run_values:
-                values.append(per_run(run_values))
+        for repeats in self.replicates():
+            repeated = []
+            for run in repeats:
+                run_values = [value for _, value in points(run.rows, key)]
+                if run_values:
+                    repeated.append(per_run(run_values))
+            if repeated:
+                values.append(statistics.fmean(repeated))
         return summarize(values)
 
     def final(self, key: str) -> Stat | None:
-        """Each run's last value of ``key``, summarised over runs."""
+        """Each run's last value of ``key``, summarised over replicates."""
         return self._over_runs(lambda values: values[-1], key)
 
     def last_k(self, key: str, k: int) -> Stat | None:
-        """Each run's mean of its last ``k`` values of ``key`` (all of them if fewer), over runs."""
+        """Each run's mean of its last ``k`` values of ``key`` (all of them if fewer), over replicates."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         return self._over_runs(lambda values: statistics.fmean(values[-k:]), key)
 
     def per_round(self, key: str) -> Stat | None:
-        """Each run's mean per round of ``key`` (of its per-round amounts if cumulative), over runs."""
+        """Each run's mean per round of ``key`` (of its per-round amounts if cumulative), over replicates."""
         return self._over_runs(statistics.fmean, key)
 
     def rounds(self) -> list[int]:
@@ -169,8 +194,19 @@ def group_runs(runs: Iterable[Run]) -> list[Setting]:
             for setting, by_label in settings.items()]
 
 
+# Config keys that say where a run happened, not what it was: they may differ between repeats.
+_WHERE_KEYS = {"fleet", "label", "setting", "broker_url", "data_dir"}
 # Config keys that are expected to differ between the replicates of a series.
-_REPLICATE_KEYS = {"seed", "fleet", "label", "setting", "broker_url", "data_dir", "recipe.seed"}
+_REPLICATE_KEYS = {"seed", "recipe.seed", *_WHERE_KEYS}
+
+
+def repeat_key(run: Run) -> object:
+    """What runs share when they repeat one run: their seed and their configuration apart from
+    ``_WHERE_KEYS``; a run without a seed (or a config) is unlike any other (its path)."""
+    if run.seed is None or run.config is None:
+        return ("run", str(run.path))
+    config = {key: value for key, value in _flatten(run.config).items() if key not in _WHERE_KEYS}
+    return ("seed", run.seed, json.dumps(config, sort_keys=True))
 
 
 def config_differences(series: Series) -> dict[str, list[str]]:

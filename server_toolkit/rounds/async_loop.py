@@ -21,6 +21,10 @@ the folded ones), ``rejected``, ``expired`` (tasks that timed out), ``versions_a
 run ended; the grid may have accepted more meanwhile: a ``--resume`` folds them all),
 ``accuracy`` / ``loss``, ``seconds`` (since the previous row) and ``wall_s`` (since start).
 
+The quality guard (``rounds/quality_guard.py``) judges every evaluated version as the round
+loop's judges a round; after a rollback to the best weights, updates made from a version before
+the rollback are dropped (counted in ``dropped_stale``): they trained the diverged model.
+
 Edge aggregators (``edge/``): a generic edge is dispatched like a device but sent the global
 model (``edge/fold.configure``); it runs one synchronous group round from that version and
 answers its group's partial aggregate, which ``fold_buffer`` folds with the devices' deltas.
@@ -113,13 +117,13 @@ class AsyncLoop(RoundLoop):
         pending, self._recovered = list(self._recovered), []
         self._started = self._last_row = last_take = time.monotonic()
         patience = self.config.round_timeout_s + self.config.fleet_timeout_s
-        while self.completed_round < self.config.rounds:
+        while self.completed_round < self.config.rounds and not self.stopped:  # stopped: the quality guard
             self.wait_for_fleet(self.completed_round + 1)
             self._dispatch()
             pending += self.grid.arrivals(timeout_s=0.2)
             if pending:
                 last_take = time.monotonic()
-            while pending and self.completed_round < self.config.rounds:
+            while pending and self.completed_round < self.config.rounds and not self.stopped:
                 self._take(pending.pop(0))
                 if sum(carried(b.update) for b in self.buffer) >= self.async_config.buffer:
                     last = self.completed_round + 1 == self.config.rounds
@@ -158,6 +162,12 @@ class AsyncLoop(RoundLoop):
         count = sum(carried(u) for u in updates)  # an edge's partial: the device updates behind it
         self._since["accepted"] += count
         self.consumed += 1  # registry entries, folded (by the next checkpoint) or dropped
+        if self.guard and arrival.base < self.guard.rolled_back_at:  # trained before a rollback
+            log.info("version %d: dropped the update of %s made from version %d, before the rollback at "
+                     "version %d", self.completed_round, arrival.update.device_id, arrival.base,
+                     self.guard.rolled_back_at)
+            self._since["dropped_stale"] += count
+            return
         if staleness > self.async_config.max_staleness:
             log.info("version %d: dropped the update of %s made from version %d (staleness %d > %d)",
                      self.completed_round, arrival.update.device_id, arrival.base, staleness,
@@ -188,7 +198,8 @@ class AsyncLoop(RoundLoop):
         clock = time.perf_counter()
         every = max(1, self.async_config.eval_every)
         if version % every == 0 or version == self.config.rounds:
-            row.update(self.evaluate_global(version))
+            row.update(metrics := self.evaluate_global(version))
+            self.check_quality(version, metrics, row)
         now = time.monotonic()
         row.update(versions_alive=len(self.grid.in_flight()), tasks_sent=self._since["tasks_sent"],
                    buffered=buffered, seconds=now - self._last_row, wall_s=now - self._started,
@@ -200,7 +211,8 @@ class AsyncLoop(RoundLoop):
             save_checkpoint(self.run_dir, version, self.global_weights,
                             {"method_state": self.method.state_dict(), "rng": self._rng.getstate(),
                              "method": self.method.name, "mode": "async",
-                             "async": {"consumed": self.consumed, "tasks_sent": self.tasks_sent}},
+                             "async": {"consumed": self.consumed, "tasks_sent": self.tasks_sent},
+                             "guard": self.guard.state_dict() if self.guard else {}},
                             keep=self.config.keep_checkpoints)
         self.completed_round = version
         self.last_updates = [b.update for b in batch]

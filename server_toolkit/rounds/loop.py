@@ -16,7 +16,10 @@ run in which no round accepted any update raises ``NoUpdates``: never a silent s
 Before ``aggregate_train`` outsized update deltas are clipped (``rounds/norm_bound.py``).
 ``LoopConfig.privacy`` (``privacy/``): differential privacy, label-histogram noise or a
 robust rule; its aggregate replaces the method's, and a spent ``--dp-epsilon`` budget ends
-the run before the round that would exceed it (``stopped`` says why).
+the run before the round that would exceed it (``stopped`` says why). The quality guard
+(``rounds/quality_guard.py``, ``LoopConfig.on_divergence``) judges each central evaluation:
+it keeps the best weights and, when the model diverges, puts them back (and scales the devices'
+lr down) or stops the run.
 
 Seeds: the selection draws from ``random.Random(seed)`` (its state is checkpointed); each
 task trains with ``task_seed(seed, round, device)``, so a device shuffles its data alike on
@@ -46,6 +49,7 @@ from ..privacy.settings import PrivacySettings
 from .checkpoint import load_checkpoint, save_checkpoint
 from .grid import Grid
 from .norm_bound import DEFAULT_FACTOR, bound_updates
+from .quality_guard import QualityGuard
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +79,7 @@ class LoopConfig:
     status_every_s: float = 30.0
     norm_bound: float | None = DEFAULT_FACTOR
     privacy: PrivacySettings | None = None  # --dp-*, --label-noise-epsilon, --robust (privacy/)
+    on_divergence: str = "rollback"  # --on-divergence: rollback, stop or continue (rounds/quality_guard.py)
 
 
 class FleetLost(RuntimeError):
@@ -115,7 +120,9 @@ class RoundLoop:
         self._rng = random.Random(config.seed)
         active = config.privacy is not None and config.privacy.active
         self.privacy = RoundPrivacy(config.privacy, method) if active else None
-        self.stopped: str | None = None  # why the run ended early (a spent privacy budget)
+        self.stopped: str | None = None  # why the run ended early (a spent privacy budget, a divergence)
+        # the model-quality guard watches the server's evaluation: none without test data (an edge)
+        self.guard = QualityGuard(config.on_divergence, self.run_dir) if test_data is not None else None
 
     # -- set-up ------------------------------------------------------------------------------
     def start(self, resume: bool = False) -> None:
@@ -128,6 +135,8 @@ class RoundLoop:
                 self._rng.setstate(_tuple_state(state["rng"]))
             if self.privacy:
                 self.privacy.load_state_dict(state.get("privacy", {}))
+            if self.guard:
+                self.guard.load_state_dict(state.get("guard", {}))
             log.info("resuming after round %d from %s", self.completed_round, state["checkpoint"])
         else:
             self.global_weights = self.method.initial_weights(self.config.seed)
@@ -146,6 +155,8 @@ class RoundLoop:
                 log.warning("%s", spent)
                 if self.completed_round == 0:
                     raise NoUpdates(str(spent)) from None
+                break
+            if self.stopped:  # the quality guard stopped the run
                 break
         if rows and not any(r["accepted"] for r in rows):
             raise NoUpdates(f"rounds {rows[0]['round']}-{rows[-1]['round']} accepted no update; "
@@ -191,6 +202,8 @@ class RoundLoop:
                         configure(self.method, rnd, self.global_weights, selected)] if selected else []
         configure_s = time.perf_counter() - clock
         deadline = time.time() + self.config.round_timeout_s
+        log.info("round %d opens: %d device(s) asked of %d online, %d update(s) needed", rnd, len(selected),
+                 len(online), quorum - len(already))
         exchange = self.grid.exchange(rnd, instructions, deadline, max(0, quorum - len(already)))
         if already:
             log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
@@ -218,7 +231,8 @@ class RoundLoop:
                         _why_empty(selected, exchange, deadline))
         aggregate_s = time.perf_counter() - clock
         clock = time.perf_counter()
-        row.update(self.evaluate_global(rnd))
+        row.update(metrics := self.evaluate_global(rnd))
+        self.check_quality(rnd, metrics, row)
         evaluate_s = time.perf_counter() - clock
         row["seconds"] = time.monotonic() - started
         row["bytes_down"], row["bytes_up"] = self.grid.traffic()
@@ -227,7 +241,8 @@ class RoundLoop:
             save_checkpoint(self.run_dir, rnd, self.global_weights,
                             {"method_state": self.method.state_dict(), "rng": self._rng.getstate(),
                              "method": self.method.name,
-                             "privacy": self.privacy.state_dict() if self.privacy else {}},
+                             "privacy": self.privacy.state_dict() if self.privacy else {},
+                             "guard": self.guard.state_dict() if self.guard else {}},
                             keep=self.config.keep_checkpoints)
         self.grid.close_round(rnd, row)
         self.completed_round = rnd
@@ -246,16 +261,35 @@ class RoundLoop:
             metrics.update(evaluator(rnd, self.global_weights))
         return metrics
 
+    def check_quality(self, rnd: int, metrics: dict, row: dict) -> None:
+        """The quality guard's turn, after the evaluation and before the checkpoint: it may put
+        the best weights (and the method's state then) back or stop the run
+        (``rounds/quality_guard.py``); ``row`` gets the device lr scale its tasks trained with
+        when that is not 1."""
+        if self.guard is None or not metrics:
+            return
+        if self.guard.lr_scale != 1.0:
+            row["lr_scale"] = self.guard.lr_scale
+        self.guard.observe(rnd, metrics, self.global_weights, row, self.method.state_dict)
+        if self.guard.restore is not None:
+            self.global_weights = self.guard.restore
+            self.method.load_state_dict(self.guard.restore_state)
+        self.stopped = self.guard.stop or self.stopped
+
     def _finish(self, rnd: int, instruction: TrainInstruction) -> TrainInstruction:
         """``instruction`` with this round's seed for this device in every step's recipe, and
         the outputs the method asks of every task (``Method.asks``). An edge relaying a bundle's
-        member tasks (``Method.stamped``) keeps the server's stamps."""
+        member tasks (``Method.stamped``) keeps the server's stamps. After a rollback the quality
+        guard's ``lr_scale`` multiplies every recipe's ``lr``."""
         if self.method.stamped:
             return instruction
         seed = task_seed(self.config.seed, rnd, instruction.device_id)
-        before = tuple(dataclasses.replace(s, recipe=dataclasses.replace(s.recipe, seed=seed))
+        scale = self.guard.lr_scale if self.guard else 1.0
+        before = tuple(dataclasses.replace(s, recipe=dataclasses.replace(s.recipe, seed=seed,
+                                                                          lr=s.recipe.lr * scale))
                        for s in instruction.steps_before)
-        out = dataclasses.replace(instruction, recipe=dataclasses.replace(instruction.recipe, seed=seed),
+        recipe = dataclasses.replace(instruction.recipe, seed=seed, lr=instruction.recipe.lr * scale)
+        out = dataclasses.replace(instruction, recipe=recipe,
                                   steps_before=before, reports={**self.method.asks, **instruction.reports})
         out = self.privacy.stamp(out) if self.privacy else out
         return finish_members(out, lambda member: self._finish(rnd, member))  # a bundle's, as devices'

@@ -8,8 +8,9 @@ validate it, persist it, and only then acknowledge it. Invalid input (bad messag
 unknown devices or tasks, wrong shapes, NaN, oversized or corrupt blobs, late results) is
 rejected, recorded in the registry under its task's round, logged and answered with an
 ``error``; the round goes on, and the device's task stays open: only an accepted result, a
-refusal or the device going offline resolves it (``rounds/results.py``). When the exchange
-ends, its result pulls still running are cancelled. The registry (devices, tiers,
+refusal or the device going offline resolves it (``rounds/results.py``); it is sent again when
+its device may have missed it (``mqtt_presence.py``). When the exchange ends, its result pulls
+still running are cancelled. The registry (devices, tiers,
 revocations, tasks, updates) survives server restarts: ``accepted_before`` returns a
 restarted round's updates with the instructions they answered.
 """
@@ -36,6 +37,7 @@ from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction
 from ..methods.tiers import resolve_tier
 from .grid import Exchange, Grid, LiveRound
 from .mqtt_live import live_round
+from .mqtt_presence import Presence
 from .results import PendingTask, check_record, check_records, features_request, result_key
 from .task_pacing import DEFAULT_WINDOW, TaskPacer
 from .task_records import ARRAYS_KEY, stored_update, task_record
@@ -43,7 +45,7 @@ from .task_records import ARRAYS_KEY, stored_update, task_record
 log = logging.getLogger(__name__)
 
 
-class MqttGrid(Grid):
+class MqttGrid(Presence, Grid):
     """The devices of ``registry`` reachable through ``endpoint``.
 
     ``program_formats``: the program formats offered with each task; ``max_update_factor``:
@@ -62,6 +64,7 @@ class MqttGrid(Grid):
         self.pacer = TaskPacer(task_window)
         self.devices: dict[str, DeviceInfo] = {}  # online devices, by id
         self._pending: dict[str, PendingTask] = {}  # tasks of the open round
+        self._task_of: dict[str, str] = {}  # device -> id of the last task sent to it
         self._closed_tasks: dict[str, int] = {}  # task id -> round, for tasks of recent closed rounds
         self._open_round: int | None = None
         self._deadline = 0.0  # of the open round
@@ -75,6 +78,7 @@ class MqttGrid(Grid):
         self._pulls: dict[tuple, tuple[str, msgs.Result, Future]] = {}  # result_key -> running pull
         self.progress: dict[str, float] = {}  # device -> last reported training progress (0..1)
         self._answers: dict[str, tuple[str, msgs.Message]] = {}  # task id -> (device, the ack sent)
+        self._connects_seen = self._link_connects()  # (mqtt_presence.py)
         # A new server instance, a new epoch: every connected device says hello again, spread
         # over the announce window (docs/protocol.md §3.1).
         self.epoch = ServerEpoch.new(announce_window(len(registry.devices())))
@@ -184,12 +188,14 @@ class MqttGrid(Grid):
         self.registry.add_task(task.task_id, rnd, dev, task_record(
             instruction, {name: ref.id for name, ref in arrays.items()}, program_blobs))
         self._pending[task.task_id] = PendingTask(task.task_id, rnd, instruction, sent_bytes, references,
-                                               features_request(instruction))
+                                               features_request(instruction), task=task)
+        self._task_of[dev] = task.task_id
         self.endpoint.send(dev, task)
         self.pacer.sent(dev, [arrays[name].id for name in instruction.returns])
 
     # -- incoming traffic ----------------------------------------------------------------------
     def _pump(self, timeout_s: float) -> None:  # one incoming item, if any arrives within timeout_s
+        self._check_reconnect()
         try:
             incoming = self.endpoint.inbox.get(timeout=timeout_s)
         except queue.Empty:
@@ -210,12 +216,7 @@ class MqttGrid(Grid):
         elif isinstance(message, msgs.Heartbeat):
             self.progress[dev] = message.progress
         elif isinstance(message, msgs.Error):
-            log.warning("device %s reports %s: %s", dev, message.code, message.detail)
-            task = self._pending.get(message.ref or "")
-            if task is not None and task.instruction.device_id == dev and not task.answered:
-                self._resolved.add(dev)  # it refused its task
-            self._record_rejection(self._round_of(dev, message.ref), dev, message.ref,
-                                   f"device:{message.code}", message.detail)
+            self._on_device_error(dev, message)  # mqtt_presence.py
 
     def _round_of(self, dev: str, task_id: str | None) -> int | None:
         """The round of ``dev``'s task ``task_id`` (also of closed rounds and before a restart);
@@ -236,42 +237,6 @@ class MqttGrid(Grid):
                 self._rejections[code] = self._rejections.get(code, 0) + 1
                 self._last_rejection[dev] = code
 
-    def _on_status(self, dev: str, status: str) -> None:
-        """Last will / reconnect of a device: leave or rejoin the pool of selectable devices."""
-        if status == "offline" and dev in self.devices:
-            log.warning("device %s went offline", dev)
-            self.devices.pop(dev, None)
-            self._resolved.add(dev)  # do not hold the round for it
-            self._left.add(dev)
-            self.registry.set_status(dev, "offline")
-        elif status == "online" and dev not in self.devices:
-            known = self.registry.state(dev)  # in memory: no query
-            if known and known.num_samples:  # it said hello before: it is back
-                tier = resolve_tier(known.tier, known.profile)
-                self.devices[dev] = DeviceInfo(dev, known.num_samples, tier, tuple(known.runtimes or ()),
-                                               known.profile or {})
-                self.registry.set_status(dev, "online")
-                self._await_again(dev)
-                log.info("device %s is back online", dev)
-
-    def _await_again(self, dev: str) -> None:
-        """A device back online may still deliver its open task's result: wait for it again."""
-        if dev in self._left and any(p.instruction.device_id == dev and p.round == self._open_round
-                                     and not p.answered for p in self._pending.values()):
-            self._left.discard(dev)
-            self._resolved.discard(dev)
-
-    def _on_hello(self, dev: str, hello: msgs.Hello) -> None:
-        if hello.device_id != dev:
-            err = ProtocolError("invalid_field", "hello names another device")
-            self._reject(dev, None, err, self._open_round)
-            return
-        self.registry.record_hello(dev, hello.profile, hello.runtimes, hello.num_samples)
-        tier = resolve_tier(self.registry.tier_of(dev), hello.profile)  # in memory: no query
-        self.devices[dev] = DeviceInfo(dev, hello.num_samples, tier, tuple(hello.runtimes), hello.profile)
-        self._await_again(dev)
-        log.info("device %s online: %d samples, runtimes %s", dev, hello.num_samples, hello.runtimes)
-
     def _on_result(self, dev: str, result: msgs.Result) -> None:
         """Check a result and start pulling it; a rejected one leaves its task open."""
         # Re-offer (protocol §9.5): a result acknowledged before gets its ack again and is never
@@ -282,9 +247,7 @@ class MqttGrid(Grid):
         with self._lock:
             open_round = self._open_round
         if pending is None or pending.instruction.device_id != dev:
-            own = pending is None and (result.task_id in self._closed_tasks
-                                       or self.registry.task_round(result.task_id, dev) is not None)
-            if own:  # a task of a closed round, or sent before the server restarted
+            if pending is None and (result.task_id in self._closed_tasks or self._closed_before(result, dev)):
                 rnd = self._round_of(dev, result.task_id)
                 self._reject(dev, result.task_id, ProtocolError("round_closed", f"round {rnd} is over"), rnd)
             else:
@@ -305,13 +268,26 @@ class MqttGrid(Grid):
             self._reject(dev, result.task_id, err, pending.round)
             return
         with self._lock:
-            self._pulls[key] = (dev, result, self._fetchers.submit(self._accept, dev, result, pending, key))
+            self._pulls[key] = (dev, result, self._fetchers.submit(self._accept, dev, result, pending, key,
+                                                                   self.endpoint.comebacks.get(dev, 0)))
 
-    def _accept(self, dev: str, result: msgs.Result, pending: PendingTask, key: tuple) -> None:
-        """Pull, validate and persist one result's array records, then acknowledge it (fetch thread)."""
+    def _closed_before(self, result: msgs.Result, dev: str) -> bool:
+        """Whether ``dev``'s task of ``result`` is of a round the registry has closed (a task sent
+        before a restart; one of a round not closed then is unknown to this server instance)."""
+        rnd = self.registry.task_round(result.task_id, dev)
+        return rnd is not None and (self.registry.round_info(rnd) or {}).get("status") == "closed"
+
+    def _accept(self, dev: str, result: msgs.Result, pending: PendingTask, key: tuple,
+                comebacks: int = 0) -> None:
+        """Pull, validate and persist one result's array records, then acknowledge it (fetch thread).
+        ``comebacks``: the device's count of returns online when its result arrived."""
         try:
             self._pull_result(dev, result, pending)
         except ProtocolError as err:
+            if err.code == "not_offered" and self.endpoint.comebacks.get(dev, 0) != comebacks:
+                log.info("%s restarted: its result of task %s is gone; the task is sent again", dev,
+                         result.task_id[:8])  # the offer died with the old process: not booked
+                return
             self._reject(dev, result.task_id, err, pending.round,
                          tell=err.code != "not_offered")  # the device never sent it: not its fault
             return

@@ -30,8 +30,7 @@ def features_request(instruction: TrainInstruction) -> SmashedRequest | None:
     if params is None:
         return None
     spec = instruction.all_models()[params.get("model", MODEL)].spec
-    features, classes = modelspec.last_linear(spec)
-    return SmashedRequest(int(params["samples"]), features, classes)
+    return SmashedRequest(int(params["samples"]), modelspec.feature_size(spec), int(spec["num_classes"]))
 
 
 @dataclass
@@ -46,6 +45,7 @@ class PendingTask:
     references: dict[str, dict]  # returned model -> {tensor name: (shape, dtype)} it must have
     features: SmashedRequest | None  # the features output asked for, if any
     answered: bool = False
+    task: msgs.Task | None = None  # the message sent (sent again: mqtt_presence.py)
 
 
 def check_records(result: msgs.Result, pending: PendingTask, max_update_factor: float) -> None:
@@ -66,8 +66,8 @@ def check_records(result: msgs.Result, pending: PendingTask, max_update_factor: 
         if ref.size > limit:
             raise ProtocolError("too_large", f"{name} of {ref.size} bytes; at most {limit} expected")
     samples = result.metrics.get("samples")
-    if type(samples) is not int or samples <= 0:
-        raise ProtocolError("invalid_field", "metrics.samples must be > 0")
+    if type(samples) is not int or not 0 < samples <= msgs.MAX_SAMPLES:
+        raise ProtocolError("invalid_field", f"metrics.samples must be in 1..{msgs.MAX_SAMPLES}")
     if absent:
         check_bundle(pending.instruction, names, result.metrics)
 
@@ -78,6 +78,11 @@ def check_record(name: str, tensors: dict[str, np.ndarray], pending: PendingTask
         check_smashed(tensors, pending.features)
     else:
         check_update(tensors, pending.references[name])
+
+
+def is_blob_id(ref: str | None) -> bool:
+    """Whether an error's ``ref`` names a blob (64 hex digits; task ids have 32)."""
+    return ref is not None and len(ref) == 64 and all(c in "0123456789abcdef" for c in ref)
 
 
 def result_key(result: msgs.Result) -> tuple:

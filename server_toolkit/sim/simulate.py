@@ -46,6 +46,7 @@ from ..rounds.inprocess_grid import InProcessGrid
 from ..rounds.local_device import LocalDevice
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.modes import async_config, make_loop
+from ..rounds.quality_guard import guard_summary
 from ..secagg.mqtt_grid import secagg_grid
 from ..torch_utils import one_torch_thread
 from .edges import deal_edges, plan_edges, register_group, start_edge_process
@@ -108,6 +109,7 @@ class SimulationConfig:
     slow_devices: float = 0.0  # simulation knob: this share of the devices are stragglers (by seed)
     slowdown: float = 10.0  # ... each sleeping (slowdown - 1) x its training time after training
     privacy: dict | None = None  # PrivacySettings as a dict (--dp-*, --label-noise-epsilon, --robust)
+    on_divergence: str = "rollback"  # --on-divergence: rollback, stop or continue (rounds/quality_guard.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -262,7 +264,7 @@ class Simulation:
                           over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed,
                           tier_map=tier_map, fleet_timeout_s=c.fleet_timeout_s,
                           norm_bound=None if c.secagg else c.norm_bound,  # secagg: no update in the clear
-                          privacy=PrivacySettings.from_dict(c.privacy))
+                          privacy=PrivacySettings.from_dict(c.privacy), on_divergence=c.on_divergence)
 
     def run(self) -> RunReport:
         c = self.config
@@ -288,7 +290,8 @@ class Simulation:
                 report.write_plot()
             report.write_summary({"method": c.method, "dataset": c.dataset, "devices": c.devices,
                                   "edges": c.edges, "grid": c.grid, "mode": c.mode,
-                                  **(privacy_summary(self.loop) if self.loop else {})})
+                                  **(privacy_summary(self.loop) if self.loop else {}),
+                                  **(guard_summary(self.loop) if self.loop else {})})
         return report
 
     def _run_rounds(self, setup, method, devices: list[LocalDevice], report: RunReport) -> None:

@@ -46,6 +46,7 @@ from sdk_device.protocol.epoch import ServerEpoch
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.task_plan import TaskPlan, parse_plan
 from sdk_device.protocol.topics import FleetTopics
+from sdk_device.seen_tasks import SeenTasks
 
 from .counters import Counters
 
@@ -128,6 +129,7 @@ class SwarmDevice:
         self._job: _Job | None = None
         self._offered: dict[str, bytes] = {}  # blob id -> bytes the server may pull
         self._awaiting: str | None = None  # task whose result waits for ack/error
+        self._seen = SeenTasks()  # task ids taken: a copy the server sends again is ignored
         self._programs_seen: set[str] = set()  # program blob ids already pulled (cached)
         self._next_beat = time.monotonic() + (seed % 1000) / 1000 * heartbeat_s  # staggered
 
@@ -170,6 +172,8 @@ class SwarmDevice:
             self._on_control(message)
 
     def _on_control(self, message: msgs.Message) -> None:
+        if isinstance(message, msgs.Task) and not self._seen.first_time(message.task_id):
+            return  # a copy of a task taken (the server sends open tasks again after reconnects)
         if isinstance(message, msgs.Task):
             self._on_task(message)
         elif isinstance(message, msgs.BlobRequest):

@@ -68,6 +68,7 @@ def test_async_mode_loses_no_accepted_update_with_a_straggler_a_killed_device_an
     sim.on_event = on_event
     sim.run()
     assert killed == [-signal.SIGKILL]
+    assert sim.loop.guard is not None and (run_dir / "checkpoints" / "best.safetensors").is_file()  # guarded
     rows = _rows(run_dir)
     assert [r["version"] for r in rows] == [1, 2, 3, 4, 5] == [r["round"] for r in rows]
     for row in rows:  # everything taken since the last version: folded now, or dropped as stale

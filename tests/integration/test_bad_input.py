@@ -122,6 +122,7 @@ CASES = [
     ("npz missing", ["simulate", "--dataset", "npz:{tmp}/nothing.npz"], "no such file", False),
     ("npz without labels", ["simulate", "--dataset", "npz:{no_y}"], "no array(s) y", False),
     ("unknown dataset", ["simulate", "--dataset", "cifar"], "unknown --dataset", False),
+    ("dataset misspelt", ["simulate", "--dataset", "fasion-mnist"], "did you mean fashion_mnist", False),
     ("mnist not on disk", ["simulate", "--dataset", "mnist", "--data-dir", "{empty_data}"],
      "datasets fetch", False),
     ("resume truncated checkpoint", ["simulate", "--resume", "{truncated}"], "truncated", False),
@@ -131,19 +132,34 @@ CASES = [
      "keeps its stored configuration", False),
     ("run resume corrupt state", ["run", "--fleet", "f", "--run-dir", "{bad_state}", "--resume"],
      "state.json is damaged", False),
-    ("unknown method", ["simulate", "--method", "fedavgg"], "available: ", True),
+    ("unknown method", ["simulate", "--method", "fedavgg"], "did you mean fedavg, fedavgm or fedavg-groups?",
+     True),
+    ("method misspelt", ["simulate", "--method", "hetrofl"], "'hetrofl' (did you mean heterofl?); one of: ",
+     True),
     ("run unknown method", [*RUN, "--method", "fedavgg"], "fedavgg",
      True),
     ("tier not a ratio", ["simulate", "--method", "heterofl", "--tiers", "1.0,abc"],
-     "'abc' is neither", True),
+     "'abc' is not one", True),
     ("tiers that do not fit", ["simulate", "--method", "heterofl", "--tiers", "1,2,3"],
-     "'2' is neither", True),
+     "'2' is not one", True),
     ("exit tier not a count",
      ["simulate", "--method", "depthfl", "--model", "vgg_multi_exit", "--tiers", "a"], "exit count", True),
+    ("width tiers for an exit method",
+     ["simulate", "--method", "hypemefed", "--model", "vgg_multi_exit", "--tiers", "1.0,0.5"],
+     "hypemefed reads a tier as an exit count 1..3; '1.0' is not one", True),
+    ("exit tier deeper than the model",
+     ["simulate", "--method", "depthfl", "--model", "vgg_multi_exit", "--tiers", "1,4"], "'4' is not one",
+     True),
+    ("tier_map tier not a ratio",
+     ["simulate", "--method", "heterofl", "--method-option", 'tier_map={{"dev001":"big"}}'],
+     "tier_map['dev001']: heterofl reads a tier as a width ratio", True),
+    ("architecture tier misspelt", ["simulate", "--method", "pfedhn", "--tiers", "small_cnn,lenett"],
+     "did you mean lenet or lenet5?", True),
     ("unknown method option", ["simulate", "--method-option", "foo=1"], "no option 'foo'", True),
     ("method option of the wrong type", ["simulate", "--method", "fedprox", "--method-option", "mu=abc"],
      "expected float", True),
     ("unknown model", ["simulate", "--model", "resnet99"], "unknown --model", True),
+    ("model misspelt", ["simulate", "--model", "vgg_multiexit"], "did you mean vgg_multi_exit", True),
     ("user model with an unsupported layer", ["simulate", "--model", "{gelu_model}:build"],
      "layer GELU", True),
     ("user model file missing", ["simulate", "--model", "{tmp}/nothing.py:build"], "no such file", True),
@@ -177,7 +193,7 @@ def test_resume_of_a_damaged_run_leaves_its_files_as_they_were(files, tmp_path):
 
 
 def test_tiers_given_to_a_method_that_ignores_them_are_a_warning(capsys):
-    from server_toolkit.cli.run_checks import check_tiers
+    from server_toolkit.cli.tier_checks import check_tiers
     from server_toolkit.methods import method_class
 
     fedavg = method_class("fedavg")

@@ -26,6 +26,12 @@ def test_simulate_command_runs_a_federation_on_the_embedded_broker(tmp_path):
     assert rows[-1]["accuracy"] > 0.6
     for name in ("metrics.csv", "accuracy.png", "summary.json", "state.json", "registry.sqlite"):
         assert (run_dir / name).is_file(), name
+    summary = json.loads((run_dir / "summary.json").read_text())  # the quality guard kept the best
+    assert summary["status"] == "finished" and "divergence" not in summary
+    assert summary["guard"] == {"on_divergence": "rollback", "rollbacks": 0, "lr_scale": 1.0, "verdict": None}
+    assert summary["best"]["round"] == summary["best_round"] and (run_dir / summary["best"]["path"]).is_file()
+    assert summary["last"] == {"round": 2, "accuracy": rows[-1]["accuracy"],
+                               "path": "checkpoints/global_r0002.safetensors"}
 
 
 def test_resume_continues_from_the_last_checkpoint(tmp_path):

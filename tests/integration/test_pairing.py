@@ -37,7 +37,7 @@ def _serve(
     """The pairing service of a heterofl fleet with ``tiers``, logged in as fedsdk-server."""
     service, registry = start_pairing_on(secured, run_dir, _method(), tiers, method_name="heterofl",
                                          model="small_cnn", lockout=policy, programs=programs)
-    return service, registry, PairCodes(registry, run_dir, policy)
+    return service, registry, PairCodes(registry, secured.security.directory, policy)  # the fleet's key
 
 
 def _pair(url: str, code: str, name: str = "dev", **trust):

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from fedcore.recipe import Recipe
 from sdk_device.transport.tls import certificate_fingerprint
 from server_toolkit.cli import main
-from server_toolkit.fleet import registry as registry_module
+from server_toolkit.fleet import membership as registry_module
 from server_toolkit.fleet.fleet_info import FleetInfo
 from server_toolkit.fleet.pair_codes import LockoutPolicy, PairCodes
 from server_toolkit.fleet.pairing_service import device_id_for

@@ -139,3 +139,38 @@ def test_chunk_frame_example_is_what_the_encoder_writes():
     assert headers == [header.decode()]
     text = DOC.read_text(encoding="utf-8")
     assert f"({len(frame)} bytes in total)" in text and f"header length {len(header)}" in text
+
+
+def _interface(fmt: str) -> dict:
+    blocks = [obj for _, obj in _json_examples()
+              if isinstance(obj, dict) and obj.get("program_interface") == fmt]
+    assert len(blocks) == 1, f"one machine-readable block for {fmt}"
+    return blocks[0]
+
+
+def test_pte_metadata_example_is_what_the_exporter_writes():
+    """§23.2's metadata is the exporter's for the §23.9 model; its keys are §23.9's list."""
+    from export.executorch import program_metadata
+    from export.program_model import ProgramModel
+    from fedcore.losses import Loss
+
+    examples = [obj for _, obj in _json_examples() if isinstance(obj, dict) and obj.get("format") == "pte/1"]
+    assert len(examples) == 1
+    example = examples[0]
+    spec = modelspec.make((1, 8, 8), 10, [
+        {"op": "conv2d", "in": 1, "out": 4, "k": 3, "pad": 1}, {"op": "batchnorm2d", "c": 4},
+        {"op": "relu"}, {"op": "maxpool2d", "k": 2}, {"op": "flatten"},
+        {"op": "linear", "in": 64, "out": 10}])
+    loss, batch = Loss.from_dict(example["loss"]), example["max_batch"]
+    written = program_metadata(spec, loss, batch, ProgramModel(spec))
+    from_export = {"backend", "gradient_order", "parameter_output_order"}  # added once the program exists
+    assert {k: v for k, v in example.items() if k not in from_export} == written
+    assert set(example) == set(written) | from_export == set(_interface("pte/1")["metadata_keys"])
+    params = [name for name, _ in written["params"]]
+    assert sorted(example["gradient_order"]) == sorted(example["parameter_output_order"]) == sorted(params)
+
+
+def test_ort_interface_names_the_program_files():
+    from sdk_device.runtimes import ort_program
+
+    assert set(_interface("ort-training/1")["entries"]) == {"index.json", *ort_program.FILES.values()}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import server_toolkit.fleet.registry as registry_module
+import server_toolkit.fleet.membership as registry_module
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import DeviceInfo
 from server_toolkit.rounds.mqtt_grid import MqttGrid

@@ -126,6 +126,39 @@ def test_final_and_last_k_accuracy_are_mean_and_sample_std_over_seeds_of_the_row
     assert f"<title>{note}</title>" in html
 
 
+def test_runs_repeating_one_seed_and_config_are_one_replicate_not_two(tmp_path):
+    write_run(tmp_path, "a", [{"round": 1, "accuracy": 0.50}, {"round": 2, "accuracy": 0.60}])
+    write_run(tmp_path, "b", [{"round": 1, "accuracy": 0.54}, {"round": 2, "accuracy": 0.64}], fleet="sim-y")
+    write_run(tmp_path, "c", [{"round": 1, "accuracy": 0.70}, {"round": 2, "accuracy": 0.90}], seed=1)
+    write_run(tmp_path, "d", [{"round": 1, "accuracy": 0.40}], label="Once")
+    write_run(tmp_path, "e", [{"round": 1, "accuracy": 0.44}], label="Once", broker_url="mqtt://x:1")
+
+    series = {s.label: s for s in group_runs(load_runs([tmp_path]))[0].series}
+    assert [[run.name for run in repeats] for repeats in series["fedavg"].replicates()] == [["a", "b"], ["c"]]
+    html, tables = make_page(tmp_path, tmp_path)
+
+    table = table_dict(tables["setting-1-accuracy"])
+    replicates = [statistics.mean([0.60, 0.64]), 0.90]  # seed 0's two runs count once, as their mean
+    assert table["fedavg"]["final accuracy"] == (
+        f"{statistics.mean(replicates):.4f} ± {statistics.stdev(replicates):.4f}")
+    assert table["fedavg"]["runs (seeds)"] == "3 (0 ×2, 1)"
+    assert table["Once"]["final accuracy"] == "0.4200"  # two runs of one seed: no "± 0.0000"
+    assert table["Once"]["runs (seeds)"] == "2 (0 ×2)"
+    assert "fedavg: runs a, b repeat seed 0 with the same configuration" in html
+    assert "Once: runs d, e repeat seed 0" in html
+    assert "<title>fedavg, round 1: 0.6100 ± 0.1273 (n=2)</title>" in html
+
+
+def test_runs_of_one_seed_that_differ_in_config_stay_separate_replicates(tmp_path):
+    write_run(tmp_path, "a", [{"round": 1, "accuracy": 0.5}], devices=3)
+    write_run(tmp_path, "b", [{"round": 1, "accuracy": 0.7}], devices=5)
+    write_run(tmp_path, "n1", [{"round": 1, "accuracy": 0.5}], config=None)
+
+    settings = group_runs(load_runs([tmp_path]))
+    fedavg = next(s for setting in settings for s in setting.series if s.label == "fedavg")
+    assert len(fedavg.replicates()) == 2 and fedavg.final("accuracy").n == 2
+
+
 def test_bytes_per_round_are_differences_of_the_cumulative_counters(tmp_path):
     totals = [1000, 3000, 6000, 500, 2500]  # the counter restarted (a resumed run) at round 4
     rows = [{"round": i + 1, "bytes_up": total, "bytes_down": 2 * total} for i, total in enumerate(totals)]

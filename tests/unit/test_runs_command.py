@@ -28,9 +28,9 @@ def test_runs_list_prints_a_finished_and_a_failed_run_with_their_status(tmp_path
     result = CliRunner().invoke(runs, ["list", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
     lines = [line.split() for line in result.output.splitlines()]
-    assert lines[0] == ["run", "method", "dataset", "rounds", "final", "accuracy", "status"]
-    assert lines[1] == ["20260101-120000", "fedprox", "digits", "3/3", "0.8100", "finished"]
-    assert lines[2] == ["20260101-130000", "fedprox", "digits", "1/3", "0.4000", "failed"]
+    assert lines[0] == ["run", "method", "dataset", "rounds", "final", "accuracy", "best", "status"]
+    assert lines[1] == ["20260101-120000", "fedprox", "digits", "3/3", "0.8100", "–", "finished"]
+    assert lines[2] == ["20260101-130000", "fedprox", "digits", "1/3", "0.4000", "–", "failed"]
 
 
 def test_the_status_rule_reads_summary_status_first_then_rounds_done_against_planned(tmp_path):

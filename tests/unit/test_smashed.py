@@ -59,3 +59,23 @@ def test_features_are_asked_through_the_task_report_and_checked_by_the_output_re
         check_reports({"gradients": {}}, {"model"})
     assert err.value.code == "unsupported_task"
     assert OUTPUTS["features"].kind == "arrays" and OUTPUTS["label_counts"].kind == "metric"
+
+
+def test_the_server_expects_the_feature_width_the_device_computes():
+    """§12.4 / §20.1: F is the last layer's ``in`` when it is linear, else the class count
+    (the features are then the final logits), on the device and in the server's check."""
+    from fedcore import modelspec
+    from fedcore.torch_model import build_model
+    from fedcore.torch_train import predict_model
+
+    head = [{"op": "conv2d", "in": 1, "out": 3, "k": 3}, {"op": "relu"}, {"op": "flatten"}]
+    specs = [modelspec.make((1, 5, 5), 4, [*head, {"op": "linear", "in": 27, "out": 4}]),
+             modelspec.make((1, 5, 5), 4, [*head, {"op": "linear", "in": 27, "out": 4}, {"op": "dropout"}]),
+             modelspec.make((1, 5, 5), 4, [{"op": "conv2d", "in": 1, "out": 4, "k": 3}, {"op": "gap"},
+                                           {"op": "flatten"}])]
+    widths = []
+    for spec in specs:
+        _, features = predict_model(build_model(spec, seed=0), np.zeros((2, 1, 5, 5), np.float32))
+        assert features.shape[1] == modelspec.feature_size(spec)
+        widths.append(features.shape[1])
+    assert widths == [27, 4, 4]
