@@ -125,6 +125,7 @@ def run(
     local_epochs,
     batch_size,
     lr,
+    max_steps,
     optimizer,
     seed,
     resume,
@@ -167,7 +168,8 @@ def run(
     from ..rounds.modes import async_config, make_loop
     from ..secagg.mqtt_grid import secagg_grid
 
-    recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed,
+                        max_steps=max_steps)
     privacy = privacy_settings(privacy_values, method)
     try:
         setup = assemble(method, model, dataset, data_dir, recipe, parse_options(method_options), seed)
