@@ -42,7 +42,7 @@ class Recipe:
 
     ``max_steps``: at most this many optimiser steps per training step (task step), whatever
     the device's data size: a device with many samples stops part-way through its epochs
-    (``step_count``); 0 = no bound, and then ``to_dict`` leaves the key out. Decision: a
+    (``epoch_steps``); 0 = no bound, and then ``to_dict`` leaves the key out. Decision: a
     fixed-lr SGD+momentum recipe that is stable at ~60 local steps (simulate's small shards)
     diverges now and then at ~280 (a device with 900 samples, 5 epochs of 16), and one
     divergence ruins the averaged model; bounding the local steps keeps the work per round
@@ -108,11 +108,22 @@ class Recipe:
             raise ValueError("need temperature > 0, 0 <= alpha <= 1 and teacher_features >= 0 (got "
                              f"{self.temperature}, {self.alpha}, {self.teacher_features})")
 
-    def step_count(self, batches_per_epoch: int) -> int:
-        """Optimiser steps of one training step over ``batches_per_epoch`` mini-batches an
-        epoch: ``epochs`` x ``batches_per_epoch``, at most ``max_steps`` when that is > 0."""
-        total = self.epochs * batches_per_epoch
-        return min(total, self.max_steps) if self.max_steps else total
+    def epoch_steps(self, batches_per_epoch: int) -> list[int]:
+        """The optimiser steps of each epoch a training step runs over ``batches_per_epoch``
+        mini-batches an epoch: ``epochs`` x ``batches_per_epoch`` steps, cut at ``max_steps``
+        when that is > 0 (the last epoch then partial). Every runtime's loop follows it and
+        reports the last epoch in it; [] when there is no batch. E.g. 57 batches, 5 epochs,
+        max_steps 100 -> [57, 43]."""
+        if batches_per_epoch <= 0:
+            return []
+        left = self.epochs * batches_per_epoch
+        if self.max_steps:
+            left = min(left, self.max_steps)
+        plan = []
+        while left > 0:
+            plan.append(min(left, batches_per_epoch))
+            left -= plan[-1]
+        return plan
 
     @property
     def needs_teacher(self) -> bool:

@@ -88,15 +88,15 @@ def train_model(model: SpecModel, x: np.ndarray, y: np.ndarray, recipe: Recipe,
     gen = torch.Generator().manual_seed(recipe.seed)
     n = len(yt)
     batches = batch_bounds(n, recipe.batch_size)
-    total = recipe.step_count(len(batches))
-    last_epoch = (total - 1) // max(len(batches), 1)  # the epoch reported (-1: no step)
+    plan = recipe.epoch_steps(len(batches))  # steps per epoch; the last epoch is reported
+    total, last_epoch = sum(plan), len(plan) - 1
     total_loss = correct = seen = 0.0
     done = 0
     with torch.random.fork_rng():
         torch.manual_seed(recipe.seed)
-        for epoch in range(last_epoch + 1):
+        for epoch, steps in enumerate(plan):
             order = torch.randperm(n, generator=gen)
-            for start, stop in batches[:total - done]:
+            for start, stop in batches[:steps]:
                 idx = order[start:stop]
                 outputs, features = model.forward_with_features(xt[idx])
                 loss = loss_fn(outputs, features, yt[idx], {k: v[idx] for k, v in extra_t.items()})

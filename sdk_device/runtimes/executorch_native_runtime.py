@@ -146,13 +146,13 @@ class NativeExecutorchRuntime:
         gen = TorchCpuGenerator(recipe.seed)
         n, steps_per_epoch = len(yt), -(-len(yt) // batch)
         n_user, n_params = len(meta["train_outputs"]), len(meta["params"])
-        total = recipe.step_count(steps_per_epoch)
-        last_epoch = (total - 1) // max(steps_per_epoch, 1)
+        plan = recipe.epoch_steps(steps_per_epoch)  # steps per epoch; the last epoch is reported
+        total, last_epoch = sum(plan), len(plan) - 1
         total_loss = correct = seen = 0.0
         done = 0
-        for epoch in range(last_epoch + 1):
+        for epoch, steps in enumerate(plan):
             order = gen.randperm(n)
-            for step in range(min(steps_per_epoch, total - done)):
+            for step in range(steps):
                 idx = order[step * batch:(step + 1) * batch]
                 inputs = self._train_inputs(xt[idx], yt[idx], {k: v[idx] for k, v in extra_t.items()}, gen)
                 outputs = self.program.run("train", inputs)

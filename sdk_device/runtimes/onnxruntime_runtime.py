@@ -194,13 +194,13 @@ class OrtTrainingRuntime(OnnxEvalRuntime):
         params = {name: self.values[name] for name in self.param_names}
         rng = np.random.default_rng(recipe.seed)
         n, steps_per_epoch = len(y), -(-len(y) // recipe.batch_size)
-        total = recipe.step_count(steps_per_epoch)
-        last_epoch = (total - 1) // max(steps_per_epoch, 1)
+        plan = recipe.epoch_steps(steps_per_epoch)  # steps per epoch; the last epoch is reported
+        total, last_epoch = sum(plan), len(plan) - 1
         total_loss = correct = seen = 0.0
         done = 0
-        for epoch in range(last_epoch + 1):
+        for epoch, steps in enumerate(plan):
             order = rng.permutation(n)
-            for step in range(min(steps_per_epoch, total - done)):
+            for step in range(steps):
                 idx = order[step * recipe.batch_size:(step + 1) * recipe.batch_size]
                 loss, logits = self.forward_backward(x[idx], y[idx], {k: v[idx] for k, v in extras.items()})
                 optimizer.step(params, self.grad_views)
