@@ -11,8 +11,9 @@ OPTIMIZERS = ("sgd", "adam")
 # The default recipe's bound on a device's optimiser steps per round (``Recipe.max_steps``;
 # ``--max-steps``). 5 epochs of 16 on simulate's small shards (<= 60 steps) stay whole; a
 # device with 900 samples stops after ~2 epochs instead of making 285 steps, at which SGD
-# lr 0.05 with momentum 0.9 now and then diverges on one device and ruins the average
-# (measured: BENCHMARKS.md, "Defaults that converge").
+# lr 0.05 with momentum 0.9 now and then diverges on one device and ruins the average. The
+# bound makes that rarer and later, not impossible (1 of 3 runs of one 900-sample digits device
+# still collapsed at round 25): BENCHMARKS.md, "Defaults that converge".
 DEFAULT_MAX_STEPS = 100
 
 
