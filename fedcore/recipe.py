@@ -8,6 +8,14 @@ from dataclasses import asdict, dataclass, fields
 
 OPTIMIZERS = ("sgd", "adam")
 
+# The default recipe's bound on a device's optimiser steps per round (``Recipe.max_steps``;
+# ``--max-steps``). 5 epochs of 16 on simulate's small shards (<= 60 steps) stay whole; a
+# device with 900 samples stops after ~2 epochs instead of making 285 steps, at which SGD
+# lr 0.05 with momentum 0.9 now and then diverges on one device and ruins the average. The
+# bound makes that rarer and later, not impossible (1 of 3 runs of one 900-sample digits device
+# still collapsed at round 25): BENCHMARKS.md, "Defaults that converge".
+DEFAULT_MAX_STEPS = 100
+
 
 @dataclass(frozen=True)
 class LossKind:
@@ -32,6 +40,14 @@ LOSS_KINDS: dict[str, LossKind] = {kind.name: kind for kind in (
 @dataclass(frozen=True)
 class Recipe:
     """Local training settings. ``lr`` per step; ``epochs`` full passes over local data.
+
+    ``max_steps``: at most this many optimiser steps per training step (task step), whatever
+    the device's data size: a device with many samples stops part-way through its epochs
+    (``epoch_steps``); 0 = no bound, and then ``to_dict`` leaves the key out. Decision: a
+    fixed-lr SGD+momentum recipe that is stable at ~60 local steps (simulate's small shards)
+    diverges now and then at ~280 (a device with 900 samples, 5 epochs of 16), and one
+    divergence ruins the averaged model; bounding the local steps keeps the work per round
+    the same on every device (BENCHMARKS.md, "Defaults that converge").
 
     ``temperature`` and ``alpha`` parametrise the ``kd`` loss; ``teacher_features`` is the
     teacher's last-hidden feature size for ``recipfl_kt`` (0: no feature term; the term is
@@ -61,12 +77,14 @@ class Recipe:
     prox_mu: float = 0.0
     dp_clip: float = 0.0
     dp_noise: float = 0.0
+    max_steps: int = 0
 
     def __post_init__(self) -> None:
         for name, kind in (("epochs", int), ("batch_size", int), ("seed", int), ("optimizer", str),
                            ("loss", str), ("lr", float), ("momentum", float), ("weight_decay", float),
                            ("temperature", float), ("alpha", float), ("teacher_features", int),
-                           ("prox_mu", float), ("dp_clip", float), ("dp_noise", float)):
+                           ("prox_mu", float), ("dp_clip", float), ("dp_noise", float),
+                           ("max_steps", int)):
             value = getattr(self, name)
             ok = (type(value) is int) if kind is int else isinstance(value, str) if kind is str else (
                 isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value))
@@ -80,6 +98,8 @@ class Recipe:
             raise ValueError(f"loss {self.loss!r} is not one of {tuple(LOSS_KINDS)}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.max_steps < 0:
+            raise ValueError(f"max_steps must be >= 0 (0: no bound), got {self.max_steps}")
         if self.prox_mu < 0:
             raise ValueError(f"prox_mu must be >= 0, got {self.prox_mu}")
         if self.dp_clip < 0 or self.dp_noise < 0 or (self.dp_noise > 0 and not self.dp_clip > 0):
@@ -88,6 +108,23 @@ class Recipe:
         if not (self.temperature > 0 and 0 <= self.alpha <= 1 and self.teacher_features >= 0):
             raise ValueError("need temperature > 0, 0 <= alpha <= 1 and teacher_features >= 0 (got "
                              f"{self.temperature}, {self.alpha}, {self.teacher_features})")
+
+    def epoch_steps(self, batches_per_epoch: int) -> list[int]:
+        """The optimiser steps of each epoch a training step runs over ``batches_per_epoch``
+        mini-batches an epoch: ``epochs`` x ``batches_per_epoch`` steps, cut at ``max_steps``
+        when that is > 0 (the last epoch then partial). Every runtime's loop follows it and
+        reports the last epoch in it; [] when there is no batch. E.g. 57 batches, 5 epochs,
+        max_steps 100 -> [57, 43]."""
+        if batches_per_epoch <= 0:
+            return []
+        left = self.epochs * batches_per_epoch
+        if self.max_steps:
+            left = min(left, self.max_steps)
+        plan = []
+        while left > 0:
+            plan.append(min(left, batches_per_epoch))
+            left -= plan[-1]
+        return plan
 
     @property
     def needs_teacher(self) -> bool:
@@ -115,9 +152,10 @@ class Recipe:
             raise ValueError(f"bad recipe: {exc}") from None
 
     def to_dict(self) -> dict:
-        """The task's recipe dict; ``prox_mu``, ``dp_clip``, ``dp_noise`` only when not 0."""
+        """The task's recipe dict; ``prox_mu``, ``dp_clip``, ``dp_noise``, ``max_steps`` only
+        when not 0."""
         out = asdict(self)
-        for key in ("prox_mu", "dp_clip", "dp_noise"):
+        for key in ("prox_mu", "dp_clip", "dp_noise", "max_steps"):
             if not out[key]:
                 del out[key]
         return out
@@ -126,7 +164,9 @@ class Recipe:
 @dataclass(frozen=True)
 class StepStats:
     """What a training or evaluation pass measured. loss: mean per sample (summed over
-    outputs when training a multi-exit model); accuracy: of the final output, 0..1."""
+    outputs when training a multi-exit model); accuracy: of the final output, 0..1. A
+    training pass reports the last epoch it ran (a partial one when ``max_steps`` cut it
+    short), with ``samples`` = the local sample count (the weight an average gives it)."""
 
     samples: int
     loss: float

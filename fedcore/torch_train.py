@@ -72,11 +72,12 @@ def loss_function(recipe: Recipe, extras: dict[str, np.ndarray] | None, n: int):
 
 def train_model(model: SpecModel, x: np.ndarray, y: np.ndarray, recipe: Recipe,
                 progress: Progress | None = None, extras: dict[str, np.ndarray] | None = None) -> StepStats:
-    """``recipe.epochs`` passes of mini-batch training of ``model`` in place, with the recipe's
-    loss (default: sum of CE over the outputs) and optimiser. Shuffling and dropout are drawn
-    from ``recipe.seed``, so a task trains the same wherever it runs. ``extras``: per-sample
+    """``recipe.epochs`` passes of mini-batch training of ``model`` in place, stopping after
+    ``recipe.max_steps`` optimiser steps when that is > 0, with the recipe's loss (default:
+    sum of CE over the outputs) and optimiser. Shuffling and dropout are drawn from
+    ``recipe.seed``, so a task trains the same wherever it runs. ``extras``: per-sample
     teacher arrays the loss reads (``teacher_logits`` (N, K), ``teacher_features`` (N, F)).
-    Returns the last epoch's stats."""
+    Returns the stats of the last epoch that ran (partial when cut short), samples = N."""
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch_optimizer(params, recipe)
@@ -87,12 +88,15 @@ def train_model(model: SpecModel, x: np.ndarray, y: np.ndarray, recipe: Recipe,
     gen = torch.Generator().manual_seed(recipe.seed)
     n = len(yt)
     batches = batch_bounds(n, recipe.batch_size)
+    plan = recipe.epoch_steps(len(batches))  # steps per epoch; the last epoch is reported
+    total, last_epoch = sum(plan), len(plan) - 1
     total_loss = correct = seen = 0.0
+    done = 0
     with torch.random.fork_rng():
         torch.manual_seed(recipe.seed)
-        for epoch in range(recipe.epochs):
+        for epoch, steps in enumerate(plan):
             order = torch.randperm(n, generator=gen)
-            for step, (start, stop) in enumerate(batches):
+            for start, stop in batches[:steps]:
                 idx = order[start:stop]
                 outputs, features = model.forward_with_features(xt[idx])
                 loss = loss_fn(outputs, features, yt[idx], {k: v[idx] for k, v in extra_t.items()})
@@ -100,13 +104,14 @@ def train_model(model: SpecModel, x: np.ndarray, y: np.ndarray, recipe: Recipe,
                 loss.backward()
                 add_proximal(params, anchors, recipe.prox_mu)
                 opt.step()
-                if epoch == recipe.epochs - 1:  # report the last epoch
+                done += 1
+                if epoch == last_epoch:  # report the last epoch
                     total_loss += float(loss.detach()) * len(idx)
                     correct += float((outputs[-1].argmax(1) == yt[idx]).sum())
                     seen += len(idx)
                 if progress:
-                    progress((epoch * len(batches) + step + 1) / (recipe.epochs * len(batches)))
-    return StepStats(int(seen), total_loss / max(seen, 1), correct / max(seen, 1))
+                    progress(done / total)
+    return StepStats(n if seen else 0, total_loss / max(seen, 1), correct / max(seen, 1))
 
 
 @torch.no_grad()

@@ -221,14 +221,17 @@ StepStats PteTrainer::train(const Dataset& data, const Recipe& recipe, const std
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   std::vector<int64_t> order(data.n);
   const int64_t steps = (data.n + batch_size - 1) / batch_size;
+  int64_t total = recipe.epochs * steps;  // optimiser steps in all: at most recipe.max_steps (> 0)
+  if (recipe.max_steps > 0) total = std::min(total, recipe.max_steps);
+  const int64_t last_epoch = steps ? (total - 1) / steps : -1;  // the epoch reported
   Optimizer opt(recipe);
   StepStats stats;
   double total_loss = 0;
-  int64_t correct = 0;
-  for (int64_t epoch = 0; epoch < recipe.epochs; ++epoch) {
+  int64_t correct = 0, done = 0, seen = 0;
+  for (int64_t epoch = 0; epoch <= last_epoch; ++epoch) {
     std::iota(order.begin(), order.end(), 0);
     for (int64_t i = data.n - 1; i > 0; --i) std::swap(order[i], order[gen() % static_cast<uint64_t>(i + 1)]);
-    for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t step = 0; step < steps && done < total; ++step) {
       const int64_t start = step * batch_size, real = std::min(batch_size, data.n - start);
       std::fill(x_buf, x_buf + b * sample, 0.0f);
       std::fill(batch.y.begin(), batch.y.end(), 0);
@@ -251,16 +254,18 @@ StepStats PteTrainer::train(const Dataset& data, const Recipe& recipe, const std
         auto& view = params_.at(name);
         opt.step(name, view.first, ptrs[k], numel(view.second));
       }
-      if (epoch == recipe.epochs - 1) {
+      ++done;
+      if (epoch == last_epoch) {
         total_loss += loss * real;
         for (int64_t j = 0; j < real; ++j) correct += predictions[j] == batch.y[j];
-        stats.samples += real;
+        seen += real;
       }
-      if (progress) progress(double(epoch * steps + step + 1) / double(recipe.epochs * steps));
+      if (progress) progress(double(done) / double(total));
     }
   }
-  stats.loss = stats.samples ? total_loss / stats.samples : 0.0;
-  stats.accuracy = stats.samples ? double(correct) / stats.samples : 0.0;
+  stats.samples = seen ? data.n : 0;
+  stats.loss = seen ? total_loss / seen : 0.0;
+  stats.accuracy = seen ? double(correct) / seen : 0.0;
   return stats;
 }
 

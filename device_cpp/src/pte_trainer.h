@@ -20,7 +20,7 @@ namespace executorch::extension::module { class Module; }
 namespace fedsdk {
 
 struct Recipe {
-  int64_t epochs = 1, batch_size = 32, seed = 0, teacher_features = 0;
+  int64_t epochs = 1, batch_size = 32, seed = 0, teacher_features = 0, max_steps = 0;  // max_steps 0: no bound
   std::string optimizer = "sgd", loss = "ce";
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0, prox_mu = 0.0, temperature = 1.0, alpha = 0.0;
 };
@@ -44,7 +44,8 @@ class PteTrainer {
   void set_weights(const Record& record);
   // Copies out the named tensors (all of the program's when `names` is empty).
   Record get_weights(const std::vector<std::string>& names) const;
-  // recipe.epochs passes of mini-batch training; `progress(f)` after each step, f in (0, 1].
+  // recipe.epochs passes of mini-batch training, at most recipe.max_steps steps when > 0 (stats of
+  // the last epoch that ran, samples = N); `progress(f)` after each step, f in (0, 1].
   StepStats train(const Dataset& data, const Recipe& recipe, const std::function<void(double)>& progress);
   // One optimizer step on the batch `idx` of `data` (no shuffling, no dropout): for parity tests.
   double train_one_batch(const Dataset& data, const std::vector<int64_t>& idx, const Recipe& recipe);

@@ -42,6 +42,7 @@ Recipe parse_recipe(const json& j) {
     else if (key == "alpha") r.alpha = number(v, key);
     else if (key == "teacher_features") r.teacher_features = integer(v, key);
     else if (key == "prox_mu") r.prox_mu = number(v, key);
+    else if (key == "max_steps") r.max_steps = integer(v, key);
     else invalid("recipe: unknown key " + key);
   }
   if (r.epochs < 1) invalid("recipe.epochs must be >= 1");
@@ -53,6 +54,7 @@ Recipe parse_recipe(const json& j) {
   if (r.alpha < 0 || r.alpha > 1) invalid("recipe.alpha must be in 0..1");
   if (r.teacher_features < 0) invalid("recipe.teacher_features must be >= 0");
   if (r.prox_mu < 0) invalid("recipe.prox_mu must be >= 0");
+  if (r.max_steps < 0) invalid("recipe.max_steps must be >= 0");
   return r;
 }
 

@@ -124,8 +124,9 @@ class NativeExecutorchRuntime:
     def train(self, x: np.ndarray, y: np.ndarray, recipe: Recipe, progress: Progress | None = None,
               extras: dict[str, np.ndarray] | None = None) -> StepStats:
         """``recipe.epochs`` passes of mini-batch training (loss and optimizer of the program
-        and recipe). ``extras``: per-sample teacher arrays the program's loss reads, e.g.
-        {"teacher_logits": (N, K)}. Returns the last epoch's mean loss and accuracy."""
+        and recipe), at most ``recipe.max_steps`` steps when that is > 0. ``extras``: per-sample
+        teacher arrays the program's loss reads, e.g. {"teacher_logits": (N, K)}. Returns the
+        last epoch's (partial when cut short) mean loss and accuracy, samples = N."""
         self._require()
         meta = self.meta
         batch = recipe.batch_size
@@ -142,10 +143,13 @@ class NativeExecutorchRuntime:
         gen = TorchCpuGenerator(recipe.seed)
         n, steps_per_epoch = len(yt), -(-len(yt) // batch)
         n_user, n_params = len(meta["train_outputs"]), len(meta["params"])
+        plan = recipe.epoch_steps(steps_per_epoch)  # steps per epoch; the last epoch is reported
+        total, last_epoch = sum(plan), len(plan) - 1
         total_loss = correct = seen = 0.0
-        for epoch in range(recipe.epochs):
+        done = 0
+        for epoch, steps in enumerate(plan):
             order = gen.randperm(n)
-            for step in range(steps_per_epoch):
+            for step in range(steps):
                 idx = order[step * batch:(step + 1) * batch]
                 inputs = self._train_inputs(xt[idx], yt[idx], {k: v[idx] for k, v in extra_t.items()}, gen)
                 outputs = self.program.run("train", inputs)
@@ -154,14 +158,15 @@ class NativeExecutorchRuntime:
                     self._running[name] = value.copy()
                 grads = dict(zip(meta["gradient_order"], outputs[n_user:n_user + n_params], strict=True))
                 optimizer.step(self._params, grads)
-                if epoch == recipe.epochs - 1:
+                done += 1
+                if epoch == last_epoch:
                     real = len(idx)
                     total_loss += loss * real
                     correct += float((outputs[1][:real] == yt[idx]).sum())
                     seen += real
                 if progress:
-                    progress((epoch * steps_per_epoch + step + 1) / (recipe.epochs * steps_per_epoch))
-        return StepStats(int(seen), total_loss / max(seen, 1), correct / max(seen, 1))
+                    progress(done / total)
+        return StepStats(n if seen else 0, total_loss / max(seen, 1), correct / max(seen, 1))
 
     def gradients(self, x: np.ndarray, y: np.ndarray, extras: dict[str, np.ndarray] | None = None,
                   dropout_masks: list[np.ndarray] | None = None

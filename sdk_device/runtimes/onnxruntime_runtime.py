@@ -186,27 +186,32 @@ class OrtTrainingRuntime(OnnxEvalRuntime):
 
     def train(self, x: np.ndarray, y: np.ndarray, recipe: Recipe, progress: Progress | None = None,
               extras: dict[str, np.ndarray] | None = None) -> StepStats:
-        """``recipe.epochs`` passes of mini-batch training; stats of the last epoch."""
+        """``recipe.epochs`` passes of mini-batch training, at most ``recipe.max_steps`` steps
+        when that is > 0; stats of the last epoch that ran (samples = N)."""
         self._require_module()
         extras = extras or {}
         optimizer = make_optimizer(recipe)
         params = {name: self.values[name] for name in self.param_names}
         rng = np.random.default_rng(recipe.seed)
         n, steps_per_epoch = len(y), -(-len(y) // recipe.batch_size)
+        plan = recipe.epoch_steps(steps_per_epoch)  # steps per epoch; the last epoch is reported
+        total, last_epoch = sum(plan), len(plan) - 1
         total_loss = correct = seen = 0.0
-        for epoch in range(recipe.epochs):
+        done = 0
+        for epoch, steps in enumerate(plan):
             order = rng.permutation(n)
-            for step in range(steps_per_epoch):
+            for step in range(steps):
                 idx = order[step * recipe.batch_size:(step + 1) * recipe.batch_size]
                 loss, logits = self.forward_backward(x[idx], y[idx], {k: v[idx] for k, v in extras.items()})
                 optimizer.step(params, self.grad_views)
-                if epoch == recipe.epochs - 1:
+                done += 1
+                if epoch == last_epoch:
                     total_loss += loss * len(idx)
                     correct += float((logits.argmax(axis=1) == y[idx]).sum())
                     seen += len(idx)
                 if progress:
-                    progress((epoch * steps_per_epoch + step + 1) / (recipe.epochs * steps_per_epoch))
-        return StepStats(int(seen), total_loss / max(seen, 1), correct / max(seen, 1))
+                    progress(done / total)
+        return StepStats(n if seen else 0, total_loss / max(seen, 1), correct / max(seen, 1))
 
 
 def _check_names(weights: dict[str, np.ndarray], expected: list[str]) -> None:

@@ -47,7 +47,8 @@ class TorchRuntime:
 
     def train(self, x: np.ndarray, y: np.ndarray, recipe: Recipe,
               progress: Progress | None = None, extras: dict[str, np.ndarray] | None = None) -> StepStats:
-        """``recipe.epochs`` passes of mini-batch training (``fedcore.torch_train.train_model``).
+        """``recipe.epochs`` passes of mini-batch training, at most ``recipe.max_steps`` steps
+        (``fedcore.torch_train.train_model``).
         ``extras``: per-sample teacher arrays the loss reads."""
         return train_model(self._require_model(), x, y, recipe, progress, extras)
 

@@ -7,6 +7,8 @@ import json
 import click
 from rich.console import Console
 
+from fedcore.recipe import DEFAULT_MAX_STEPS
+
 console = Console()
 
 # One default for `run` and `simulate`: a round of a real fleet's slow devices (a Pi training a
@@ -21,6 +23,10 @@ def recipe_options(f):
             click.option("--local-epochs", default=5, show_default=True, help="Local epochs per round."),
             click.option("--batch-size", default=16, show_default=True, help="Samples per local step."),
             click.option("--lr", default=0.05, show_default=True, help="Client learning rate."),
+            click.option("--max-steps", default=DEFAULT_MAX_STEPS, show_default=True,
+                         help="At most this many local optimiser steps per round on a device, "
+                         "whatever its data size (a device with more data stops part-way through "
+                         "its epochs); 0: no bound (every device makes all its epochs)."),
             click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True,
                          help="Client optimizer."),
         ]

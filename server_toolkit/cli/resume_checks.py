@@ -18,7 +18,8 @@ from ..rounds.checkpoint import CheckpointError, check_checkpoint
 
 # simulate flag -> (config.json key, how the flag's value becomes the stored one)
 STORED_AS = {"round_timeout": "round_timeout_s", "fleet_timeout": "fleet_timeout_s"}
-RECIPE_KEYS = {"local_epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "optimizer": "optimizer"}
+RECIPE_KEYS = {"local_epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "optimizer": "optimizer",
+               "max_steps": "max_steps"}
 FREE_ON_RESUME = {"rounds", "resume_dir", "resume", "run_dir", "dashboard", "dashboard_token",
                   "dashboard_hold", "log_to", "round_timeout", "fleet_timeout", "min_devices", "broker_url",
                   "device_python", "config_file"}
@@ -40,7 +41,10 @@ def read_json(path: Path, what: str) -> dict:
 def stored_value(name: str, value: object, config: dict) -> tuple[str, object, object] | None:
     """(config key, the flag's value as stored, the stored value) when flag ``name`` maps to config.json."""
     if name in RECIPE_KEYS:
-        return RECIPE_KEYS[name], value, (config.get("recipe") or {}).get(RECIPE_KEYS[name])
+        stored = (config.get("recipe") or {}).get(RECIPE_KEYS[name])
+        if name == "max_steps" and stored is None:  # a recipe leaves max_steps out when 0 (no bound)
+            stored = 0
+        return RECIPE_KEYS[name], value, stored
     key = STORED_AS.get(name, name)
     if key not in config:
         return None

@@ -128,6 +128,7 @@ def run(
     local_epochs,
     batch_size,
     lr,
+    max_steps,
     optimizer,
     seed,
     resume,
@@ -173,7 +174,8 @@ def run(
     from ..rounds.quality_guard import guard_summary
     from ..secagg.mqtt_grid import secagg_grid
 
-    recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed,
+                        max_steps=max_steps)
     privacy = privacy_settings(privacy_values, method)
     try:
         setup = assemble(method, model, dataset, data_dir, recipe, parse_options(method_options), seed)

@@ -20,6 +20,7 @@ LOWER_BOUNDS: dict[str, tuple[float, bool]] = {
     "rounds": (1, False), "devices": (1, False), "edges": (0, False), "clients_per_round": (1, False),
     "over_select": (0, False), "alpha": (0, True), "classes_per_client": (1, False),
     "num_strong": (0, False), "local_epochs": (1, False), "batch_size": (1, False), "lr": (0, True),
+    "max_steps": (0, False),
     "round_timeout": (0, True), "fleet_timeout": (0, True), "min_devices": (1, False),
     "norm_bound": (0, False), "train_samples": (1, False), "test_samples": (1, False),
     "port": (1, False), "pair_max_failures": (1, False),

@@ -123,7 +123,7 @@ from .validate import validated
 @straggler_options
 @config_option
 @validated
-def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr, optimizer,
+def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr, max_steps, optimizer,
              dashboard, dashboard_token, dashboard_hold, log_to, **options) -> None:
     """Run a whole federation here: broker, server and N real device processes over MQTT
     (or, with `--grid inprocess`, the same devices trained in this process)."""
@@ -138,7 +138,8 @@ def simulate(resume_dir, runs_dir, run_dir_option, local_epochs, batch_size, lr,
         run_dir = resume_dir
     else:
         seed = options["seed"]
-        recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+        recipe = Recipe(epochs=local_epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed,
+                        max_steps=max_steps)
         tiers, formats = options.pop("tiers"), options.pop("program_formats")
         config = SimulationConfig(
             **{k: v for k, v in options.items()

@@ -99,6 +99,7 @@ CASES = [
     ("fraction above 1", ["simulate", "--fraction", "1.5"], "--fraction", False),
     ("clients per round 0", ["simulate", "--clients-per-round", "0"], "--clients-per-round", False),
     ("lr 0", ["simulate", "--lr", "0"], "--lr must be > 0", False),
+    ("max steps -1", ["simulate", "--max-steps", "-1"], "--max-steps must be >= 0", False),
     ("negative round timeout", ["simulate", "--round-timeout", "-5"], "--round-timeout", False),
     ("empty tier name", ["simulate", "--tiers", "1.0,,0.5"], "empty tier name", False),
     ("method option without =", ["simulate", "--method-option", "mu"], "KEY=VALUE", False),
