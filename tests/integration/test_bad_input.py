@@ -1,9 +1,11 @@
 """Bad input to ``fedsdk-server``: every case exits non-zero at once (before any broker or
 device starts), with one line on stderr and no traceback, and leaves no run directory.
 
-The cases are the ones a newcomer hit (issue 19). Checks that need the method registry
-import torch; their time bound is 3 s on a quiet machine, stretched by how many times slower
-a bare ``import torch`` is here than there (1.3 s on a quiet 2-core machine)."""
+The cases are the ones a newcomer hit (issue 19). Every case's time bound is 3 s on a quiet
+machine, stretched by how many times slower a bare ``import torch`` is here than there (1.3 s
+on a quiet 2-core machine): the checks that need the method registry import torch, and the
+others' start-up and 1.5 s broker probe slow down alike on a busy machine (they failed at
+3.6 s there, on the old code as well)."""
 
 from __future__ import annotations
 
@@ -184,7 +186,9 @@ def test_bad_input_fails_at_once_in_one_line_and_leaves_no_run_directory(
     assert "Traceback" not in done.stderr + done.stdout
     assert "broker:" not in done.stdout  # nothing started
     assert not any((tmp_path / name).exists() for name in ("runs", "rd", "new"))
-    assert seconds < 3.0 * (torch_slowdown if registry else 1.0), f"took {seconds:.1f} s"
+    # "at once": seconds, not a timeout's wait; every case scaled by how slow this machine is now
+    # (a bare torch import as the yardstick: the CLI's own start-up slows down alike)
+    assert seconds < 3.0 * torch_slowdown, f"took {seconds:.1f} s (machine {torch_slowdown:.1f}x slow)"
 
 
 def test_resume_of_a_damaged_run_leaves_its_files_as_they_were(files, tmp_path):
