@@ -65,7 +65,7 @@ class Rogue(RecordingAgent):
         self.endpoint.send(SERVER, msgs.Result(task_id=task.task_id, round=task.round, arrays={"model": ref},
                                                metrics={"samples": len(self.y), "loss": 1.0}))
 
-    def _run_task(self, task: msgs.Task) -> None:
+    def _run_task(self, task: msgs.Task, arrived: float) -> None:
         weights = self.tamper(decode_tensors(self.endpoint.fetch(SERVER, task.arrays["model"])))
         ref = self.endpoint.offer(SERVER, encode_tensors(weights), "weights", "safetensors")
         self.send_result(task, ref)
@@ -125,7 +125,7 @@ class NoModel(Rogue):
 class BadMessages(Rogue):
     """Sends malformed JSON and a result with a schema version from the future."""
 
-    def _run_task(self, task):
+    def _run_task(self, task, arrived):
         topic = self.endpoint.topics.up(self.config.device_id)
         self.endpoint.link.publish(topic, b"{this is not json")
         future = {"schema": 99, "type": "result", "task_id": task.task_id, "round": task.round}

@@ -36,7 +36,7 @@ class SmashedRogue(RecordingAgent):
     def metrics(self) -> dict:
         return {"samples": len(self.y)}
 
-    def _run_task(self, task: msgs.Task) -> None:
+    def _run_task(self, task: msgs.Task, arrived: float) -> None:
         weights = decode_tensors(self.endpoint.fetch(SERVER, task.arrays["model"]))
         ref = self.endpoint.offer(SERVER, encode_tensors(weights), "weights", "safetensors")
         x, y = self.smashed(task)
