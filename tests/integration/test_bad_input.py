@@ -1,8 +1,9 @@
 """Bad input to ``fedsdk-server``: every case exits non-zero at once (before any broker or
 device starts), with one line on stderr and no traceback, and leaves no run directory.
 
-The cases are the ones a newcomer hit (issue 19). Every case's time bound is 3 s on a quiet
-machine, stretched by how many times slower a bare ``import torch`` is here than there (1.3 s
+The cases are the ones a newcomer hit (issue 19). Every case's time bound is 5 s on a quiet
+machine (the tier checks build the model: 5.7 s here at 1.8x; a wait for a broker or devices
+takes 30 s and more), stretched by how many times slower a bare ``import torch`` is here than there (1.3 s
 on a quiet 2-core machine): the checks that need the method registry import torch, and the
 others' start-up and 1.5 s broker probe slow down alike on a busy machine (they failed at
 3.6 s there, on the old code as well)."""
@@ -188,7 +189,7 @@ def test_bad_input_fails_at_once_in_one_line_and_leaves_no_run_directory(
     assert not any((tmp_path / name).exists() for name in ("runs", "rd", "new"))
     # "at once": seconds, not a timeout's wait; every case scaled by how slow this machine is now
     # (a bare torch import as the yardstick: the CLI's own start-up slows down alike)
-    assert seconds < 3.0 * torch_slowdown, f"took {seconds:.1f} s (machine {torch_slowdown:.1f}x slow)"
+    assert seconds < 5.0 * torch_slowdown, f"took {seconds:.1f} s (machine {torch_slowdown:.1f}x slow)"
 
 
 def test_resume_of_a_damaged_run_leaves_its_files_as_they_were(files, tmp_path):

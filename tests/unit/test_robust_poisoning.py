@@ -47,9 +47,11 @@ def _final_accuracy(method: str, rule: str, poisoned: bool) -> float:
 
 @pytest.mark.parametrize(("method", "rule"), [("fedavg", "median"), ("fedavg", "trimmed-mean"),
                                               ("heterofl", "trimmed-mean")])
-def test_a_billionfold_update_leaves_robust_accuracy_within_one_point_of_the_clean_run(method, rule):
+def test_a_billionfold_update_costs_robust_accuracy_at_most_one_point_of_the_clean_run(method, rule):
     clean = _final_accuracy(method, rule, poisoned=False)
     poisoned = _final_accuracy(method, rule, poisoned=True)
     print(f"{method} {rule}: clean {clean:.4f}, poisoned {poisoned:.4f}")
     assert clean > 0.5  # the runs learn: the comparison is not between two untrained models
-    assert abs(poisoned - clean) <= 0.01
+    # one-sided: the claim is that the poison does no harm. Dropping the attacker's row can also
+    # help (trimmed mean here: clean 0.9387, poisoned 0.9499 on this machine, main's code too)
+    assert poisoned >= clean - 0.01
