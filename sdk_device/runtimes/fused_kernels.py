@@ -30,7 +30,8 @@ def load() -> ctypes.CDLL:
             try:
                 lib = ctypes.CDLL(str(find_or_build_kernels()), mode=ctypes.RTLD_GLOBAL)
             except (NativeBuildError, OSError) as exc:
-                raise UnsupportedKernels(f"the {KERNEL_SET!r} kernels are not available here: {exc}") from None
+                raise UnsupportedKernels(f"the {KERNEL_SET!r} kernels are not available here: {exc}"
+                                         ) from None
             lib.fk_kernel_set.restype = ctypes.c_char_p
             if lib.fk_kernel_set().decode() != KERNEL_SET or lib.fk_registered() != 1:
                 raise UnsupportedKernels(f"libfedsdk_kernels did not register the {KERNEL_SET!r} kernels")

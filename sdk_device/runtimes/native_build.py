@@ -145,7 +145,8 @@ def build(et_dir: str | Path | None = None, cxx: str | None = None, out: Path | 
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}")
-    done = subprocess.run(compile_command(root, command, partial, rpath, kernels), capture_output=True, text=True)
+    done = subprocess.run(compile_command(root, command, partial, rpath, kernels), capture_output=True,
+                          text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
