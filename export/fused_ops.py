@@ -15,6 +15,11 @@ Ops (activations channels-last, as everywhere in ``export.decompositions``):
 ``fedsdk::conv2d_nhwc_backward(grad_out, x, weight, stride, pad, input_grad)
     -> (grad_input (B,H,W,C), grad_weight (O,C,k,k), grad_bias (O,))``
     ``input_grad`` False (the program's input needs no gradient): grad_input is zeros.
+``fedsdk::rectify(x) -> max(x, 0)``; ``fedsdk::rectify_backward(grad_out, y) -> grad_out * (y > 0)``
+    ReLU (the backward reads the output, as torch's threshold backward does).
+``fedsdk::max_pool_nhwc(x (B,H,W,C), k) -> (B, H//k, W//k, C)``; ``..._backward(grad_out, x, k)``
+    k x k max-pool with stride k (a ragged edge is dropped); the gradient goes to the first
+    maximum of each window in row-major order (torch's rule), recomputed from ``x``.
 
 Decision: ops live in their own ``fedsdk`` namespace and none is named after an ATen op
 (XNNPACK's partitioner claims a ``relu`` of any namespace).
@@ -37,6 +42,18 @@ _lib.define("conv2d_nhwc_backward(Tensor grad_out, Tensor x, Tensor weight, int 
 _lib.define("conv2d_nhwc_backward.out(Tensor grad_out, Tensor x, Tensor weight, int stride, int pad, "
             "bool input_grad, *, Tensor(a!) grad_input, Tensor(b!) grad_weight, Tensor(c!) grad_bias) "
             "-> (Tensor(a!), Tensor(b!), Tensor(c!))")
+
+
+for _schema in (
+        "rectify(Tensor x) -> Tensor",
+        "rectify.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)",
+        "rectify_backward(Tensor grad_out, Tensor y) -> Tensor",
+        "rectify_backward.out(Tensor grad_out, Tensor y, *, Tensor(a!) out) -> Tensor(a!)",
+        "max_pool_nhwc(Tensor x, int k) -> Tensor",
+        "max_pool_nhwc.out(Tensor x, int k, *, Tensor(a!) out) -> Tensor(a!)",
+        "max_pool_nhwc_backward(Tensor grad_out, Tensor x, int k) -> Tensor",
+        "max_pool_nhwc_backward.out(Tensor grad_out, Tensor x, int k, *, Tensor(a!) out) -> Tensor(a!)"):
+    _lib.define(_schema)
 
 
 def _out_size(size: int, k: int, stride: int, pad: int) -> int:
@@ -116,3 +133,94 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
            pad: int) -> torch.Tensor:
     """groups == 1 convolution of (B, H, W, C) by a torch-layout weight -> (B, Ho, Wo, O)."""
     return torch.ops.fedsdk.conv2d_nhwc(x.contiguous(), weight, bias, stride, pad)
+
+
+# -- ReLU and max-pool ------------------------------------------------------------------------------
+def _pool_reference(x, k):
+    return F.max_pool2d(x.permute(0, 3, 1, 2), k, k).permute(0, 2, 3, 1).contiguous()
+
+
+def _pool_backward_reference(grad_out, x, k):
+    b, h, w, c = x.shape
+    _, index = F.max_pool2d(x.permute(0, 3, 1, 2), k, k, return_indices=True)  # into H*W per channel
+    grad = grad_out.permute(0, 3, 1, 2).reshape(b, c, -1)
+    flat = grad.new_zeros(b, c, h * w).scatter_add_(2, index.reshape(b, c, -1), grad)
+    return flat.reshape(b, c, h, w).permute(0, 2, 3, 1).contiguous()
+
+
+_REFERENCES = {
+    "rectify": lambda x: torch.relu(x),
+    "rectify_backward": lambda grad_out, y: grad_out * (y > 0).to(grad_out.dtype),
+    "max_pool_nhwc": _pool_reference,
+    "max_pool_nhwc_backward": _pool_backward_reference,
+}
+
+
+def _register(name, reference) -> None:
+    def functional(*args):
+        return reference(*args)
+
+    def out_variant(*args, out):
+        out.copy_(reference(*args))
+        return out
+
+    torch.library.impl(_lib, name, "CompositeExplicitAutograd")(functional)
+    torch.library.impl(_lib, f"{name}.out", "CompositeExplicitAutograd")(out_variant)
+
+
+for _name, _reference in _REFERENCES.items():
+    _register(_name, _reference)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::rectify")
+def _rectify_fake(x):
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::rectify_backward")
+def _rectify_backward_fake(grad_out, y):
+    return torch.empty_like(grad_out)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::max_pool_nhwc")
+def _pool_fake(x, k):
+    b, h, w, c = x.shape
+    return x.new_empty(b, h // k, w // k, c)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::max_pool_nhwc_backward")
+def _pool_backward_fake(grad_out, x, k):
+    return torch.empty_like(x)
+
+
+def _rectify_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output)
+
+
+def _rectify_grad(ctx, grad_out):
+    (y,) = ctx.saved_tensors
+    return torch.ops.fedsdk.rectify_backward(grad_out.contiguous(), y)
+
+
+def _pool_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0])
+    ctx.k = inputs[1]
+
+
+def _pool_grad(ctx, grad_out):
+    (x,) = ctx.saved_tensors
+    return torch.ops.fedsdk.max_pool_nhwc_backward(grad_out.contiguous(), x, ctx.k), None
+
+
+torch.library.register_autograd(f"{NAMESPACE}::rectify", _rectify_grad, setup_context=_rectify_setup)
+torch.library.register_autograd(f"{NAMESPACE}::max_pool_nhwc", _pool_grad, setup_context=_pool_setup)
+
+
+def rectify(x: torch.Tensor) -> torch.Tensor:
+    """ReLU of any tensor (named so that XNNPACK's partitioner does not claim it)."""
+    return torch.ops.fedsdk.rectify(x.contiguous())
+
+
+def max_pool2d(x: torch.Tensor, k: int) -> torch.Tensor:
+    """k x k max-pool with stride k of (B, H, W, C), torch's first-maximum gradient."""
+    return torch.ops.fedsdk.max_pool_nhwc(x.contiguous(), k)

@@ -77,7 +77,7 @@ class ProgramModel(nn.Module):
         modelspec.validate(spec)
         self.spec = spec
         self.train_mode = training
-        self.kernels = kernels  # "fused": groups == 1 convolutions use export.fused_ops
+        self.kernels = kernels  # "fused": groups == 1 convolutions, ReLU, max-pool use export.fused_ops
         self.layers = nn.ModuleList(_holder(layer) for layer in spec["layers"])
         leaves = list(_walk(spec["layers"], "layers", tuple(spec["input_shape"])))
         self.dropout_shapes = [(name, layer.get("p", 0.5), shape) for name, layer, shape in leaves
@@ -147,9 +147,9 @@ def _run(layer: dict, params: nn.Module, h: torch.Tensor, state: _State) -> torc
         mean, var = state.running.pop(0), state.running.pop(0)
         return ops.batch_norm_eval(h, params.weight, params.bias, mean, var)
     if op == "relu":
-        return ops.relu(h)
+        return fused_ops.rectify(h) if state.fused else ops.relu(h)
     if op == "maxpool2d":
-        return ops.max_pool2d(h, layer["k"])
+        return fused_ops.max_pool2d(h, layer["k"]) if state.fused else ops.max_pool2d(h, layer["k"])
     if op == "avgpool2d":
         return ops.avg_pool2d(h, layer["k"])
     if op == "gap":

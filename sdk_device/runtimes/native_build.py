@@ -41,6 +41,7 @@ import click
 
 SOURCE = Path(__file__).parent / "native" / "fedsdk_executorch.cpp"
 KERNELS_SOURCE = Path(__file__).parent / "native" / "fedsdk_kernels.cpp"
+KERNELS_HEADER = Path(__file__).parent / "native" / "fused_math.h"  # included by KERNELS_SOURCE
 LIBRARIES = ("executorch", "executorch_kernels_optimized", "executorch_backend_xnnpack",
              "executorch_threadpool")
 DEFINES = ("C10_USING_CUSTOM_GENERATED_MACROS", "ET_EVENT_TRACER_ENABLED", "ET_USE_THREADPOOL")
@@ -101,6 +102,8 @@ def library_path(et_dir: Path, cxx: str, kernels: bool = False) -> Path:
     """Where the shim (or, ``kernels``, the fused kernels) built by ``cxx`` against ``et_dir`` lives."""
     source = KERNELS_SOURCE if kernels else SOURCE
     digest = hashlib.sha256(source.read_bytes())
+    if kernels:
+        digest.update(KERNELS_HEADER.read_bytes())
     digest.update(f"{et_dir.resolve()}|{Path(cxx).name}|{' '.join(DEFINES)}".encode())
     if kernels and _is_host_compiler(cxx):
         digest.update(_cpu_flags().encode())
