@@ -131,7 +131,7 @@ def _run_seq(layers: list[dict], holders: nn.ModuleList, h: torch.Tensor, state:
 def _run(layer: dict, params: nn.Module, h: torch.Tensor, state: _State) -> torch.Tensor:
     op = layer["op"]
     if op == "conv2d":
-        if state.fused and layer.get("groups", 1) == 1:
+        if state.fused and layer.get("groups", 1) == 1:  # grouped/depthwise: today's lowering
             return fused_ops.conv2d(h, params.weight, getattr(params, "bias", None), layer.get("stride", 1),
                                     layer.get("pad", 0))
         return ops.conv2d(h, params.weight, getattr(params, "bias", None), layer.get("stride", 1),

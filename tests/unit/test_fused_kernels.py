@@ -1,5 +1,5 @@
-"""The fused training kernels (``kernels="fused"``): the C++ convolution kernels of
-libfedsdk_kernels against torch (forward and both gradients), the ``fedsdk::`` ops'
+"""The fused training kernels (``kernels="fused"``): the C++ kernels of libfedsdk_kernels
+against torch (convolution forward and both gradients, max-pool, ReLU), the ``fedsdk::`` ops'
 registrations, gradient parity of a fused small CNN program on the torch-free runtime, and
 the refusal of runtimes that lack the kernel set."""
 
@@ -65,6 +65,35 @@ def test_conv_kernels_match_torch_forward_and_both_gradients(geometry):
                            b, h, w, c, o, k, stride, pad)
     for got, want in ((out, y), (gx, x.grad), (gw, weight.grad), (gb, bias.grad)):
         assert _relative(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 8, 5, 2), (3, 7, 9, 16, 2), (2, 9, 9, 3, 3)])
+def test_max_pool_kernels_equal_torch_including_the_first_maximum_of_ties(shape):
+    b, h, w, c, k = shape
+    lib = fused_kernels.load()
+    x = torch.randn(b, h, w, c, generator=torch.Generator().manual_seed(h * w)).round(decimals=1)  # ties
+    x[:, :, 1::k] = x[:, :, ::k][:, :, :x[:, :, 1::k].shape[2]]  # whole tied windows along W
+    xt = x.clone().requires_grad_()
+    y = F.max_pool2d(xt.permute(0, 3, 1, 2), k, k).permute(0, 2, 3, 1)
+    grad_y = torch.randn(y.shape)
+    y.backward(grad_y)
+    xn, gn = x.numpy().copy(), grad_y.numpy().copy()
+    out, gx = np.full(y.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+    lib.fk_max_pool(_ptr(xn), _ptr(out), b, h, w, c, k)
+    lib.fk_max_pool_backward(_ptr(gn), _ptr(xn), _ptr(gx), b, h, w, c, k)
+    assert np.array_equal(out, y.detach().numpy()) and np.array_equal(gx, xt.grad.numpy())
+
+
+def test_rectify_kernels_equal_torch_relu_and_its_gradient():
+    lib = fused_kernels.load()
+    x = torch.randn(1000).round(decimals=1)  # exact zeros included: no gradient there, as torch
+    xt = x.clone().requires_grad_()
+    grad = torch.randn(1000)
+    torch.relu(xt).backward(grad)
+    y, gx = np.full(1000, np.nan, np.float32), np.full(1000, np.nan, np.float32)
+    lib.fk_rectify(_ptr(x.numpy()), _ptr(y), ctypes.c_size_t(1000))
+    lib.fk_rectify_backward(_ptr(grad.numpy()), _ptr(y), _ptr(gx), ctypes.c_size_t(1000))
+    assert np.array_equal(y, torch.relu(x).numpy()) and np.array_equal(gx, xt.grad.numpy())
 
 
 def test_fedsdk_conv_ops_fake_shapes_and_out_variants_agree_with_their_eager_results():
