@@ -185,6 +185,29 @@ class SecAgg(Message):
     data: dict
 
 
+@dataclass(frozen=True)
+class StatusRequest(Message):
+    """Device -> server after each connect: "who are you now?" (docs/protocol.md §3.2). No fields:
+    the server answers with ``ServerStatus`` on the device's ``down`` topic."""
+
+    TYPE: ClassVar[str] = "status_request"
+
+
+@dataclass(frozen=True)
+class ServerStatus(Message):
+    """Server -> device, the answer to ``StatusRequest``: the server is online and this is its
+    epoch (the fields of the ``broadcast/epoch`` payload, §3.1; seconds)."""
+
+    TYPE: ClassVar[str] = "server_status"
+    epoch: str
+    started_at: float = 0.0
+    announce_window_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.epoch) <= 64 or any(c not in "0123456789abcdef" for c in self.epoch):
+            raise ProtocolError("invalid_field", "server_status.epoch must be 1-64 lowercase hex digits")
+
+
 # -- pairing (fleet-less topics fedsdk/v1/pair/<client id>/…; see docs/protocol.md §19) ------
 
 
@@ -274,8 +297,8 @@ class UnpairRequest(Message):
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
-    for cls in (Hello, Task, Result, Ack, Error, Heartbeat, BlobRequest, SecAgg, PairCaRequest, PairCa,
-                PairRequest, PairOffer, PairConfirm, PairAccept, UnpairRequest)
+    for cls in (Hello, Task, Result, Ack, Error, Heartbeat, BlobRequest, SecAgg, StatusRequest, ServerStatus,
+                PairCaRequest, PairCa, PairRequest, PairOffer, PairConfirm, PairAccept, UnpairRequest)
 }
 
 

@@ -59,12 +59,15 @@ class BrokerAddress:
     tls: bool = False
     username: str | None = None
     password: str | None = None
+    retain: bool = True  # False: "?retain=0", for brokers without retained messages (§4)
 
     @classmethod
     def parse(cls, url: str) -> BrokerAddress:
         parsed = urlparse(url)
         if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname:
             raise ValueError(f"broker URL must look like mqtt://host:port or mqtts://host:port, got {url!r}")
+        if parsed.query not in ("", "retain=0", "retain=1"):
+            raise ValueError(f"broker URL: the only query allowed is ?retain=0 or ?retain=1, got {url!r}")
         tls = parsed.scheme == "mqtts"
         return cls(
             host=parsed.hostname,
@@ -72,11 +75,13 @@ class BrokerAddress:
             tls=tls,
             username=unquote(parsed.username) if parsed.username else None,
             password=unquote(parsed.password) if parsed.password else None,
+            retain=parsed.query != "retain=0",
         )
 
     @property
     def url(self) -> str:
-        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+        query = "" if self.retain else "?retain=0"
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}{query}"
 
 
 def _disable_nagle(client: mqtt.Client) -> None:
@@ -156,7 +161,7 @@ class MqttLink:
             client.tls_set(cert_reqs=ssl.CERT_NONE)
             client.tls_insecure_set(True)
         if status_topic:
-            client.will_set(status_topic, b"offline", qos=1, retain=True)
+            client.will_set(status_topic, b"offline", qos=1, retain=broker.retain)
         client.max_inflight_messages_set(max_inflight)
         client.reconnect_delay_set(min_delay=1, max_delay=30)
         client.on_connect = self._on_connect
@@ -191,7 +196,7 @@ class MqttLink:
         """Say "offline" (a clean disconnect suppresses the last will) and disconnect."""
         self._closing = True
         if self._connected.is_set() and self._status_topic:
-            info = self._client.publish(self._status_topic, b"offline", qos=1, retain=True)
+            info = self._client.publish(self._status_topic, b"offline", qos=1, retain=self.broker.retain)
             try:
                 info.wait_for_publish(timeout=3)
             except (RuntimeError, ValueError):
@@ -226,14 +231,14 @@ class MqttLink:
             dropped = mqtt.MQTTMessageInfo(0)
             dropped.rc = mqtt.MQTT_ERR_NO_CONN
             return dropped
-        return self._client.publish(topic, payload, qos=qos, retain=retain)
+        return self._client.publish(topic, payload, qos=qos, retain=retain and self.broker.retain)
 
     def keep_retained(self, topic: str, payload: bytes) -> None:
         """Publish ``payload`` retained (QoS 1) now if connected, and again after every
         (re)connect, before the status ``online`` (the server's epoch, §3.1)."""
         self._kept[topic] = payload
         if self._connected.is_set():
-            self._client.publish(topic, payload, qos=1, retain=True)
+            self._client.publish(topic, payload, qos=1, retain=self.broker.retain)
 
     def subscribe(self, topics: list[str]) -> None:
         """Add subscriptions (QoS 1); they are renewed after every reconnect."""
@@ -254,9 +259,9 @@ class MqttLink:
         if self._subscriptions:
             client.subscribe([(t, 1) for t in self._subscriptions])
         for topic, payload in list(self._kept.items()):
-            client.publish(topic, payload, qos=1, retain=True)
+            client.publish(topic, payload, qos=1, retain=self.broker.retain)
         if self._status_topic:
-            client.publish(self._status_topic, b"online", qos=1, retain=True)
+            client.publish(self._status_topic, b"online", qos=1, retain=self.broker.retain)
         if self._connects:
             log.info("%s reconnected to %s", self.client_id, self.broker.url)
         else:
