@@ -87,6 +87,11 @@ class Announcer:
         self._connection = 0  # counts the connects we asked the server's status for
         self._epochs_seen = 0  # epochs received (retained, live or answered): ends the retries
 
+    @property
+    def announced(self) -> str | None:
+        """The epoch of the server the last hello went to (or that answered us first)."""
+        return self._announced
+
     # -- the agent's side -------------------------------------------------------------------
     def say_hello(self) -> None:
         """Send the hello now (the agent's start hello), then ask for the server's status."""
