@@ -22,6 +22,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 from . import wire_json
+from .error_claim import says_error as says_error  # (messages.says_error, docs/protocol.md §5.2)
 from .errors import ProtocolError
 
 SCHEMA_VERSION = 2
@@ -187,16 +188,14 @@ class SecAgg(Message):
 
 @dataclass(frozen=True)
 class StatusRequest(Message):
-    """Device -> server after each connect: "who are you now?" (docs/protocol.md §3.2). No fields:
-    the server answers with ``ServerStatus`` on the device's ``down`` topic."""
+    """Device -> server after each connect (docs/protocol.md §3.2); answered by ``ServerStatus``."""
 
     TYPE: ClassVar[str] = "status_request"
 
 
 @dataclass(frozen=True)
 class ServerStatus(Message):
-    """Server -> device, the answer to ``StatusRequest``: the server is online and this is its
-    epoch (the fields of the ``broadcast/epoch`` payload, §3.1; seconds)."""
+    """Server -> device: online, with this epoch (the ``broadcast/epoch`` fields, §3.1; seconds)."""
 
     TYPE: ClassVar[str] = "server_status"
     epoch: str
@@ -397,14 +396,3 @@ def _check(hint: Any, value: Any, where: str) -> Any:
         raise ProtocolError("invalid_field", f"{where}: expected {hint.__name__}, got {value!r:.80}")
     return float(value) if hint is float else value
 
-
-def says_error(payload: bytes) -> bool:
-    """True when an (otherwise invalid) control message claims to be an ``error``, e.g. one
-    of another schema version."""
-    if len(payload) > MAX_CONTROL_BYTES:
-        return False
-    try:
-        body = wire_json.loads(payload)
-    except ValueError:
-        return False
-    return isinstance(body, dict) and body.get("type") == "error"

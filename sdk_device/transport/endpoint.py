@@ -48,6 +48,7 @@ from .inbox import Inbox, Strangers
 from .mqtt_link import BrokerAddress, MqttLink
 from .routes import SERVER, Routes
 from .serve_queue import ServeQueue
+from .status_exchange import status_exchange
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class Endpoint:
         self._serve_queue = ServeQueue()  # blob requests, repeats of waiting ones dropped
         self._server_thread = threading.Thread(target=self._serve_loop, daemon=True)
         self.on_server_event: Callable[[str, object, bool], None] | None = None  # device side, see above
-        self._epoch: ServerEpoch | None = None  # server side: what a status_request is answered with
+        self.epoch: ServerEpoch | None = None  # server side: what a status_request is answered with
         if device_id is None:
             status_topic, subscriptions = topics.server_status, topics.server_subscriptions
             client_id = client_id or f"fedsdk-server-{topics.fleet}"
@@ -158,9 +159,8 @@ class Endpoint:
         self.link.publish(self.routes.control_topic(peer), msgs.encode(message), qos=qos)
 
     def announce_epoch(self, epoch: ServerEpoch) -> None:
-        """Server side: publish ``epoch`` retained now and on every reconnect, before "online";
-        from now on every device's ``status_request`` is answered with it (§3.2)."""
-        self._epoch = epoch
+        """Server side: publish ``epoch`` retained now and on every reconnect, before "online"."""
+        self.epoch = epoch
         self.link.keep_retained(self.topics.server_epoch, epoch.encode())
 
     def offer(self, peer: str, data: bytes, kind: str, fmt: str) -> msgs.BlobRef:
@@ -374,29 +374,13 @@ class Endpoint:
             self._serve_queue.put((peer, message))
             return
         if isinstance(message, msgs.StatusRequest | msgs.ServerStatus):
-            self._on_status_exchange(peer, message)
-            return
+            return status_exchange(self, peer, message)  # §3.2: answered here, the loop may be busy
         if isinstance(message, msgs.Error) and message.ref:
             with self._lock:
                 arrivals = self._transfers.get((peer, message.ref))
             if arrivals is not None:  # the holder refused a blob we are fetching: stop now
                 arrivals.put(ProtocolError(message.code, message.detail))
         self.inbox.put(Incoming(peer, message=message))
-
-    def _on_status_exchange(self, peer: str, message: msgs.Message) -> None:
-        """§3.2 on paho's thread (the round loop may be busy): the server answers a device's
-        ``status_request`` with its epoch; a device hands the answer to its announcer as a
-        retained epoch and status would arrive (the server's word at our connect)."""
-        if isinstance(message, msgs.StatusRequest):
-            if self.device_id is None and self._epoch is not None:
-                epoch = self._epoch
-                self.send(peer, msgs.ServerStatus(epoch=epoch.epoch, started_at=epoch.started_at,
-                                                  announce_window_s=epoch.announce_window_s))
-            return
-        if self.device_id is not None and isinstance(message, msgs.ServerStatus):
-            epoch = ServerEpoch.of_status(message.epoch, message.started_at, message.announce_window_s)
-            self._server_event("epoch", epoch, True)
-            self._server_event("status", "online", True)
 
     def _on_chunk(self, peer: str, payload: bytes) -> None:
         try:

@@ -23,11 +23,10 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from urllib.parse import unquote, urlparse
 
 import paho.mqtt.client as mqtt
 
+from .broker_address import BrokerAddress
 from .tls import check_plain_tcp
 
 log = logging.getLogger(__name__)
@@ -48,40 +47,6 @@ class BrokerRefused(ConnectionError):
     def __init__(self, text: str, tls: bool = False) -> None:
         super().__init__(text)
         self.tls = tls
-
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    """Where the broker is: parsed from ``mqtt://[user:pass@]host:port`` or ``mqtts://…``."""
-
-    host: str
-    port: int
-    tls: bool = False
-    username: str | None = None
-    password: str | None = None
-    retain: bool = True  # False: "?retain=0", for brokers without retained messages (§4)
-
-    @classmethod
-    def parse(cls, url: str) -> BrokerAddress:
-        parsed = urlparse(url)
-        if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname:
-            raise ValueError(f"broker URL must look like mqtt://host:port or mqtts://host:port, got {url!r}")
-        if parsed.query not in ("", "retain=0", "retain=1"):
-            raise ValueError(f"broker URL: the only query allowed is ?retain=0 or ?retain=1, got {url!r}")
-        tls = parsed.scheme == "mqtts"
-        return cls(
-            host=parsed.hostname,
-            port=parsed.port or (8883 if tls else 1883),
-            tls=tls,
-            username=unquote(parsed.username) if parsed.username else None,
-            password=unquote(parsed.password) if parsed.password else None,
-            retain=parsed.query != "retain=0",
-        )
-
-    @property
-    def url(self) -> str:
-        query = "" if self.retain else "?retain=0"
-        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}{query}"
 
 
 def _disable_nagle(client: mqtt.Client) -> None:
@@ -145,6 +110,7 @@ class MqttLink:
         self._on_connected = on_connected
         self._kept: dict[str, bytes] = {}  # topic -> retained payload re-published on every connect
         self._connects = 0
+        self._node = 0  # index in broker.nodes of the node we use
 
         client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
@@ -173,11 +139,25 @@ class MqttLink:
 
     # -- lifecycle -----------------------------------------------------------------------
     def connect(self, timeout_s: float = 15.0) -> MqttLink:
-        """Connect and start the network thread; raises ConnectionError with the reason."""
+        """Connect (to the first node of the broker URL that answers) and start the network
+        thread; raises ConnectionError with the reason (the last node's)."""
+        for i, (host, port) in enumerate(self.broker.nodes):
+            self._node = i
+            try:
+                return self._connect_to(host, port, timeout_s)
+            except BrokerRefused:
+                raise
+            except ConnectionError:
+                if i == len(self.broker.nodes) - 1:
+                    raise
+                log.warning("broker node %s:%d unreachable; trying the next", host, port)
+        raise AssertionError("unreachable")
+
+    def _connect_to(self, host: str, port: int, timeout_s: float) -> MqttLink:
         self._answered.clear()
         self._refused = None
         try:
-            self._client.connect(self.broker.host, self.broker.port, keepalive=self._keepalive_s)
+            self._client.connect(host, port, keepalive=self._keepalive_s)
         except ssl.SSLCertVerificationError as exc:
             raise BrokerRefused(f"cannot reach MQTT broker at {self.broker.url}: {exc}", tls=True) from exc
         except (OSError, ssl.SSLError) as exc:
@@ -279,11 +259,25 @@ class MqttLink:
         self._connected.clear()
         if not self._closing:
             log.warning("%s lost the broker (%s); reconnecting", self.client_id, reason_code)
+            self._next_node()
 
     def _on_connect_fail(self, client, userdata) -> None:
         if not self._closing:
             log.warning("%s: broker %s unreachable; paho tries again within 30 s", self.client_id,
                         self.broker.url)
+            self._next_node()
+
+    def _next_node(self) -> None:
+        """Several broker nodes: paho's next reconnect goes to the next one (a failover)."""
+        nodes = self.broker.nodes
+        if len(nodes) < 2:
+            return
+        self._node = (self._node + 1) % len(nodes)
+        try:
+            self._client.host, self._client.port = nodes[self._node]
+            log.info("%s: reconnecting to broker node %s:%d", self.client_id, *nodes[self._node])
+        except RuntimeError:  # paho still holds a socket: it keeps its node
+            pass
 
     def _on_message(self, client, userdata, message) -> None:
         try:

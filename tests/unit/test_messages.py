@@ -292,3 +292,10 @@ def test_encode_nan_metric_raises_protocol_error():
     result = m.Result(task_id="t", round=1, arrays={"model": _ref()}, metrics={"loss": float("nan")})
     with pytest.raises(ProtocolError):
         m.encode(result)
+
+
+def test_the_error_claim_reads_exactly_what_a_control_message_may_be():
+    from sdk_device.protocol.error_claim import MAX_CLAIM_BYTES
+
+    assert MAX_CLAIM_BYTES == m.MAX_CONTROL_BYTES
+    assert m.says_error(b'{"schema":1,"type":"error"}') and not m.says_error(b'{"type":"hello"}')

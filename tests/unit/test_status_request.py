@@ -136,3 +136,12 @@ def test_a_broker_url_says_when_the_broker_keeps_no_retained_messages():
     assert BrokerAddress.parse(plain.url) == BrokerAddress("h", 1884, retain=False)
     with pytest.raises(ValueError, match="retain=0"):
         BrokerAddress.parse("mqtt://h:1883?retain=no")
+
+
+def test_a_broker_url_may_name_several_nodes_of_one_cluster_tried_in_order():
+    address = BrokerAddress.parse("mqtt://u:p%40x@127.0.0.1:1884,127.0.0.1:1885,other?retain=0")
+    assert address.nodes == [("127.0.0.1", 1884), ("127.0.0.1", 1885), ("other", 1883)]
+    assert (address.username, address.password, address.retain) == ("u", "p@x", False)
+    assert BrokerAddress.parse(address.url).nodes == address.nodes
+    with pytest.raises(ValueError, match="mqtt://host:port"):
+        BrokerAddress.parse("mqtt://a:1,b:notaport")
