@@ -112,7 +112,6 @@ class Endpoint:
         self._serve_queue = ServeQueue()  # blob requests, repeats of waiting ones dropped
         self._server_thread = threading.Thread(target=self._serve_loop, daemon=True)
         self.on_server_event: Callable[[str, object, bool], None] | None = None  # device side, see above
-        self.epoch: ServerEpoch | None = None  # server side: what a status_request is answered with
         if device_id is None:
             status_topic, subscriptions = topics.server_status, topics.server_subscriptions
             client_id = client_id or f"fedsdk-server-{topics.fleet}"
@@ -160,7 +159,7 @@ class Endpoint:
 
     def announce_epoch(self, epoch: ServerEpoch) -> None:
         """Server side: publish ``epoch`` retained now and on every reconnect, before "online"."""
-        self.epoch = epoch
+        self.epoch: ServerEpoch | None = epoch  # what a status_request is answered with (§3.2)
         self.link.keep_retained(self.topics.server_epoch, epoch.encode())
 
     def offer(self, peer: str, data: bytes, kind: str, fmt: str) -> msgs.BlobRef:

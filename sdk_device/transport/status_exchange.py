@@ -8,19 +8,17 @@ without retained messages, or with per-node or stale ones, cannot give.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..protocol import messages as msgs
 from ..protocol.epoch import ServerEpoch
 
-if TYPE_CHECKING:
-    from .endpoint import Endpoint
 
-
-def status_exchange(endpoint: Endpoint, peer: str, message: msgs.Message) -> None:
-    """Answer a ``status_request`` (server side) or report a ``server_status`` (device side)."""
+def status_exchange(endpoint: Any, peer: str, message: msgs.Message) -> None:
+    """Answer a ``status_request`` (server side) or report a ``server_status`` (device side).
+    ``endpoint``: the ``Endpoint`` it arrived at (not imported here: no import cycle)."""
     if isinstance(message, msgs.StatusRequest):
-        epoch = endpoint.epoch
+        epoch = getattr(endpoint, "epoch", None)  # set by announce_epoch (a server's grid)
         if endpoint.device_id is None and epoch is not None:
             endpoint.send(peer, msgs.ServerStatus(epoch=epoch.epoch, started_at=epoch.started_at,
                                                   announce_window_s=epoch.announce_window_s))
