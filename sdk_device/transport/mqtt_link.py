@@ -273,11 +273,10 @@ class MqttLink:
         if len(nodes) < 2:
             return
         self._node = (self._node + 1) % len(nodes)
-        try:
-            self._client.host, self._client.port = nodes[self._node]
-            log.info("%s: reconnecting to broker node %s:%d", self.client_id, *nodes[self._node])
-        except RuntimeError:  # paho still holds a socket: it keeps its node
-            pass
+        # paho's public host/port setters refuse while its state is "connection lost", which is
+        # exactly when its reconnect loop runs; reconnect() reads these two (paho 2.x).
+        self._client._host, self._client._port = nodes[self._node]
+        log.info("%s: reconnecting to broker node %s:%d", self.client_id, *nodes[self._node])
 
     def _on_message(self, client, userdata, message) -> None:
         try:
