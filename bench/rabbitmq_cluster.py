@@ -1,9 +1,9 @@
 """A fedsdk fleet on a three-node RabbitMQ cluster, end to end (issue 31).
 
 ``RabbitCluster`` (server_toolkit/broker/rabbitmq.py) starts three nodes on loopback. The server
-(endpoint, MQTT grid, round loop) connects to node 1; ``--devices`` real device processes
-(``fedsdk run``) are spread round-robin over the nodes, each with a broker URL listing every node
-starting with its own (``mqtt://127.0.0.1:A,127.0.0.1:B,127.0.0.1:C``: failover). Then:
+(endpoint, MQTT grid, round loop) connects to node 1 (then 2, 3: failover); ``--devices`` real
+device processes (``fedsdk run``) are spread round-robin over the nodes, each with a broker URL
+listing every node starting with its own (``mqtt://127.0.0.1:A,127.0.0.1:B,127.0.0.1:C``: failover). Then:
 
 1. the devices join (seconds until all are online) and say hello once each;
 2. ``--rounds`` FedAvg rounds on digits; in round 2, once the first update is accepted, node 3 is
@@ -37,6 +37,7 @@ from fedcore.recipe import Recipe  # noqa: E402
 from sdk_device.data.npz import save_npz  # noqa: E402
 from sdk_device.protocol.topics import FleetTopics  # noqa: E402
 from sdk_device.transport.blob_store import BlobStore  # noqa: E402
+from sdk_device.transport.broker_address import BrokerAddress  # noqa: E402
 from sdk_device.transport.endpoint import Endpoint  # noqa: E402
 from server_toolkit.broker.rabbitmq import RabbitCluster, rabbitmq_missing  # noqa: E402
 from server_toolkit.data.datasets import load_dataset  # noqa: E402
@@ -97,7 +98,8 @@ def main() -> int:
     try:
         data = load_dataset("digits", seed=0)
         registry = FleetRegistry(work / "server" / "registry.sqlite")
-        endpoint = Endpoint(cluster.nodes[0].address, FleetTopics(FLEET),
+        server_broker = BrokerAddress.parse(device_url(cluster, 0))  # node 1 first, then the others
+        endpoint = Endpoint(server_broker, FleetTopics(FLEET),
                             BlobStore(work / "server" / "blobs"), is_known_peer=registry.is_known).start()
         grid = HelloCounter(endpoint, registry)
         node_of = {dev: i % 3 for i, dev in enumerate(devices)}
@@ -116,7 +118,7 @@ def main() -> int:
 
         spec = model_spec("small_cnn", data.input_shape, data.num_classes)
         loop = RoundLoop(FedAvg(spec, Recipe(epochs=1, batch_size=16, lr=0.05)), grid,
-                         LoopConfig(rounds=args.rounds, round_timeout_s=240.0, min_devices=len(devices)),
+                         LoopConfig(rounds=args.rounds, round_timeout_s=120.0, min_devices=len(devices)),
                          run_dir=work / "server", test_data=(data.x_test, data.y_test))
         killed = threading.Event()
 
@@ -139,7 +141,7 @@ def main() -> int:
         grid.close()
         endpoint.close()
 
-        endpoint = Endpoint(cluster.nodes[0].address, FleetTopics(FLEET), BlobStore(work / "server2"),
+        endpoint = Endpoint(server_broker, FleetTopics(FLEET), BlobStore(work / "server2"),
                             is_known_peer=registry.is_known).start()
         second = HelloCounter(endpoint, registry)
         took = pump_until(second, lambda: len(second.hellos) == len(devices), 120)
