@@ -9,7 +9,11 @@ Decisions: node 1 boots alone; the others boot in parallel with ``classic_config
 discovery naming node 1, so they join its cluster while booting (no ``stop_app`` / ``reset`` /
 ``join_cluster`` round of CLI calls, each of which starts an Erlang VM: seconds apiece on a
 busy machine). A node is up when its MQTT port accepts connections (the plugin's listener
-opens last); membership is then checked once with ``rabbitmqctl cluster_status``. Retained
+opens last); membership is then checked once with ``rabbitmqctl cluster_status``. The MQTT
+sessions' queues are quorum queues (``mqtt.durable_queue_type = quorum``), replicated over the
+nodes: with the default classic queues a device whose session queue lived on a killed node is
+refused on every other node (``NOT_FOUND - home node … of durable queue
+'mqtt-subscription-<client id>qos1' … is down``) until that node returns — measured. Retained
 messages are per node in this version (each node's own store): what fedsdk's status request
 (docs/protocol.md §3.2) exists for.
 """
@@ -104,7 +108,8 @@ class RabbitCluster:
         node = self.nodes[i]
         node.directory.mkdir(parents=True, exist_ok=True)
         conf = [f"listeners.tcp.default = {node.amqp_port}", f"mqtt.listeners.tcp.default = {node.mqtt_port}",
-                "loopback_users = none", "mqtt.allow_anonymous = true"]
+                "loopback_users = none", "mqtt.allow_anonymous = true",
+                "mqtt.durable_queue_type = quorum"]  # sessions survive their node (docstring)
         if i > 0:
             conf += ["cluster_formation.peer_discovery_backend = classic_config",
                      f"cluster_formation.classic_config.nodes.1 = {self.nodes[0].name}"]
