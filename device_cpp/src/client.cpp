@@ -97,9 +97,10 @@ class Agent {
         data_(data) {}
 
   int run() {
-    link_.start([this](bool reconnect) { if (reconnect) reoffer(); },
+    link_.start([this](bool reconnect) { if (reconnect) { request_status(); reoffer(); } },
                 [this](const std::string& t, const std::string& p, bool r) { on_message(t, p, r); });
     say_hello();
+    request_status();
     std::thread server([this] { serve_loop(); });
     std::thread timer([this] { timer_loop(); });
     double last_beat = 0;
@@ -162,6 +163,18 @@ class Agent {
     send(m);
   }
 
+  // §3.2: ask the server's status and epoch after the start hello and every reconnect; the
+  // timer loop asks again 10 s and 30 s later while no epoch of any kind has arrived.
+  void request_status() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_attempts_ = 1;
+      status_next_at_ = mono_s() + 10.0;
+      epoch_since_request_ = false;
+    }
+    send(envelope("status_request"));
+  }
+
   void reoffer() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!result_.empty()) link_.publish(dev_ + "up", result_);
@@ -222,6 +235,10 @@ class Agent {
         m["_arrived_mono"] = mono_s();  // the deadline counts from now (the clock rule, §9.6)
         work_.push(m);
       } else if (type == "ack" || type == "error") work_.push(m);
+      else if (type == "server_status") {  // the answer to status_request: as a retained epoch and status (§3.2)
+        server_online_ = true;
+        on_epoch(m.dump(), true);
+      }
     } else if (topic == root_ + "server/status") {
       on_status(payload, retained);
     } else if (topic == root_ + "broadcast/epoch") {
@@ -262,6 +279,7 @@ class Agent {
     std::lock_guard<std::mutex> lock(mu_);
     const bool first = !seen_epoch_;
     seen_epoch_ = true;
+    epoch_since_request_ = true;
     if (first && retained) {
       announced_ = epoch;  // the start hello went to this server
       return;
@@ -276,6 +294,16 @@ class Agent {
     while (!g_stop) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::string epoch;
+      bool ask = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!epoch_since_request_ && status_attempts_ > 0 && status_attempts_ < 3 && mono_s() >= status_next_at_) {
+          status_next_at_ = mono_s() + 30.0;
+          ++status_attempts_;
+          ask = true;
+        }
+      }
+      if (ask) send(envelope("status_request"));
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (hello_epoch_.empty() || mono_s() < hello_at_) continue;
@@ -309,6 +337,9 @@ class Agent {
   std::string awaited_, result_;  // the result awaiting the server's answer (§9.5)
   std::atomic<bool> server_online_{true};
   bool seen_epoch_ = false;
+  bool epoch_since_request_ = false;  // an epoch arrived since the last status_request (§3.2)
+  int status_attempts_ = 0;           // status_requests of this connection (at most 3)
+  double status_next_at_ = 0;
   std::string announced_, hello_epoch_;
   double hello_at_ = 0;
 };
