@@ -257,6 +257,11 @@ class RecipFL(Method):
         model = LARGE if role == STRONG else SMALL
         return self.specs[model], self.generate_numpy(device.device_id, model)
 
+    def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights]:
+        """The model the GHN generates for ``device``'s role (``target_model``)."""
+        self._load(global_weights)
+        return self.target_model(device, self.fleet.role(device))
+
     def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
         from fedcore.torch_model import build_model, state_numpy
 
