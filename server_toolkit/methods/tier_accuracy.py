@@ -88,10 +88,10 @@ def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray) -
 
     model = build_model(spec, seed=0)
     own = {k for k in model.state_dict() if not k.endswith("num_batches_tracked")}
-    params = {name for name, _ in model.named_parameters()}
-    if not params <= set(weights) <= own:
-        raise KeyError(f"deployable weights do not fit the model: missing {sorted(params - set(weights))[:5]}, "
-                       f"unexpected {sorted(set(weights) - own)[:5]}")
+    params, given = {name for name, _ in model.named_parameters()}, set(weights)
+    if not params <= given <= own:
+        raise KeyError(f"deployable weights do not fit the model: missing {sorted(params - given)[:5]}, "
+                       f"unexpected {sorted(given - own)[:5]}")
     model.load_state_dict({k: torch.from_numpy(np.array(v, np.float32)) for k, v in weights.items()},
                           strict=False)
     if own - set(weights):  # running statistics left on the devices: re-estimate them
