@@ -254,8 +254,9 @@ class RoundLoop:
         return row
 
     def evaluate_global(self, rnd: int) -> dict:
-        """The global model's metrics for a row: the method's evaluation on the test data, then
-        every extra evaluator's (``rnd`` = round, or version in async mode)."""
+        """The global model's metrics for a row: the method's evaluation on the test data, each
+        tier's deployable accuracy (``methods/tier_accuracy.py``), then every extra evaluator's
+        (``rnd`` = round, or version in async mode)."""
         metrics: dict = {}
         if self.test_data is not None:
             metrics.update(self.method.evaluate(self.global_weights, *self.test_data))
