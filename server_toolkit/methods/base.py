@@ -166,6 +166,9 @@ class Method(ABC):
     stamped: bool = False
     """Its tasks carry recipes the server already stamped (seeds, DP): the round loop keeps them
     (an edge's bundle relay, ``rounds/loop.py``)."""
+    per_device_models: bool = False
+    """Each device deploys a model of its own (personalised methods): a tier's accuracy is the
+    mean over its devices (``methods/tier_accuracy.py``); False: one model per tier."""
     server_data: tuple[np.ndarray, np.ndarray] | None = None
     Options: type[MethodOptions] = MethodOptions  # the method's options (a frozen dataclass)
 
@@ -210,6 +213,12 @@ class Method(ABC):
         load_numpy(model, global_weights)
         stats = evaluate_model(model, x, y)
         return {"accuracy": stats.accuracy, "loss": stats.loss}
+
+    def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights] | None:
+        """(spec, weights) of the model ``device`` can run now, given ``global_weights``: what
+        its tier deploys (``methods/tier_accuracy.py``); None when it has none yet. ``weights``
+        may leave out BatchNorm running statistics a device keeps. Default: the global model."""
+        return self.global_spec, global_weights
 
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
         """Sample-weighted mean of the devices' reported training loss and accuracy."""

@@ -32,6 +32,7 @@ SUMMARY_JSON = "summary.json"
 
 # Columns shown by summary_table(), in this order, when present in the rows.
 _TABLE_COLUMNS = ("round", "accuracy", "loss", "accepted", "rejected", "seconds")
+TIER_PREFIX = "accuracy_tier_"  # each tier's deployable accuracy (methods/tier_accuracy.py)
 
 
 def final_accuracy(rows: list[dict[str, Any]]) -> float | None:
@@ -171,12 +172,16 @@ class RunReport:
         return self.plot_path
 
     def summary_table(self, title: str | None = None) -> Table:
-        """A rich Table with one line per round (round, accuracy, loss, accepted, rejected,
-        seconds - whichever of these the rows have)."""
+        """A rich Table with one line per round (round, accuracy, each tier's deployable
+        accuracy ``accuracy_tier_<t>`` as "tier <t>", loss, accepted, rejected, seconds -
+        whichever of these the rows have)."""
+        tiers = sorted({key for row in self._rows for key in row if key.startswith(TIER_PREFIX)})
         columns = [key for key in _TABLE_COLUMNS if any(key in row for row in self._rows)]
+        after = columns.index("accuracy") + 1 if "accuracy" in columns else int("round" in columns)
+        columns[after:after] = tiers
         table = Table(title=title if title is not None else f"Run {self.name}")
         for key in columns:
-            table.add_column(key, justify="right")
+            table.add_column(f"tier {key[len(TIER_PREFIX):]}" if key in tiers else key, justify="right")
         for row in self._rows:
             table.add_row(*[_table_cell(key, row.get(key)) for key in columns])
         return table
@@ -297,7 +302,7 @@ def _table_cell(key: str, value: Any) -> str:
         return str(len(value))  # e.g. the ids of accepted clients: show how many
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return str(value)
-    if key == "accuracy":
+    if key == "accuracy" or key.startswith(TIER_PREFIX):
         return f"{value:.3f}"
     if key == "loss":
         return f"{value:.4f}"

@@ -43,6 +43,7 @@ import numpy as np
 from ..edge.bundle import finish_members, unpack
 from ..edge.fold import aggregate, configure
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..methods.tier_accuracy import TierAccuracy
 from ..methods.tiers import with_tier_overrides
 from ..privacy.round_privacy import BudgetSpent, RoundPrivacy
 from ..privacy.settings import PrivacySettings
@@ -114,6 +115,7 @@ class RoundLoop:
         self.test_data = test_data
         self.on_round = on_round
         self.evaluators = evaluators
+        self.tiers = TierAccuracy()  # the devices seen online, for accuracy_tier_<tier>
         self.global_weights: Weights = {}
         self.completed_round = 0
         self.last_updates: list[ClientUpdate] = []
@@ -252,11 +254,13 @@ class RoundLoop:
         return row
 
     def evaluate_global(self, rnd: int) -> dict:
-        """The global model's metrics for a row: the method's evaluation on the test data, then
-        every extra evaluator's (``rnd`` = round, or version in async mode)."""
+        """The global model's metrics for a row: the method's evaluation on the test data, each
+        tier's deployable accuracy (``methods/tier_accuracy.py``), then every extra evaluator's
+        (``rnd`` = round, or version in async mode)."""
         metrics: dict = {}
         if self.test_data is not None:
             metrics.update(self.method.evaluate(self.global_weights, *self.test_data))
+            metrics.update(self.tiers.evaluate(self.method, self.global_weights, *self.test_data))
         for evaluator in self.evaluators:
             metrics.update(evaluator(rnd, self.global_weights))
         return metrics
@@ -298,6 +302,7 @@ class RoundLoop:
         """Devices for this round out of ``online`` (tiers final: the grid's, then ``tier_map``'s;
         ``methods/tiers.py``); ``want`` None: all of them."""
         tiered = with_tier_overrides(online, self.config.tier_map)
+        self.tiers.see(tiered)
         candidates = [d for d in tiered if d.device_id not in exclude]
         if want is None:
             return candidates

@@ -1,5 +1,6 @@
 """Every registered method learns on digits through ``fedsdk-server simulate`` with its documented
-example, and the MQTT simulation gives the numbers of the in-process grid.
+example, reports the deployable accuracy of each of the example's tiers (``accuracy_tier_<tier>``,
+``methods/tier_accuracy.py``), and the MQTT simulation gives the numbers of the in-process grid.
 
 The method list comes from the registry (``server_toolkit.methods.methods()``), so a method
 added later is covered without touching this file: it declares its ``family`` and its
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from server_toolkit.methods import methods
+from server_toolkit.methods.tier_accuracy import tier_key
 
 pytestmark = pytest.mark.integration
 
@@ -60,8 +62,18 @@ def test_every_method_learns_on_digits_over_mqtt_as_it_does_in_process(name, tmp
     assert len(over_mqtt) == ROUNDS and all(r["accepted"] == r["selected"] > 0 for r in over_mqtt)
     assert over_mqtt[-1]["accuracy"] >= threshold, [round(r["accuracy"], 3) for r in over_mqtt]
     assert [r["accepted"] for r in over_mqtt] == [r["accepted"] for r in in_process]
+    tiers = {tier_key(t) for t in device_tiers(simulate_args(name, "inprocess", tmp_path))}
     for mqtt_row, local_row in zip(over_mqtt, in_process, strict=True):
         assert abs(mqtt_row["accuracy"] - local_row["accuracy"]) <= SAME, (mqtt_row, local_row)
+        assert {k for k in mqtt_row if k.startswith("accuracy_tier_")} == tiers, (tiers, mqtt_row)
+        assert all(abs(mqtt_row[k] - local_row[k]) <= SAME for k in tiers), (mqtt_row, local_row)
+
+
+def device_tiers(args: list[str]) -> list[str | None]:
+    """The devices' tiers under ``simulate`` ``args`` (``--tiers`` dealt round-robin; none: None)."""
+    devices = int(args[args.index("--devices") + 1])
+    tiers = args[args.index("--tiers") + 1].split(",") if "--tiers" in args else [None]
+    return [tiers[i % len(tiers)] for i in range(devices)]
 
 
 def test_the_methods_page_shows_every_methods_example():

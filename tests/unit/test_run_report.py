@@ -120,6 +120,14 @@ def test_summary_table_has_a_line_per_round(tmp_path: Path) -> None:
     assert list(table.columns[5].cells) == ["2.0", "2.5", "1.5"]
 
 
+def test_summary_table_shows_each_tiers_deployable_accuracy_after_the_accuracy(tmp_path: Path) -> None:
+    report = RunReport(tmp_path)
+    report.add_round({"round": 1, "accuracy": 0.6, "accuracy_tier_1.0": 0.6, "accuracy_tier_0.5": 0.41234})
+    table = report.summary_table()
+    assert [column.header for column in table.columns] == ["round", "accuracy", "tier 0.5", "tier 1.0"]
+    assert list(table.columns[2].cells) == ["0.412"]
+
+
 def test_write_summary(tmp_path: Path) -> None:
     report = _report_with_rows(tmp_path)
     path = report.write_summary({"method": "fedavg"})

@@ -150,6 +150,11 @@ class DepthFL(Method):
         exits = parse_tier(self.exits_of(tier), self.global_spec)
         return prefix_spec(self.global_spec, exits), self.client_recipe
 
+    def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights]:
+        """The depth prefix through the tier's last exit (scored at that exit)."""
+        sub = self.planner.plan(self.global_spec, global_weights, self.exits_of(device.tier), 0)
+        return sub.spec, sub.weights
+
     def client_tensors(self, global_weights: Weights, update: ClientUpdate) -> tuple[int, Weights]:
         """(tier, the update's tensors under their global names); the tier is the
         instruction's ``context["tier"]``."""

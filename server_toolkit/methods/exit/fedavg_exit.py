@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from fedcore.recipe import Recipe
 
-from ...submodels.exit_split import name_map, prefix_spec
-from ..base import Weights
+from ...submodels.exit_split import name_map, parse_tier, prefix_spec
+from ..base import DeviceInfo, Weights
 from ..fedavg import FedAvg
 from .depthfl import ExitOptions, exit_split_recipe
 
@@ -31,6 +31,12 @@ class FedAvgLargeExit(FedAvg):
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)
         self.recipe = exit_split_recipe(recipe, self.options)
+
+    def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights]:
+        """A tier-t device runs the full model's prefix through exit t (no tier: all of it)."""
+        exits = parse_tier(device.tier, self.global_spec)
+        names = name_map(self.global_spec, exits, list(global_weights))
+        return prefix_spec(self.global_spec, exits), {sub: global_weights[g] for sub, g in names.items()}
 
 
 class FedAvgShallowExit(FedAvgLargeExit):
@@ -48,3 +54,7 @@ class FedAvgShallowExit(FedAvgLargeExit):
 
         full = state_numpy(build_model(self.full_spec, seed=seed))
         return {sub: full[g] for sub, g in name_map(self.full_spec, 1, list(full)).items()}
+
+    def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights]:
+        """Every tier runs the tier-1 prefix it trained."""
+        return self.global_spec, global_weights

@@ -68,6 +68,7 @@ MQTT runs fell from 0.62 to 0.10) and what the defaults do instead:
 
 from __future__ import annotations
 
+import copy
 import time
 import zlib
 
@@ -155,6 +156,20 @@ class FedConv(Method):
     def spec_of(self, ratio: float) -> dict:
         """The model a tier of shrinkage ratio ``ratio`` trains."""
         return self.global_spec if ratio == 1.0 else self.plan(ratio).spec
+
+    def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights]:
+        """Tier r < 1: the global model compressed as the next round would, by a copy of the
+        tier's compressor (the method's own state is left as it is); r = 1: the global model."""
+        ratio = self.ratio_of(device)
+        if ratio == 1.0:
+            return self.global_spec, global_weights
+        known = self.compressors.get(ratio)
+        transform = copy.deepcopy(known) if known is not None and self.compress_init != "delta" else \
+            compressor(self.global_spec, ratio, self.block, self.seed)
+        with one_torch_thread():
+            train_transform(transform, global_weights, self.spec_of(ratio), *self._server(),
+                            self.compress_schedule, self._seed(self._round or 0, f"deploy{ratio}"))
+            return self.spec_of(ratio), transform.generate(global_weights)
 
     def _server(self) -> tuple[np.ndarray, np.ndarray]:
         if self.server_data is None:

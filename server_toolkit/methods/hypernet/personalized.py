@@ -109,6 +109,7 @@ class PersonalizedMethod(Method):
     """
 
     asks = {"label_counts": {}}  # each device's label distribution weights its evaluation
+    per_device_models = True
     Options = PersonalOptions
     options: PersonalOptions
 
@@ -151,6 +152,11 @@ class PersonalizedMethod(Method):
     def personal_model(self, device_id: str) -> tuple[Architecture, Weights] | None:
         """The parameters (no device-local buffers) the method would send ``device_id`` now,
         or None for a device it has never seen."""
+
+    def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights] | None:
+        """``device``'s personal model (its BatchNorm statistics stay on the device)."""
+        found = self.personal_model(device.device_id)
+        return None if found is None else (found[0].spec, found[1])
 
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
         """The devices' reported metrics; remembers each device's label counts."""

@@ -52,6 +52,11 @@ class ExclusiveFL(Method):
     def model_of(self, device: DeviceInfo) -> str:
         return LARGE if self.fleet.role(device) == STRONG else SMALL
 
+    def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights]:
+        """Strong devices run the large model, weak ones the small one."""
+        model = self.model_of(device)
+        return self.specs[model], without_prefix(global_weights, model)
+
     def initial_weights(self, seed: int) -> Weights:
         from fedcore.torch_model import build_model, state_numpy
 

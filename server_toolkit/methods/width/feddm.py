@@ -91,6 +91,7 @@ class FedDM(WidthSharedMethod):
     example = "--tiers 1.0,0.75,0.5,0.25"
     Options = FedDMOptions
     options: FedDMOptions
+    per_device_models = True  # a device's window is cut from its own tree-shared weights
     weighted_sum = None  # the similarity tree mixes the clients' absolute weights (not an average)
     not_a_sum = "its similarity tree compares the devices' individual updates"
 

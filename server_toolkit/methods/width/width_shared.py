@@ -69,6 +69,12 @@ class WidthSharedMethod(Method):
         ratio = self.ratio_of(DeviceInfo("tier", 0, tier=tier))
         return self.layout.plan(ratio, {}).spec, self.recipe
 
+    def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights]:
+        """The tier's width-r window at offset 0 (the top-left block HeteroFL evaluates; a
+        rolling window's start is a training device, not a deployment, choice)."""
+        plan = self.layout.plan(self.ratio_of(device), {})
+        return plan.spec, extract(self.source_weights(global_weights, device), plan.index_map)
+
     def plan_for(self, round_number: int, device: DeviceInfo) -> WidthPlan:
         """The sub-model ``device`` trains in ``round_number`` (deterministic)."""
         ratio = self.ratio_of(device)

@@ -1,0 +1,102 @@
+"""``accuracy_tier_<tier>``: what each tier's devices can deploy, scored each round.
+
+A heterogeneous method is worth its keep only if every tier ends with a better model than
+the fleet would get by everybody training the smallest tier's model (``allsmall``). The
+measure: for each tier of the devices the server has seen online, the accuracy on the
+server's test set (plain, every sample weighing the same) of the model that tier's devices
+can run now, as the method builds it (``Method.deployable``): the width window (HeteroFL,
+FedRolex, FedDM), the depth prefix through the tier's last exit (DepthFL, HypeMeFed), the
+compressed model (FedConv), the small or large model (RecipFL, ExclusiveFL, AllSmall), the
+personal model (personalised methods: the mean over the tier's devices), the global model
+(FedAvg and its kin: every tier alike).
+
+Keys (decision): flat ``accuracy_tier_<tier>`` numbers in each ``metrics.jsonl`` row
+(``accuracy_tier_1.0``, ``accuracy_tier_strong``; devices without a tier:
+``accuracy_tier_default``), not a nested object, so the run report, ``fedsdk-server report``,
+the dashboard's "per tier" chart, the CSV and the trackers take them as they take
+``accuracy_exit1``. Devices keep no held-back split of their own yet, so the server's test
+set is the only one. A model whose weights leave out BatchNorm running statistics (a device
+keeps them) has them re-estimated on ``BN_SAMPLES`` test samples first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .base import DeviceInfo, Weights
+from .target_accuracy import _fingerprint
+
+if TYPE_CHECKING:
+    from .base import Method
+
+TIER_KEY = "accuracy_tier_"
+DEFAULT_TIER = "default"  # the key's tier for devices without one
+BN_SAMPLES = 256
+
+
+def tier_key(tier: str | None) -> str:
+    """The metrics key of ``tier``'s deployable accuracy (``accuracy_tier_0.5``)."""
+    return TIER_KEY + (DEFAULT_TIER if tier is None else str(tier))
+
+
+class TierAccuracy:
+    """The devices seen online, by tier; each tier's deployable accuracy (module docstring)."""
+
+    def __init__(self) -> None:
+        self.devices: dict[str, DeviceInfo] = {}
+
+    def see(self, devices: Iterable[DeviceInfo]) -> None:
+        """Remember ``devices`` with their final tiers (the newest tier of a device wins)."""
+        self.devices.update({d.device_id: d for d in devices})
+
+    def evaluate(self, method: Method, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
+        """{``accuracy_tier_<tier>``: accuracy} for every tier seen; a tier whose devices have
+        no deployable model yet (a personal model never trained) is left out."""
+        by_tier: dict[str | None, list[DeviceInfo]] = {}
+        for device in sorted(self.devices.values(), key=lambda d: d.device_id):
+            by_tier.setdefault(device.tier, []).append(device)
+        scored: dict[str, float] = {}  # fingerprint of (spec, weights) -> accuracy
+        out = {}
+        for tier, devices in sorted(by_tier.items(), key=lambda item: str(item[0])):
+            values = []
+            for device in devices if method.per_device_models else devices[:1]:
+                found = method.deployable(global_weights, device)
+                if found is None:
+                    continue
+                spec, weights = found
+                key = _fingerprint(spec, weights)
+                if key not in scored:
+                    scored[key] = model_accuracy(spec, weights, x, y)
+                values.append(scored[key])
+            if values:
+                out[tier_key(tier)] = float(np.mean(values))
+        return out
+
+
+@torch.no_grad()
+def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray) -> float:
+    """Accuracy of model ``spec`` with ``weights`` (its parameters, and its buffers unless a
+    device keeps them) on (x, y) of shapes (N, C, H, W) and (N,)."""
+    from fedcore.torch_model import build_model
+    from fedcore.torch_train import evaluate_model
+
+    from ..torch_utils import recalibrate_batchnorm
+
+    model = build_model(spec, seed=0)
+    own = {k for k in model.state_dict() if not k.endswith("num_batches_tracked")}
+    params, given = {name for name, _ in model.named_parameters()}, set(weights)
+    if not params <= given <= own:
+        raise KeyError(f"deployable weights do not fit the model: missing {sorted(params - given)[:5]}, "
+                       f"unexpected {sorted(given - own)[:5]}")
+    model.load_state_dict({k: torch.from_numpy(np.array(v, np.float32)) for k, v in weights.items()},
+                          strict=False)
+    if own - set(weights):  # running statistics left on the devices: re-estimate them
+        xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
+        draw = torch.from_numpy(np.random.default_rng(0).choice(len(x), size=BN_SAMPLES))
+        recalibrate_batchnorm(model, (xt[draw[s:s + 64]] for s in range(0, BN_SAMPLES, 64)))
+    return evaluate_model(model, x, y).accuracy
+
