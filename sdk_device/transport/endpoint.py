@@ -105,6 +105,7 @@ class Endpoint:
         self.bytes_received = 0
         self.corrupt_chunks = 0  # chunk frames not what they declared (damaged), asked for again
         self.contested_chunks = 0  # chunks that arrived twice with different bytes (forged), asked again
+        self.refetched_chunks = 0  # chunks fetched again after a blob failed its id (pull.py)
         self.comebacks: Counter[str] = Counter()  # peer -> its status turned "online" live (back, restarted)
         self._lock = threading.Lock()
         self._transfers: dict[tuple[str, str], queue.Queue[Chunk | ProtocolError]] = {}
@@ -222,6 +223,7 @@ class Endpoint:
             self.bytes_received += pull.bytes_received
             self.corrupt_chunks += pull.damaged
             self.contested_chunks += pull.contested
+            self.refetched_chunks += pull.refetched
             part.close()
             with self._lock:
                 self._transfers.pop(key, None)

@@ -36,7 +36,8 @@ GRACE_S = 0.5  # after a failed whole-blob check: how long late copies of chunks
 class BlobPull:
     """One pull of ``ref`` from ``peer`` into ``part``; ``request(indices)`` sends a
     ``blob_request``; frames (and the holder's refusal, as a ProtocolError) arrive on
-    ``arrivals``. ``contested``/``damaged``: counts over this pull, for the endpoint's tallies."""
+    ``arrivals``. ``contested``/``damaged``/``refetched``: chunk counts over this pull, for the
+    endpoint's tallies."""
 
     def __init__(self, peer: str, ref: msgs.BlobRef, part: PartialBlob,
                  arrivals: queue.Queue[Chunk | ProtocolError], request: Callable[[list[int]], None],
@@ -45,6 +46,7 @@ class BlobPull:
         self.request, self.window = request, window
         self.suspect: set[int] = set()  # indices of which two different copies arrived
         self.contested = 0
+        self.refetched = 0  # chunks fetched again after the whole blob failed its id
         self.damaged = 0
         self.bytes_received = 0
 
@@ -62,6 +64,7 @@ class BlobPull:
             if not again:
                 return False
             self.suspect.clear()
+            self.refetched += len(again)
             self.part.forget(again)
         return False
 
