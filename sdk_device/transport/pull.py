@@ -2,7 +2,8 @@
 (docs/protocol.md §7.3). Used by ``Endpoint.fetch``.
 
 Each frame is checked on arrival against the sha256 it declares: a frame that is not what it
-says (damaged on the way) is dropped and its chunk asked for again at once. A frame can also be
+says (damaged on the way) is dropped and its chunk asked for again at once (the third damaged
+copy of one chunk ends the pull with ``checksum_mismatch``). A frame can also be
 *forged*: self-consistent bytes published on the holder's chunk topic by someone else. Only
 the whole blob's sha256 (its id) shows that, and the receiver cannot tell from one copy which
 chunk lied; but the holder answers every request too, so a forged chunk arrives beside the
@@ -47,6 +48,7 @@ class BlobPull:
         self.suspect: set[int] = set()  # indices of which two different copies arrived
         self.contested = 0
         self.refetched = 0  # chunks fetched again after the whole blob failed its id
+        self._damaged_at: dict[int, int] = {}  # index -> damaged copies taken for it
         self.damaged = 0
         self.bytes_received = 0
 
@@ -106,8 +108,12 @@ class BlobPull:
         if chunk.index not in outstanding:
             self._compare(chunk)  # a second copy: the holder's, or a forger's
             return False
-        if not chunk.intact:  # damaged on the way: ask for it again now
+        if not chunk.intact:  # damaged on the way: ask for it again now, ATTEMPTS times per chunk
             self.damaged += 1
+            self._damaged_at[chunk.index] = self._damaged_at.get(chunk.index, 0) + 1
+            if self._damaged_at[chunk.index] >= ATTEMPTS:
+                raise ProtocolError("checksum_mismatch", f"chunk {chunk.index} of blob {self.ref.id[:12]} "
+                                    f"from {self.peer} came damaged {ATTEMPTS} times")
             log.warning("chunk %d of blob %s from %s is not what it declares; asking again", chunk.index,
                         self.ref.id[:12], self.peer)
             self.request([chunk.index])

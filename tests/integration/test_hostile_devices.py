@@ -122,8 +122,8 @@ def test_a_forged_chunk_in_an_honest_pull_costs_the_device_nothing(mosquitto, tm
         agents = {}
         for dev in honest:
             config = fleet.agent_config(dev, paths[dev])
-            endpoint = SlowHolder(fleet.broker, FleetTopics(fleet.fleet), BlobStore(config.work_dir / "blobs"),
-                                  device_id=dev)
+            store = BlobStore(config.work_dir / "blobs")
+            endpoint = SlowHolder(fleet.broker, FleetTopics(fleet.fleet), store, device_id=dev)
             agents[dev] = fleet.start_thread(DeviceAgent(config, endpoint=endpoint))
         forger = Forger(fleet, honest)
         loop = fleet.server(rounds=1, round_timeout_s=DEADLINE_S)
