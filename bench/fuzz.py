@@ -29,6 +29,7 @@ from sdk_device.agent import DeviceAgent  # noqa: E402
 from sdk_device.protocol.topics import FleetTopics  # noqa: E402
 from sdk_device.transport.mqtt_link import MqttLink  # noqa: E402
 from server_toolkit.broker.mosquitto import MosquittoBroker  # noqa: E402
+from server_toolkit.rounds.loop import NoUpdates  # noqa: E402
 from tests.fuzz_wire import GHOSTS, Fuzzer, Tracebacks  # noqa: E402
 from tests.integration.harness import Fleet  # noqa: E402
 
@@ -37,7 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000, help="generated messages to publish")
     parser.add_argument("--seed", type=int, default=1, help="hypothesis seed")
-    parser.add_argument("--unique", type=int, default=10_000,
+    parser.add_argument("--rate", type=float, default=1000.0,
+                        help="messages a second at most (0: as fast as paho takes them)")
+    parser.add_argument("--unique", type=int, default=1000,
                         help="distinct hypothesis examples; the rest repeat them in a seeded random order")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -58,13 +61,17 @@ def main() -> None:
                 loop = fleet.server(rounds=1, round_timeout_s=120, min_devices=2, fleet_timeout_s=300)
                 loop.start()
                 fleet_ok = loop.grid.wait_for_devices(2, timeout_s=120) >= 2
-                thread = threading.Thread(target=fuzzer.run, args=(args.messages, args.seed, args.unique),
-                                          daemon=True)
+                thread = threading.Thread(target=fuzzer.run, daemon=True,
+                                          args=(args.messages, args.seed, args.unique, args.rate))
                 thread.start()
                 while fleet_ok and (thread.is_alive() or len(rows) == 0 or rows[-1]["under_fuzz"]):
                     under = thread.is_alive()
                     loop.config.rounds = loop.completed_round + 1
-                    rows += [{**r, "under_fuzz": under} for r in loop.run()]
+                    try:
+                        rows += [{**r, "under_fuzz": under} for r in loop.run()]
+                    except NoUpdates:  # a round without an honest update: lost, counted below
+                        rows += [{"round": loop.completed_round, "accepted": 0, "seconds": float("nan"),
+                                  "under_fuzz": under}]
                     print(f"round {rows[-1]['round']}: accepted {rows[-1]['accepted']} in "
                           f"{rows[-1]['seconds']:.1f} s; {fuzzer.sent} messages sent", flush=True)
             finally:

@@ -133,21 +133,24 @@ class Fuzzer:
         self.link.publish(f"{base}/{rest}", payload, qos=0)
         self.sent += 1
 
-    def run(self, count: int, seed: int | None = None, unique: int | None = None) -> int:
+    def run(self, count: int, seed: int | None = None, unique: int | None = None, rate: float = 0.0) -> int:
         """Publish ``count`` generated messages (fewer if ``stop`` is set); how many were sent.
         ``unique``: generate only that many with hypothesis (~15 ms each on a busy 2-core
         machine) and publish them in a seeded random order, on their targets, until ``count``
-        were sent (a long run); None: every message a new example."""
+        were sent (a long run), at most ``rate`` a second (0: as fast as paho takes them); None:
+        every message a new example."""
         if unique is None:
             self.generate(count, seed, lambda item: self.publish(*item))
             return self.sent
         pool: list = []
         self.generate(min(unique, count), seed, pool.append)
         rng = random.Random(seed)
+        started = time.monotonic()
         while self.sent < count and not self.stop.is_set():
             self.publish(*rng.choice(pool))
-            if self.sent % 200 == 0:
-                time.sleep(0.01)  # let paho's thread drain its queue
+            if self.sent % 100 == 0:
+                ahead = self.sent / rate - (time.monotonic() - started) if rate else 0.0
+                time.sleep(max(0.001, ahead))  # (also lets paho's thread drain its queue)
         return self.sent
 
     def generate(self, count: int, seed: int | None, use) -> None:
