@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from server_toolkit.broker.mosquitto import MosquittoBroker, free_port
+from server_toolkit.sim.simulate import stop_processes
 
 from ..netns_link import NetnsLink
 from .harness import Fleet
@@ -72,8 +73,7 @@ def far_round(net: NetnsLink, tmp_path: Path, disturb: Callable[[dict], None] | 
                     thread.join(timeout=120)
             finally:
                 net.link(True)
-                device.terminate()
-                device.wait(timeout=15)
+                stop_processes([device], timeout_s=20)  # SIGTERM, then SIGKILL
                 fleet.close()
     updates = fleet.registry.updates(1)
     blob = tmp_path / "server" / "blobs"
