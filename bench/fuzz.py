@@ -26,11 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sdk_device.agent import DeviceAgent  # noqa: E402
-from sdk_device.protocol.topics import FleetTopics  # noqa: E402
-from sdk_device.transport.mqtt_link import MqttLink  # noqa: E402
 from server_toolkit.broker.mosquitto import MosquittoBroker  # noqa: E402
 from server_toolkit.rounds.loop import NoUpdates  # noqa: E402
-from tests.fuzz_wire import GHOSTS, Fuzzer, Tracebacks  # noqa: E402
+from tests.fuzz_wire import Tracebacks, fuzzed_fleet  # noqa: E402
 from tests.integration.harness import Fleet  # noqa: E402
 
 
@@ -48,11 +46,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, MosquittoBroker(workdir=Path(tmp) / "mosquitto") as broker:
         fleet = Fleet(broker.address, Path(tmp))
         honest = ["good0", "good1"]
-        paths = fleet.write_data(honest, "iid")
-        for ghost in GHOSTS:
-            fleet.registry.add_device(ghost)
-        link = MqttLink(fleet.broker, "fuzzer", lambda *a: None, clean_session=True).connect()
-        fuzzer = Fuzzer(link, FleetTopics(fleet.fleet), honest)
+        paths, fuzzer = fuzzed_fleet(fleet, honest)
         rows: list[dict] = []
         with Tracebacks() as tracebacks:
             try:
@@ -76,7 +70,7 @@ def main() -> None:
                           f"{rows[-1]['seconds']:.1f} s; {fuzzer.sent} messages sent", flush=True)
             finally:
                 fuzzer.stop.set()
-                link.close()
+                fuzzer.link.close()
                 fleet.close()
         asked = 2 * len(rows)
         accepted = sum(r["accepted"] for r in rows)

@@ -167,6 +167,16 @@ class Fuzzer:
         one()
 
 
+def fuzzed_fleet(fleet, honest: list[str]) -> tuple[dict, Fuzzer]:
+    """Data for the ``honest`` devices of ``fleet`` (tests/integration/harness.py), the ghosts
+    registered, and a connected fuzzer (close its ``link``): (data paths, fuzzer)."""
+    paths = fleet.write_data(honest, "iid")
+    for ghost in GHOSTS:
+        fleet.registry.add_device(ghost)
+    link = MqttLink(fleet.broker, "fuzzer", lambda *a: None, clean_session=True).connect()
+    return paths, Fuzzer(link, FleetTopics(fleet.fleet), honest)
+
+
 class Tracebacks(logging.Handler):
     """Counts log records that carry an exception (a traceback in the server's log) and
     exceptions that ended a thread."""

@@ -11,10 +11,8 @@ import threading
 import pytest
 
 from sdk_device.agent import DeviceAgent
-from sdk_device.protocol.topics import FleetTopics
-from sdk_device.transport.mqtt_link import MqttLink
 
-from ..fuzz_wire import GHOSTS, STRANGERS, Fuzzer, Tracebacks
+from ..fuzz_wire import GHOSTS, STRANGERS, Tracebacks, fuzzed_fleet
 from .harness import Fleet
 
 pytestmark = pytest.mark.integration
@@ -25,11 +23,7 @@ MESSAGES = 1500  # ~5 s of generating on a quiet machine (hypothesis draws ~1.5 
 def test_a_server_under_fuzz_stays_up_and_completes_the_honest_rounds(mosquitto, tmp_path):
     fleet = Fleet(mosquitto.address, tmp_path)
     honest = ["good0", "good1"]
-    paths = fleet.write_data(honest, "iid")
-    for ghost in GHOSTS:
-        fleet.registry.add_device(ghost)
-    link = MqttLink(fleet.broker, "fuzzer", lambda *a: None, clean_session=True).connect()
-    fuzzer = Fuzzer(link, FleetTopics(fleet.fleet), honest)
+    paths, fuzzer = fuzzed_fleet(fleet, honest)
     with Tracebacks() as tracebacks:
         try:
             for dev in honest:
@@ -45,7 +39,7 @@ def test_a_server_under_fuzz_stays_up_and_completes_the_honest_rounds(mosquitto,
             rows += loop.run()  # round 3 after all of it: the server still serves
         finally:
             fuzzer.stop.set()
-            link.close()
+            fuzzer.link.close()
             fleet.close()
     assert fuzzer.sent == MESSAGES
     assert tracebacks.records == []
