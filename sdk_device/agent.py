@@ -26,7 +26,7 @@ from .profile import device_profile, peak_rss_mb
 from .protocol import messages as msgs
 from .protocol.blobs import DEFAULT_CHUNK_BYTES, decode_tensors, encode_tensors
 from .protocol.clock import seconds_left
-from .protocol.errors import ProtocolError
+from .protocol.errors import RETRYABLE_RESULT_CODES, ProtocolError
 from .protocol.task_plan import TaskPlan, parse_plan
 from .protocol.topics import FleetTopics
 from .runtime_choice import RuntimeChooser, trainable_offers
@@ -41,6 +41,7 @@ from .transport.endpoint import SERVER, Endpoint
 from .transport.mqtt_link import BrokerAddress, BrokerRefused
 
 log = logging.getLogger(__name__)
+MAX_RESENDS = 3  # a result rejected for a retryable reason (checksum_mismatch, timeout) is sent again
 
 
 @dataclass
@@ -95,6 +96,7 @@ class DeviceAgent:
         self._loaded_program: dict[tuple[str, str], str] = {}  # (model name, runtime) -> program blob id
         self._last_beat = 0.0
         self._awaiting: str | None = None  # task whose result waits for the server's ack or error
+        self._resends = 0  # the awaited result sent again after retryable rejections
         self.announcer: Announcer | None = None  # made by run(): hellos and result re-offers
         self.tasks_done = 0
         self.secagg = SecAggSessions(config.device_id, self.endpoint)  # secure rounds (--secagg)
@@ -172,7 +174,11 @@ class DeviceAgent:
         elif isinstance(message, msgs.Error):
             log.warning("server reports %s: %s (ref %s)", message.code, message.detail, message.ref)
             if message.ref is not None and message.ref == self._awaiting:  # our result was refused
-                self._finish_task()
+                if message.code in RETRYABLE_RESULT_CODES and self._resends < MAX_RESENDS:
+                    self._resends += 1  # not our data's fault: the very same result again (§9.5)
+                    self.announcer.reoffer(f"the server's pull ended in {message.code}")
+                else:
+                    self._finish_task()
 
     def _run_task(self, task: msgs.Task, arrived: float) -> None:
         """Train ``task`` (``arrived``: monotonic seconds when it reached this device)."""
@@ -226,7 +232,7 @@ class DeviceAgent:
             return
         refs = {name: self.endpoint.offer(SERVER, encode_tensors(tensors), "weights", "safetensors")
                 for name, tensors in output.arrays.items()}
-        self._awaiting = task.task_id
+        self._awaiting, self._resends = task.task_id, 0
         result = msgs.Result(task_id=task.task_id, round=task.round, arrays=refs, metrics=metrics)
         self.announcer.awaiting(result)  # offered again after a reconnect or a server restart
         self.endpoint.send(SERVER, result)

@@ -124,6 +124,10 @@ class Announcer:
         with self._lock:
             self._result = result
 
+    def reoffer(self, why: str) -> None:
+        """Send the awaited result again now (a rejection that was not its data's fault)."""
+        self._reoffer(why)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -22,6 +22,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 from . import wire_json
+from .bounds import MAX_SAMPLES as MAX_SAMPLES  # re-exported: results.py, hello.num_samples
+from .bounds import check_fields
 from .error_claim import says_error as says_error  # (messages.says_error, docs/protocol.md §5.2)
 from .errors import ProtocolError
 
@@ -30,7 +32,6 @@ MAX_CONTROL_BYTES = 64 * 1024  # a control message larger than this is rejected 
 MAX_STRING = 4096
 MAX_REQUEST_INDICES = 64
 MAX_RECORDS = 16  # named programs / array records per task or result
-MAX_SAMPLES = 10**9  # hello.num_samples (and a result's metrics.samples) at most this
 
 
 def new_id() -> str:
@@ -351,6 +352,7 @@ def _build(cls: type, obj: dict, where: str) -> Any:
                 raise ProtocolError("invalid_field", f"{where}: missing field {f.name!r}")
             continue
         values[f.name] = _check(hints[f.name], obj[f.name], f"{where}.{f.name}")
+    check_fields({k: v for k, v in values.items() if not is_dataclass(v)}, where)  # bounds.py
     try:
         return cls(**values)
     except TypeError as exc:

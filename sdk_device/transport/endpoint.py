@@ -9,7 +9,8 @@ one whose only peer is ``"server"``. The endpoint
 * answers every malformed or refused message with an ``Error`` to its sender and logs it;
 * moves blobs by *pull*: the receiver asks for a window of chunks (``BlobRequest``), the
   holder publishes them, the receiver writes each verified chunk to disk, asks for more,
-  and checks the whole blob's sha256 at the end. Interrupted fetches resume from disk.
+  and checks the whole blob's sha256 at the end; bad chunks are named and fetched again
+  (``pull.py``). Interrupted fetches resume from disk.
   A peer may only pull blobs that were offered to it.
 
 A device endpoint reports ``on_server_event(kind, value, retained)`` on paho's thread: kinds
@@ -25,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -46,6 +47,7 @@ from ..protocol.topics import FleetTopics
 from .blob_store import BlobStore
 from .inbox import Inbox, Strangers
 from .mqtt_link import BrokerAddress, MqttLink
+from .pull import BlobPull
 from .routes import SERVER, Routes
 from .serve_queue import ServeQueue
 from .status_exchange import status_exchange
@@ -102,7 +104,9 @@ class Endpoint:
         self.strangers = Strangers()  # traffic from ids outside the fleet: counted, rate-limited
         self.bytes_sent = 0
         self.bytes_received = 0
-        self.corrupt_chunks = 0
+        self.corrupt_chunks = 0  # chunk frames not what they declared (damaged), asked for again
+        self.contested_chunks = 0  # chunks that arrived twice with different bytes (forged), asked again
+        self.refetched_chunks = 0  # chunks fetched again after a blob failed its id (pull.py)
         self.comebacks: Counter[str] = Counter()  # peer -> its status turned "online" live (back, restarted)
         self._lock = threading.Lock()
         self._transfers: dict[tuple[str, str], queue.Queue[Chunk | ProtocolError]] = {}
@@ -196,7 +200,7 @@ class Endpoint:
         a device's result may not name one the server already has, e.g. the weights it sent).
 
         Raises ProtocolError ("too_large" before anything is allocated; "checksum_mismatch"
-        when the blob is not what its id says or chunks stay corrupt after 3 tries; the
+        when the blob is not what its id says after 3 passes (``pull.py``); the
         holder's refusal such as "not_offered") or TimeoutError.
         """
         if ref.size > self.max_blob_bytes:
@@ -210,26 +214,18 @@ class Endpoint:
         key = (peer, ref.id)
         with self._lock:
             self._transfers[key] = arrivals
-        deadline = time.monotonic() + timeout_s
+        pull = BlobPull(peer, ref, part, arrivals, window=self.window, request=lambda indices: self.send(
+            peer, msgs.BlobRequest(blob=ref.id, indices=indices, chunk_bytes=self.chunk_bytes)))
         try:
-            for _attempt in range(3):
-                self._pull(peer, ref, part, arrivals, deadline, idle_s)
-                if part.verified():
-                    return part.commit(durable=durable)
-                corrupt = part.corrupt_chunks()
-                self.corrupt_chunks += len(corrupt)
-                log.warning(
-                    "blob %s from %s fails its sha256; chunks %s were corrupt, fetching them again",
-                    ref.id[:12],
-                    peer,
-                    corrupt[:10],
-                )
-                if not corrupt:
-                    break  # every chunk is what its sender said: the blob is not what it claims to be
-                part.forget(corrupt)
+            if pull.run(time.monotonic() + timeout_s, idle_s):
+                return part.commit(durable=durable)
             part.discard()
             raise ProtocolError("checksum_mismatch", f"blob {ref.id[:12]} from {peer} does not match its id")
         finally:
+            self.bytes_received += pull.bytes_received
+            self.corrupt_chunks += pull.damaged
+            self.contested_chunks += pull.contested
+            self.refetched_chunks += pull.refetched
             part.close()
             with self._lock:
                 self._transfers.pop(key, None)
@@ -240,46 +236,6 @@ class Endpoint:
             arrivals = self._transfers.get((peer, blob_id))
         if arrivals is not None:
             arrivals.put(ProtocolError("cancelled", reason))
-
-    def _pull(self, peer, ref, part, arrivals, deadline: float, idle_s: float) -> None:
-        """Request and receive every missing chunk of ``ref`` into ``part``."""
-        missing = deque(part.missing())
-        outstanding: set[int] = set()
-        idle_rounds = 0
-        while missing or outstanding:
-            if missing and len(outstanding) <= self.window // 2:
-                batch = [missing.popleft() for _ in range(min(len(missing), self.window - len(outstanding)))]
-                outstanding.update(batch)
-                self.send(peer, msgs.BlobRequest(blob=ref.id, indices=batch, chunk_bytes=self.chunk_bytes))
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"blob {ref.id[:12]} from {peer}: deadline passed")
-            try:
-                chunk = arrivals.get(timeout=min(idle_s, remaining))
-            except queue.Empty:
-                idle_rounds += 1
-                if idle_rounds > 4:
-                    raise TimeoutError(
-                        f"blob {ref.id[:12]} from {peer}: no chunk for {idle_rounds * idle_s:.0f} s"
-                    ) from None
-                log.info(
-                    "blob %s from %s stalled; asking again for %d chunks", ref.id[:12], peer, len(outstanding)
-                )
-                missing.extendleft(sorted(outstanding, reverse=True))
-                outstanding.clear()
-                continue
-            if isinstance(chunk, ProtocolError):
-                raise chunk
-            idle_rounds = 0
-            if (
-                chunk.index not in outstanding
-                or chunk.size != ref.size
-                or chunk.chunk_bytes != self.chunk_bytes
-            ):
-                continue  # a duplicate after a re-request, or not what we asked for
-            outstanding.discard(chunk.index)
-            part.write(chunk.index, chunk.data, chunk.sha256)
-            self.bytes_received += len(chunk.data)
 
     # -- serving blobs (own thread) ------------------------------------------------------
     def _serve_loop(self) -> None:

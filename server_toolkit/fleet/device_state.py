@@ -50,6 +50,34 @@ class DeviceState:
                 self.num_samples, self.last_seen, self.status, device_id)
 
 
+# A bookkeeping row SQLite refuses for its values (e.g. an integer beyond 64 bits): not the file's fault.
+DATA_ERRORS = (OverflowError, ValueError, TypeError, sqlite3.InterfaceError, sqlite3.IntegrityError,
+               sqlite3.DataError)
+
+
+def write_one_by_one(db: sqlite3.Connection, rows: dict[str, tuple], reported: set[str]) -> set[str]:
+    """After a batch of bookkeeping ``rows`` (device id -> ``BOOKKEEPING_SQL`` parameters) failed:
+    write them one at a time (``db`` in autocommit). A row SQLite cannot hold is dropped and
+    reported once per device (the device's next hello or status writes it again); rows that
+    fail for another reason (the file locked or full) are returned, to be retried, and the
+    reason reported once. ``reported``: the failures already logged (updated)."""
+    retry: set[str] = set()
+    for device_id, row in rows.items():
+        try:
+            db.execute(BOOKKEEPING_SQL, row)
+        except DATA_ERRORS as exc:
+            if f"row:{device_id}" not in reported:
+                reported.add(f"row:{device_id}")
+                log.error("device %s: its bookkeeping cannot be stored (%s: %s); dropped, the run goes on",
+                          device_id, type(exc).__name__, exc)
+        except sqlite3.Error as exc:
+            retry.add(device_id)
+            if f"db:{exc}" not in reported:
+                reported.add(f"db:{exc}")
+                log.error("device bookkeeping not written (%s); retried in the background", exc)
+    return retry
+
+
 class WriteBehind:
     """Calls ``flush`` on its own thread every ``interval_s`` seconds (started by the first
     ``nudge``), at once when nudged with ``now=True``, and stops on ``stop``."""

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from sdk_device.protocol.topics import check_name
 
-from .device_state import BOOKKEEPING_SQL, STATE_COLUMNS, DeviceState, WriteBehind
+from .device_state import BOOKKEEPING_SQL, STATE_COLUMNS, DeviceState, WriteBehind, write_one_by_one
 from .registry_schema import open_registry
 
 KNOWN_REFRESH_S = 1.0  # how stale the in-memory states may be about other processes' writes
@@ -60,6 +60,7 @@ class FleetMembers:
         self._rev = max((r["rev"] or 0 for r in rows), default=0)  # newest rev read
         self._polled_at = time.monotonic()
         self._dirty: set[str] = set()  # devices whose bookkeeping is not written yet
+        self._reported: set[str] = set()  # write failures already logged (each once)
         self._writer = WriteBehind(self.flush, WRITE_INTERVAL_S)
         self._closed = False
 
@@ -77,17 +78,26 @@ class FleetMembers:
             return self._fleet_db.execute(sql, args).rowcount
 
     def flush(self) -> None:
-        """Commit every pending device bookkeeping row now (one transaction)."""
+        """Commit every pending device bookkeeping row now (one transaction). Never raises for a
+        row SQLite cannot hold (dropped, reported once) or a file it cannot write now (the rows
+        stay pending, reported once): no background write may end the server
+        (``device_state.write_one_by_one``)."""
         with self._fleet_lock:
             with self._state_lock:
                 ids, self._dirty = self._dirty, set()
-                rows = [self._states[d].bookkeeping_row(d) for d in ids if d in self._states]
+                rows = {d: self._states[d].bookkeeping_row(d) for d in ids if d in self._states}
             if not rows:
                 return
             try:
                 self._fleet_db.execute("BEGIN")
-                self._fleet_db.executemany(BOOKKEEPING_SQL, rows)
+                self._fleet_db.executemany(BOOKKEEPING_SQL, list(rows.values()))
                 self._fleet_db.execute("COMMIT")
+            except (sqlite3.Error, OverflowError, ValueError, TypeError):
+                if self._fleet_db.in_transaction:
+                    self._fleet_db.execute("ROLLBACK")
+                retry = write_one_by_one(self._fleet_db, rows, self._reported)
+                with self._state_lock:
+                    self._dirty |= retry
             except BaseException:
                 if self._fleet_db.in_transaction:
                     self._fleet_db.execute("ROLLBACK")

@@ -121,6 +121,13 @@ class FleetRegistry(FleetMembers):
         rows = self._query("SELECT * FROM updates WHERE round=? ORDER BY id", (rnd,))
         return [{**dict(r), "metrics": json.loads(r["metrics"])} for r in rows]
 
+    def replayed(self, device_id: str, blob_id: str, task_id: str) -> str | None:
+        """The task of another accepted update of ``device_id`` with weights ``blob_id``, or None
+        (an update byte-identical to an earlier one is a replay)."""
+        rows = self._query("SELECT task_id FROM updates WHERE device_id=? AND blob_id=? AND task_id<>? "
+                           "LIMIT 1", (device_id, blob_id, task_id))
+        return rows[0]["task_id"] if rows else None
+
     def count_updates(self, rnd: int | None = None) -> int:
         if rnd is None:
             return self._query("SELECT COUNT(*) AS n FROM updates")[0]["n"]

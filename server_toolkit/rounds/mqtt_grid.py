@@ -7,12 +7,14 @@ handle incoming traffic until quorum, every device asked resolved, or the deadli
 validate it, persist it, and only then acknowledge it. Invalid input (bad messages,
 unknown devices or tasks, wrong shapes, NaN, oversized or corrupt blobs, late results) is
 rejected, recorded in the registry under its task's round, logged and answered with an
-``error``; the round goes on, and the device's task stays open: only an accepted result, a
-refusal or the device going offline resolves it (``rounds/results.py``); it is sent again when
-its device may have missed it (``mqtt_presence.py``). When the exchange ends, its result pulls
-still running are cancelled. The registry (devices, tiers,
-revocations, tasks, updates) survives server restarts: ``accepted_before`` returns a
-restarted round's updates with the instructions they answered.
+``error``; the round goes on. A rejection of the device's own data (a record pulled from it that
+hashes to its id but is no valid update, or a replay) resolves the device for the round, so the
+round closes when the others are in; any other rejection leaves the task open: only an accepted
+result, such a rejection, a refusal or the device going offline resolves it
+(``rounds/results.py``); it is sent again when its device may have missed it
+(``mqtt_presence.py``). When the exchange ends, its result pulls still running are cancelled.
+The registry (devices, tiers, revocations, tasks, updates) survives server restarts:
+``accepted_before`` returns a restarted round's updates with the instructions they answered.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from export.programs import ProgramCache
 from fedcore import modelspec
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol.blobs import decode_tensors, encode_tensors
+from sdk_device.protocol.blobs import encode_tensors
 from sdk_device.protocol.epoch import ServerEpoch, announce_window
-from sdk_device.protocol.errors import ProtocolError
+from sdk_device.protocol.errors import OwnDataError, ProtocolError
 from sdk_device.protocol.task_plan import plan_config
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
@@ -38,7 +40,7 @@ from ..methods.tiers import resolve_tier
 from .grid import Exchange, Grid, LiveRound
 from .mqtt_live import live_round
 from .mqtt_presence import Presence
-from .results import PendingTask, check_record, check_records, features_request, result_key
+from .results import PendingTask, check_pulled, check_records, features_request, result_key
 from .task_pacing import DEFAULT_WINDOW, TaskPacer
 from .task_records import ARRAYS_KEY, stored_update, task_record
 
@@ -77,7 +79,7 @@ class MqttGrid(Presence, Grid):
         self._last_rejection: dict[str, str] = {}  # device -> code of its last rejection in it
         self._pulls: dict[tuple, tuple[str, msgs.Result, Future]] = {}  # result_key -> running pull
         self.progress: dict[str, float] = {}  # device -> last reported training progress (0..1)
-        self._answers: dict[str, tuple[str, msgs.Message]] = {}  # task id -> (device, the ack sent)
+        self._answers: dict[str, tuple[str, msgs.Message]] = {}  # task id -> (device, ack or final error)
         self._connects_seen = self._link_connects()  # (mqtt_presence.py)
         # A new server instance, a new epoch: every connected device says hello again, spread
         # over the announce window (docs/protocol.md §3.1).
@@ -289,7 +291,8 @@ class MqttGrid(Presence, Grid):
                          result.task_id[:8])  # the offer died with the old process: not booked
                 return
             self._reject(dev, result.task_id, err, pending.round,
-                         tell=err.code != "not_offered")  # the device never sent it: not its fault
+                         tell=err.code != "not_offered",  # the device never sent it: not its fault
+                         pending=pending if isinstance(err, OwnDataError) else None)
             return
         finally:
             with self._lock:
@@ -318,7 +321,8 @@ class MqttGrid(Presence, Grid):
         return pending.round == self._open_round
 
     def _pull_result(self, dev: str, result: msgs.Result, pending: PendingTask) -> None:
-        """Pull and check every array record of ``result`` (raises ProtocolError)."""
+        """Pull and check every array record of ``result`` (raises ProtocolError; OwnDataError
+        when a record pulled from the device and matching its id is no valid update)."""
         for name, ref in sorted(result.arrays.items()):
             if not self._task_open(pending):
                 raise ProtocolError("round_closed", f"round {pending.round} closed during the pull")
@@ -331,15 +335,24 @@ class MqttGrid(Presence, Grid):
                 if err.code != "cancelled":
                     raise
                 raise ProtocolError("round_closed", f"round {pending.round} closed during the pull") from None
-            check_record(name, decode_tensors(data), pending)
+            check_pulled(name, data, pending, self.registry.replayed(dev, ref.id, result.task_id))
 
     def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None,
-                tell: bool = True) -> None:
-        """Record (round ``rnd``), log, and (``tell``) send the device an Error; the task stays open."""
+                tell: bool = True, pending: PendingTask | None = None) -> None:
+        """Record (round ``rnd``), log, and (``tell``) send the device an Error. The task stays
+        open, except when ``pending`` is given (its device's own data was bad): then it is
+        refused, the device is resolved for the round and a repeat gets the same error."""
         log.warning("rejected result from %s (round %s): %s", dev, rnd, err)
         self._record_rejection(rnd, dev, task_id, err.code, err.detail)
+        error = msgs.Error(code=err.code, detail=err.detail[:500], ref=task_id)
+        if pending is not None:
+            with self._lock:
+                if not pending.answered and self._task_open(pending):
+                    pending.refused = True
+                    self._resolved.add(dev)
+                    self._answers[pending.task_id] = (dev, error)
         if tell:
-            self.endpoint.send(dev, msgs.Error(code=err.code, detail=err.detail[:500], ref=task_id))
+            self.endpoint.send(dev, error)
 
     def _answer_again(self, dev: str, result: msgs.Result) -> bool:
         """Re-send the ack of a result of ``dev``'s task accepted before (by this server instance,

@@ -67,7 +67,7 @@ class Presence:
     def _await_again(self, dev: str) -> None:
         """A device back online may still deliver its open task's result: wait for it again."""
         if dev in self._left and any(p.instruction.device_id == dev and p.round == self._open_round
-                                     and not p.answered for p in self._pending.values()):
+                                     and not (p.answered or p.refused) for p in self._pending.values()):
             self._left.discard(dev)
             self._resolved.discard(dev)
 

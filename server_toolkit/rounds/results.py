@@ -1,9 +1,11 @@
 """What a result must look like: the pending task it answers, and the checks before and
 after its blobs are pulled (used by ``MqttGrid``).
 
-A result that fails a check is rejected; it does not end its task: only an accepted result
-does (or the device refusing, or going offline), so garbage or a forged result on a
-device's topics cannot cost the device its round.
+A result that fails a check is rejected. A rejection of the result message alone does not end
+its task (garbage or a forged result on a device's topics cannot cost the device its round); a
+rejection of the device's own data does (``check_pulled`` raises ``OwnDataError``): a record
+pulled from the device that hashes to the id the device named, yet is no valid update or is a
+replay of the device's earlier update. Then the device is resolved for the round.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import numpy as np
 
 from fedcore import modelspec
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol.blobs import check_update
-from sdk_device.protocol.errors import ProtocolError
+from sdk_device.protocol.blobs import check_update, decode_tensors
+from sdk_device.protocol.errors import OwnDataError, ProtocolError
 from sdk_device.protocol.smashed import SmashedRequest, check_smashed
 
 from ..edge.bundle import check_result as check_bundle
@@ -36,7 +38,8 @@ def features_request(instruction: TrainInstruction) -> SmashedRequest | None:
 @dataclass
 class PendingTask:
     """A task of the open round: what it asked, and what its result must look like.
-    ``answered``: a result of it was accepted (the first one wins)."""
+    ``answered``: a result of it was accepted (the first one wins); ``refused``: a result of it
+    was rejected for the device's own data (it is not sent again, the device is resolved)."""
 
     task_id: str
     round: int
@@ -45,6 +48,7 @@ class PendingTask:
     references: dict[str, dict]  # returned model -> {tensor name: (shape, dtype)} it must have
     features: SmashedRequest | None  # the features output asked for, if any
     answered: bool = False
+    refused: bool = False
     task: msgs.Task | None = None  # the message sent (sent again: mqtt_presence.py)
 
 
@@ -78,6 +82,19 @@ def check_record(name: str, tensors: dict[str, np.ndarray], pending: PendingTask
         check_smashed(tensors, pending.features)
     else:
         check_update(tensors, pending.references[name])
+
+
+def check_pulled(name: str, data: bytes, pending: PendingTask, replay_of: str | None) -> None:
+    """One array record pulled from the device (verified against its id): decodable, then
+    ``check_record``; ``replay_of``: the earlier task whose accepted update had these very bytes
+    (None: none). Raises OwnDataError: the device's own data is bad."""
+    if replay_of is not None:
+        raise OwnDataError("replay", f"{name} is byte-identical to this device's update for task "
+                                     f"{replay_of[:8]}")
+    try:
+        check_record(name, decode_tensors(data), pending)
+    except ProtocolError as err:
+        raise OwnDataError(err.code, err.detail) from None
 
 
 def is_blob_id(ref: str | None) -> bool:
