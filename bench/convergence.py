@@ -16,7 +16,8 @@ the server's quality guard saw a divergence in it (summary.json ``divergence``: 
 guard then rolled back still counts) or its last-5 mean is more than ``--collapse-drop`` (0.2)
 below its best, e.g. 0.99 -> 0.27; a run whose command failed counts as a collapse), the
 guard's rollbacks summed over the seeds, and the mean wall time of one run.
-``--report-only`` summarises the runs already in ``--out``.
+``--report-only`` summarises the runs already in ``--out``; a run already there (its
+``bench.json``) is not run again, so a stopped grid resumes where it was.
 
     .venv/bin/python bench/convergence.py --data-dir /work/shared/datasets --seeds 0,1,2
 """
@@ -104,7 +105,7 @@ def main() -> None:
                 results, walls, diverged, rollbacks = [], [], [], 0
                 for seed in [int(s) for s in args.seeds.split(",")]:
                     run_dir = args.out / tag / f"{dataset}-{devices}x{samples}-s{seed}"
-                    if not args.report_only:
+                    if not args.report_only and not (run_dir / "bench.json").exists():  # done runs are kept
                         cmd = simulate_command(args, dataset, devices, samples, seed, run_dir)
                         print("$", " ".join(cmd[1:]), flush=True)
                         started = time.monotonic()
