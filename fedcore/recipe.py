@@ -17,11 +17,12 @@ DEFAULT_MAX_STEPS = 100
 # The commands' default device learning rate (``--lr`` of ``simulate`` and ``run``; SGD,
 # momentum 0.9). Decision: 0.02, not the earlier 0.05. With the step bound alone, lr 0.05 still
 # collapsed to chance mid-run on one device of 900 digits in 3 of 5 seeds (the quality guard
-# rolled each back); at 0.02 none of the grid's runs collapsed (1-10 devices x 100-5,000
-# samples, digits and Fashion-MNIST, 3 seeds, 30 rounds: BENCHMARKS.md, "Defaults that
-# converge"). A lower lr changes only a number the task already carries, so it holds on every
-# runtime (torch, ORT, ExecuTorch, the C++ client) without a new recipe field. ``Recipe.lr``'s
-# own default (a task's recipe without ``lr``, protocol §14.1) stays 0.05.
+# rolled each back); at 0.02 no run of the convergence grid collapsed (1, 2, 5, 10 devices x
+# 100 to 5,000 samples each, digits and Fashion-MNIST, 30 rounds; 3 seeds where the CPU time
+# allowed: BENCHMARKS.md, "Defaults that converge"). Cost: short runs learn more slowly. A
+# lower lr changes only a number every task already carries, so it holds on every runtime
+# (torch, ORT, ExecuTorch, the C++ client) with no new recipe field. ``Recipe.lr``'s own
+# default (a task recipe without ``lr``, protocol §14.1) stays 0.05.
 DEFAULT_LR = 0.02
 
 
