@@ -12,9 +12,12 @@ floor(1437 / devices) per device and is marked "(all)"; Fashion-MNIST has 60,000
 
 Reported per (dataset, devices, samples): over the seeds, the mean of the last 5 rounds'
 accuracy and the best accuracy (mean ± std), the number of collapses (a run collapses when
-its last-5 mean is more than ``--collapse-drop`` (0.2) below its best, e.g. 0.99 -> 0.27; a
-run whose command failed counts as a collapse), and the mean wall time of one run.
-``--report-only`` summarises the runs already in ``--out``.
+the server's quality guard saw a divergence in it (summary.json ``divergence``: a collapse the
+guard then rolled back still counts) or its last-5 mean is more than ``--collapse-drop`` (0.2)
+below its best, e.g. 0.99 -> 0.27; a run whose command failed counts as a collapse), the
+guard's rollbacks summed over the seeds, and the mean wall time of one run.
+``--report-only`` summarises the runs already in ``--out``; a run already there (its
+``bench.json``) is not run again, so a stopped grid resumes where it was.
 
     .venv/bin/python bench/convergence.py --data-dir /work/shared/datasets --seeds 0,1,2
 """
@@ -63,6 +66,15 @@ def accuracies(run_dir: Path) -> list[float]:
     return [row["accuracy"] for row in rows if "accuracy" in row]
 
 
+def guard_record(run_dir: Path) -> tuple[int, int]:
+    """(divergences the quality guard saw, rollbacks it made) in a run's summary.json (0, 0 without)."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return 0, 0
+    summary = json.loads(path.read_text())
+    return len(summary.get("divergence", [])), summary.get("guard", {}).get("rollbacks", 0)
+
+
 def mean_std(values: list[float]) -> str:
     if not values:
         return "-"
@@ -90,10 +102,10 @@ def main() -> None:
         for devices in [int(d) for d in args.devices.split(",")]:
             cells = {per_device(dataset, devices, int(s)) for s in args.samples.split(",")}
             for samples, is_all in sorted(cells):
-                results, walls = [], []
+                results, walls, diverged, rollbacks = [], [], [], 0
                 for seed in [int(s) for s in args.seeds.split(",")]:
                     run_dir = args.out / tag / f"{dataset}-{devices}x{samples}-s{seed}"
-                    if not args.report_only:
+                    if not args.report_only and not (run_dir / "bench.json").exists():  # done runs are kept
                         cmd = simulate_command(args, dataset, devices, samples, seed, run_dir)
                         print("$", " ".join(cmd[1:]), flush=True)
                         started = time.monotonic()
@@ -110,20 +122,24 @@ def main() -> None:
                     accs = accuracies(run_dir)
                     walls.append(info["wall_s"])
                     results.append(accs if info["rc"] == 0 and len(accs) == args.rounds else None)
+                    divergences, rolled = guard_record(run_dir)
+                    diverged.append(divergences > 0)
+                    rollbacks += rolled
                     print(f"  {dataset} {devices}x{samples} seed {seed}: {[round(a, 3) for a in accs]} "
-                          f"({info['wall_s']:.0f} s)", flush=True)
+                          f"({info['wall_s']:.0f} s; {divergences} divergence(s), {rolled} rollback(s))",
+                          flush=True)
                 done_runs = [r for r in results if r]
                 last5 = [statistics.mean(r[-5:]) for r in done_runs]
                 best = [max(r) for r in done_runs]
-                collapses = sum(1 for r in results if r is None) + sum(
-                    1 for lo, hi in zip(last5, best, strict=True) if hi - lo > args.collapse_drop)
+                collapses = sum(1 for r, fired in zip(results, diverged, strict=True) if r is None or fired or
+                                max(r) - statistics.mean(r[-5:]) > args.collapse_drop)
                 rows.append(f"| {dataset} | {devices} | {samples}{' (all)' if is_all else ''} | {tag} | "
                             f"{mean_std(last5)} | {mean_std(best)} | {collapses}/{len(results)} | "
-                            f"{statistics.mean(walls):.0f} |" if walls else "")
+                            f"{rollbacks} | {statistics.mean(walls):.0f} |" if walls else "")
     print(f"\nFedAvg, small_cnn, IID, {args.rounds} rounds, seeds {args.seeds}, grid {args.grid}")
     print("| dataset | devices | samples/device | recipe | last-5 accuracy | best accuracy | collapses | "
-          "wall s/run |")
-    print("|---|---|---|---|---|---|---|---|")
+          "rollbacks | wall s/run |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(row for row in rows if row))
 
 

@@ -72,9 +72,9 @@ def hold_dashboard(observers, seconds: float) -> None:
 @contextlib.contextmanager
 def observed(observers, run_dir: Path):
     """Run the body; record how it ended (finished / stopped / failed, or the quality guard's
-    finished_after_rollback / diverged: ``report/run_status.py``) in ``run_dir``'s summary.json and
-    tell the observers. Unless the body got through the dashboard stops too (else ``hold_dashboard``
-    does)."""
+    finished_after_rollback / finished_without_learning / diverged: ``report/run_status.py``) in
+    ``run_dir``'s summary.json and tell the observers. Unless the body got through the dashboard
+    stops too (else ``hold_dashboard`` does)."""
     status = "failed"
     try:
         yield observers

@@ -7,7 +7,7 @@ import json
 import click
 from rich.console import Console
 
-from fedcore.recipe import DEFAULT_MAX_STEPS
+from fedcore.recipe import DEFAULT_LR, DEFAULT_MAX_STEPS
 
 console = Console()
 
@@ -22,7 +22,8 @@ def recipe_options(f):
         [
             click.option("--local-epochs", default=5, show_default=True, help="Local epochs per round."),
             click.option("--batch-size", default=16, show_default=True, help="Samples per local step."),
-            click.option("--lr", default=0.05, show_default=True, help="Client learning rate."),
+            click.option("--lr", default=DEFAULT_LR, show_default=True,
+                         help="Client learning rate (per optimiser step)."),
             click.option("--max-steps", default=DEFAULT_MAX_STEPS, show_default=True,
                          help="At most this many local optimiser steps per round on a device, "
                          "whatever its data size (a device with more data stops part-way through "

@@ -14,8 +14,8 @@ SHOWN = ("round", "accuracy", "loss", "accepted", "rejected", "seconds")  # the 
 
 @click.group()
 def runs() -> None:
-    """List and inspect run directories (status: finished, finished_after_rollback, diverged, stopped
-    or failed)."""
+    """List and inspect run directories (status: finished, finished_after_rollback,
+    finished_without_learning, diverged, stopped or failed)."""
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -32,7 +32,8 @@ def runs_list(directory: Path) -> None:
 
     Status: summary.json's "status" (finished, stopped or failed, written when the run ends;
     finished_after_rollback or diverged when the model-quality guard rolled the model back or
-    found the final model far below its best); else, with a summary.json, finished when every
+    found the final model far below its best, finished_without_learning when its best accuracy
+    stayed near chance); else, with a summary.json, finished when every
     planned round is done, stopped if not; without one the run crashed or was killed (or is
     still running): failed."""
     from ..report.run_index import find_runs

@@ -43,7 +43,7 @@ Kaiming-normal init, no BN      0.327 / 0.981              0.333 / 0.712
 BatchNorm, default init (ours)  0.991 / 0.991              0.712 / 0.727
 ==============================  ==========================  ==========================
 
-Kaiming initialisation needs lr 0.01 (at the user's default 0.05 it dies, and the paper-style
+Kaiming initialisation needs lr 0.01 (at 0.05, the user's default then, it dies, and the paper-style
 model diverged to NaN in a Local run on Fashion-MNIST), and it does nothing for a model a
 hypernetwork generates (the generated weights' scale comes from the hypernetwork, not from
 the device's initialiser). BatchNorm makes the convolutions' scale irrelevant, so it fixes

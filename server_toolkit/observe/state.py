@@ -23,7 +23,8 @@ FLEET_TTL_S = 1.0
 @dataclass
 class Snapshot:
     """A consistent copy of the state: ``status`` is starting, running, or how the run ended
-    (``report/run_status.py``: finished, finished_after_rollback, diverged, stopped, failed)."""
+    (``report/run_status.py``: finished, finished_after_rollback, finished_without_learning, diverged,
+    stopped, failed)."""
 
     config: dict
     rows: list[dict]

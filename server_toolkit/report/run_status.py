@@ -5,7 +5,8 @@ planned round ran), ``stopped`` (Ctrl-C) or ``failed`` (an error). A run that go
 an error but whose model-quality guard had something to say (``rounds/quality_guard.py``:
 ``summary.json``'s ``guard.verdict``) is recorded as that instead of ``finished``:
 ``finished_after_rollback`` (the model diverged, was rolled back, and the run went on to its end)
-or ``diverged`` (the guard stopped the run, or the final model is far below the best).
+``diverged`` (the guard stopped the run, or the final model is far below the best) or
+``finished_without_learning`` (the best accuracy stayed near chance).
 ``run_status`` reads it back:
 
 1. ``summary.json`` has a ``"status"``: that one;
@@ -26,8 +27,9 @@ from typing import Any
 
 from .run_report import METRICS_JSONL, SUMMARY_JSON
 
-STATUSES = ("finished", "finished_after_rollback", "diverged", "stopped", "failed")
-GUARD_VERDICTS = ("finished_after_rollback", "diverged")
+STATUSES = ("finished", "finished_after_rollback", "finished_without_learning", "diverged", "stopped",
+            "failed")
+GUARD_VERDICTS = ("finished_after_rollback", "finished_without_learning", "diverged")
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:

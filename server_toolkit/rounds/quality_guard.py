@@ -34,7 +34,15 @@ Every divergence is one WARNING log line and one record in ``events`` (summary.j
 ``verdict()`` (summary.json's ``status`` when the run got through its rounds): ``diverged``
 when the guard stopped the run or the final model is bad (non-finite, or below
 ``accuracy_fraction`` x the best, even if fewer than ``patience`` evaluations were), else
-``finished_after_rollback`` after a rollback, else None (plain ``finished``).
+``finished_without_learning`` when the model never learned, else ``finished_after_rollback``
+after a rollback, else None (plain ``finished``).
+
+Never learned (decision): after at least ``learn_within`` (5) evaluations with an accuracy, the
+best accuracy is still at most ``chance_factor`` (1.5) x chance, chance = the share of the test
+set's most common label (what a constant prediction scores: 0.1 on 10 balanced classes, so
+best <= 0.15). A run that dies in its first round and a learning rate too small to move the
+model both end there; neither is a success. Shorter runs are not judged (a 2-round smoke run
+may not have left chance yet). One WARNING line says so when the summary is written.
 """
 
 from __future__ import annotations
@@ -71,6 +79,8 @@ class DivergenceRule:
     patience: int = 3
     lr_factor: float = 0.5
     max_rollbacks: int = 3
+    chance_factor: float = 1.5
+    learn_within: int = 5
 
     def judge(self, accuracy: float | None, loss: float | None, best_accuracy: float | None,
               best_loss: float | None) -> tuple[str, bool] | None:
@@ -114,6 +124,8 @@ class QualityGuard:
         self.rolled_back_at = 0  # the round (version) of the last rollback
         self.restore: Weights | None = None
         self.restore_state: dict = {}
+        self.evaluated = 0  # evaluations with an accuracy
+        self.chance: float | None = None  # a constant prediction's test accuracy (guard_summary sets it)
 
     # -- per evaluation ----------------------------------------------------------------------
     def observe(self, rnd: int, metrics: dict, weights: Weights, row: dict,
@@ -130,6 +142,7 @@ class QualityGuard:
                     where[key] = None
         if accuracy is None and loss is None:
             return
+        self.evaluated += accuracy is not None
         found = self.rule.judge(accuracy, loss, self.best_accuracy, self.best_loss)
         self.last = {"round": rnd, "accuracy": accuracy, "bad": found is not None}
         if found is None:
@@ -203,10 +216,19 @@ class QualityGuard:
 
     # -- run summary -------------------------------------------------------------------------
     def verdict(self) -> str | None:
-        """``diverged``, ``finished_after_rollback`` or None (module docstring)."""
+        """``diverged``, ``finished_without_learning``, ``finished_after_rollback`` or None
+        (module docstring)."""
         if self.stop or (self.last is not None and self.last["bad"]):
             return "diverged"
+        if self.never_learned():
+            return "finished_without_learning"
         return "finished_after_rollback" if self.rollbacks else None
+
+    def never_learned(self) -> bool:
+        """The best accuracy is still near chance after ``learn_within`` evaluations (module docstring)."""
+        return (self.chance is not None and self.best_accuracy is not None
+                and self.evaluated >= self.rule.learn_within
+                and self.best_accuracy <= self.rule.chance_factor * self.chance)
 
     def summary(self, run_dir: Path | None) -> dict:
         """summary.json's ``guard``, ``best``, ``last`` and ``divergence`` entries (paths relative
@@ -230,12 +252,12 @@ class QualityGuard:
         return {"best_round": self.best_round, "best_accuracy": self.best_accuracy,
                 "best_loss": self.best_loss, "last": self.last, "streak": self.streak,
                 "rollbacks": self.rollbacks, "lr_scale": self.lr_scale, "events": self.events,
-                "fired": self._fired, "rolled_back_at": self.rolled_back_at}
+                "fired": self._fired, "rolled_back_at": self.rolled_back_at, "evaluated": self.evaluated}
 
     def load_state_dict(self, state: dict) -> None:
         """Back from a checkpoint's state; the best weights from ``best.safetensors``."""
         for key in ("best_round", "best_accuracy", "best_loss", "last", "streak", "rollbacks",
-                    "lr_scale", "events", "rolled_back_at"):
+                    "lr_scale", "events", "rolled_back_at", "evaluated"):
             if key in state:
                 setattr(self, key, state[key])
         self._fired = bool(state.get("fired", False))
@@ -257,7 +279,24 @@ def _number(value) -> float | None:
     return float(value)
 
 
+def chance_accuracy(labels: np.ndarray) -> float | None:
+    """The accuracy of always predicting the most common of ``labels`` (N,) (None when empty)."""
+    labels = np.asarray(labels).reshape(-1)
+    if labels.size == 0:
+        return None
+    return float(np.unique(labels, return_counts=True)[1].max() / labels.size)
+
+
 def guard_summary(loop) -> dict:
-    """The guard's entries of a run's summary.json from its round loop ({} without a guard)."""
+    """The guard's entries of a run's summary.json from its round loop ({} without a guard);
+    a run that never learned gets its one warning line here."""
     guard = getattr(loop, "guard", None)
-    return guard.summary(loop.run_dir) if guard is not None else {}
+    if guard is None:
+        return {}
+    if guard.chance is None and getattr(loop, "test_data", None) is not None:
+        guard.chance = chance_accuracy(loop.test_data[1])
+    if guard.verdict() == "finished_without_learning":
+        log.warning("the model never learned: best test accuracy %.4f after %d evaluations, chance %.4f "
+                    "(a constant prediction); check the data, the labels and --lr", guard.best_accuracy,
+                    guard.evaluated, guard.chance)
+    return guard.summary(loop.run_dir)

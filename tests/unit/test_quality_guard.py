@@ -9,6 +9,7 @@ import json
 import math
 import random
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from server_toolkit.report.run_status import record_status
 from server_toolkit.rounds.inprocess_grid import InProcessGrid
 from server_toolkit.rounds.local_device import LocalDevice
 from server_toolkit.rounds.loop import LoopConfig, RoundLoop
-from server_toolkit.rounds.quality_guard import BEST_FILE, QualityGuard
+from server_toolkit.rounds.quality_guard import BEST_FILE, QualityGuard, chance_accuracy, guard_summary
 
 WEIGHTS = {"w": np.zeros(3, dtype=np.float32)}
 
@@ -173,3 +174,26 @@ def test_a_loop_without_test_data_has_no_guard_and_leaves_the_lr_alone(tmp_path)
     edge = EdgeAggregator(EdgeConfig("mqtt://127.0.0.1:1", "f", "edge-1", tmp_path / "edge", method="fedavg"))
     edge.registry.close()
     assert edge.group.guard is None  # an edge's group loop evaluates nothing: the server's guard acts
+
+
+def test_a_run_whose_best_stays_at_chance_is_finished_without_learning_not_finished(tmp_path, caplog):
+    labels = np.repeat(np.arange(10), 5)  # 10 balanced classes: chance 0.1, "never learned": best <= 0.15
+    assert chance_accuracy(labels) == 0.1 and chance_accuracy(np.array([0, 0, 0, 1])) == 0.75
+    at_chance = QualityGuard()
+    feed(at_chance, [0.10, 0.12, 0.09, 0.14, 0.11, 0.10])
+    loop = SimpleNamespace(guard=at_chance, run_dir=tmp_path, test_data=(np.zeros((50, 1)), labels))
+    with caplog.at_level("WARNING"):
+        summary = guard_summary(loop)
+    assert summary["guard"]["verdict"] == "finished_without_learning"
+    assert [r.message for r in caplog.records if "never learned" in r.message] == [
+        "the model never learned: best test accuracy 0.1400 after 6 evaluations, chance 0.1000 "
+        "(a constant prediction); check the data, the labels and --lr"]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert record_status(tmp_path, "finished") == "finished_without_learning"
+    # a slow learner that leaves chance, and a run too short to judge, are plain finished
+    slow, short = QualityGuard(), QualityGuard()
+    feed(slow, [0.10, 0.11, 0.12, 0.14, 0.16, 0.30])
+    feed(short, [0.10, 0.11, 0.12, 0.10])
+    for guard in (slow, short):
+        assert guard_summary(SimpleNamespace(guard=guard, run_dir=None, test_data=(labels, labels))
+                             )["guard"]["verdict"] is None

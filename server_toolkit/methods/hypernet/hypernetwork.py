@@ -30,9 +30,10 @@ from its tier (``DeviceInfo.tier``). The shape options (embed_dim, hidden, hn_la
 embed_std, chunk) are checkpointed and a resumed run takes them from its checkpoint.
 
 ``hn_lr``: the paper's 2e-4 goes with its client lr 1e-3; with the user's recipe (SGD lr
-0.05, 5 epochs by default) devices move their weights ~50x further per round and the
-hypernetwork must follow: 2e-3 left MH-pFedHN at 0.59 and MH-pFedHNGD at 0.16 after 10
-rounds on digits (4 devices), 1e-2 (the pFedHN authors' released default) gave 0.96 / 0.94.
+0.05, 5 epochs: the default when this was measured, lr 0.02 since issue 26) devices move their
+weights ~50x further per round and the hypernetwork must follow: 2e-3 left MH-pFedHN at 0.59
+and MH-pFedHNGD at 0.16 after 10 rounds on digits (4 devices), 1e-2 (the pFedHN authors'
+released default) gave 0.96 / 0.94.
 """
 
 from __future__ import annotations
