@@ -98,6 +98,7 @@ public final class FedsdkDevice implements AutoCloseable {
         private String username;
         private String password;
         private String pairCode;
+        private boolean paired;
         private String name = "java-device";
         private Path workDir;
         private DataProvider data;
@@ -140,6 +141,12 @@ public final class FedsdkDevice implements AutoCloseable {
             return this;
         }
 
+        /** Use the account an earlier {@link FedsdkDevice#pair} stored in the work directory. */
+        public Builder paired() {
+            this.paired = true;
+            return this;
+        }
+
         /** Where the device keeps its blobs and its pairing (device.json, 0600). */
         public Builder workDir(Path dir) {
             this.workDir = dir;
@@ -174,8 +181,8 @@ public final class FedsdkDevice implements AutoCloseable {
             if (server == null || workDir == null || data == null) {
                 throw new IllegalArgumentException("server, workDir and dataProvider are required");
             }
-            if (pairCode == null && fleet == null) {
-                throw new IllegalArgumentException("credentials or pairCode is required");
+            if (pairCode == null && fleet == null && !paired) {
+                throw new IllegalArgumentException("credentials, pairCode or paired() is required");
             }
             StringBuilder json = new StringBuilder("{");
             field(json, "broker", withAccount(server));
