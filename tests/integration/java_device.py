@@ -18,7 +18,8 @@ from .cpp_client import BUILD, ROOT, build_client
 
 JNI_LIB = BUILD / "libfedsdk_device_jni.so"
 CLASSES = ROOT / "device_java" / "build" / "classes"
-SOURCES = [*(ROOT / "device_java" / "src").rglob("*.java"), ROOT / "tests" / "integration" / "java" / "DigitsDevice.java"]
+PROGRAM = ROOT / "tests" / "integration" / "java" / "DigitsDevice.java"
+SOURCES = [*(ROOT / "device_java" / "src").rglob("*.java"), PROGRAM]
 
 
 def build_java() -> tuple[Path, Path]:
@@ -47,4 +48,13 @@ def write_samples(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
 
 def java_command(classes: Path, jni: Path, *args: str) -> list[str]:
     """``java`` running tests/integration/java/DigitsDevice.java with the binding."""
-    return ["java", f"-Dfedsdk.jni={jni}", "-Xss1m", "-XX:+UseSerialGC", "-cp", str(classes), "DigitsDevice", *args]
+    return [
+        "java",
+        f"-Dfedsdk.jni={jni}",
+        "-Xss1m",
+        "-XX:+UseSerialGC",
+        "-cp",
+        str(classes),
+        "DigitsDevice",
+        *args,
+    ]

@@ -54,24 +54,44 @@ def test_java_device_refuses_a_foreign_ca_pairs_with_a_code_and_trains_fedavg_ro
     samples = write_samples(tmp_path / "samples.bin", data.x_train[:600], data.y_train[:600])
     with open(tmp_path / "server.log", "wb") as server_log:
         server = _cli(
-            "run", "--broker-security", str(secured.security.directory), "--fleet", secured.fleet,
-            "--run-dir", str(run_dir), "--programs", "torchspec/1,pte/1", "--rounds", str(ROUNDS),
-            "--min-devices", "1", "--local-epochs", "2", "--round-timeout", "300",
-            stdout=server_log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            "run",
+            "--broker-security",
+            str(secured.security.directory),
+            "--fleet",
+            secured.fleet,
+            "--run-dir",
+            str(run_dir),
+            "--programs",
+            "torchspec/1,pte/1",
+            "--rounds",
+            str(ROUNDS),
+            "--min-devices",
+            "1",
+            "--local-epochs",
+            "2",
+            "--round-timeout",
+            "300",
+            stdout=server_log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _wait_for(run_dir / "fleet.json", server, 120)
         made = subprocess.run(
             [sys.executable, "-m", "server_toolkit.cli", "pair-code", "--run-dir", str(run_dir)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert made.returncode == 0, made.stderr
         code = re.search(r"--code (\S+)", made.stdout).group(1)
+        work = tmp_path / "work"
         pin = re.search(r"--ca-fingerprint (sha256:[0-9a-f]{64})", made.stdout).group(1)
         java = subprocess.run(
-            java_command(*java_binding, "pair", secured.url, pin, code, str(samples), str(tmp_path / "work"), str(ROUNDS)),
-            capture_output=True, text=True, timeout=500,
-        )  # fmt: skip
+            java_command(*java_binding, "pair", secured.url, pin, code, str(samples), str(work), str(ROUNDS)),
+            capture_output=True,
+            text=True,
+            timeout=500,
+        )
         server_code = server.wait(timeout=120)
     finally:
         if server.poll() is None:
@@ -99,15 +119,18 @@ def test_java_device_refuses_a_foreign_ca_pairs_with_a_code_and_trains_fedavg_ro
 def test_java_device_passes_every_conformance_check(java_binding, mosquitto, tmp_path):
     data = load_dataset("digits", seed=0)
     samples = write_samples(tmp_path / "samples.bin", data.x_train[:200], data.y_train[:200])
-    procs = []
+    procs, work = [], tmp_path / "work"
 
     def start_device() -> None:
         with open(tmp_path / "device.log", "ab") as log:
             procs.append(
                 subprocess.Popen(
-                    java_command(*java_binding, "run", mosquitto.url, "conf", "java-dev", str(samples), str(tmp_path / "work")),
-                    stdout=log, stderr=subprocess.STDOUT,
-                )  # fmt: skip
+                    java_command(
+                        *java_binding, "run", mosquitto.url, "conf", "java-dev", str(samples), str(work)
+                    ),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             )
 
     try:
