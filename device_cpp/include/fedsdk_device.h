@@ -11,7 +11,8 @@
  *
  * Threads: every function may be called from any thread, except that fedsdk_device_free must
  * not race with another call on the same device. Callbacks run on the library's threads; they
- * must return quickly and must not call fedsdk_device_stop or fedsdk_device_free.
+ * must return quickly and must not call any fedsdk_device_* function (stop joins the threads
+ * that run them: such a call could wait forever).
  * Strings returned by the library stay valid until the next call on the same device (or, for
  * fedsdk_device_last_error(NULL), on the same thread).
  */
