@@ -45,7 +45,7 @@ def _wait_for(path, proc, timeout_s: float) -> None:
 
 
 # The server exports the pte/1 program for pairing and for round 1 (seconds each when idle).
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_java_device_refuses_a_foreign_ca_pairs_with_a_code_and_trains_fedavg_rounds(
     java_binding, secured_mosquitto_tls, tmp_path
 ):
@@ -90,14 +90,14 @@ def test_java_device_refuses_a_foreign_ca_pairs_with_a_code_and_trains_fedavg_ro
             java_command(*java_binding, "pair", secured.url, pin, code, str(samples), str(work), str(ROUNDS)),
             capture_output=True,
             text=True,
-            timeout=500,
+            timeout=1100,
         )
+        out = java.stdout
+        assert java.returncode == 0, (out[-3000:], java.stderr[-3000:])
         server_code = server.wait(timeout=120)
     finally:
         if server.poll() is None:
             server.kill()
-    out = java.stdout
-    assert java.returncode == 0, (out[-3000:], java.stderr[-3000:])
     assert "FOREIGN CA REFUSED: pairing: the broker's CA is sha256:" in out, out
     assert "PAIRED java-phone sec" in out, out
     assert [line.split()[1] for line in out.splitlines() if " accepted " in line] == ["1", "2", "3"], out

@@ -110,7 +110,7 @@ public final class DigitsDevice {
         try (FedsdkDevice device = FedsdkDevice.builder().server(args[1]).caFingerprint(args[2]).pairCode(args[3], "java-phone")
                 .workDir(Path.of(args[5])).dataProvider(samples, samples.c, samples.h, samples.w)
                 .heartbeatSeconds(1).listener(printer).build()) {
-            device.pair(120);
+            device.pair(600); // the server exports the pte/1 program before it offers (minutes on a busy machine)
             device.start();
             System.out.println("STARTED " + device.status());
             boolean all = printer.done.await(600, TimeUnit.SECONDS);
