@@ -107,7 +107,7 @@ def test_java_device_refuses_a_foreign_ca_pairs_with_a_code_and_trains_fedavg_ro
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["round"] for r in rows] == [1, 2, 3] and all(r["accepted"] == 1 for r in rows), rows
-    assert rows[0]["accuracy"] < rows[1]["accuracy"] < rows[2]["accuracy"], rows
+    assert rows[-1]["accuracy"] > rows[0]["accuracy"] and rows[-1]["accuracy"] >= 0.75, rows
     registry = FleetRegistry(run_dir / "registry.sqlite")
     try:
         metrics = [registry.updates(rnd)[0]["metrics"] for rnd in range(1, ROUNDS + 1)]

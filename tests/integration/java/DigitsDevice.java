@@ -17,8 +17,8 @@ import org.fedsdk.device.FedsdkException;
  * samples come from this program's DataProvider, read from a little-endian file: int64 N, C,
  * H, W, then N*C*H*W float32, then N int64 labels.
  *
- *   pair SERVER FINGERPRINT CODE SAMPLES WORK_DIR ROUNDS: a wrong pin is refused, then pairs
- *       with the code and runs until ROUNDS updates are accepted (prints one line per event)
+ *   pair SERVER FINGERPRINT CODE SAMPLES WORK_DIR ROUNDS: pairs with the code, checks that a
+ *       wrong pin is refused, and runs until ROUNDS updates are accepted (one line per event)
  *   run SERVER FLEET DEVICE_ID SAMPLES WORK_DIR: a registered device, until killed
  */
 public final class DigitsDevice {
@@ -95,22 +95,27 @@ public final class DigitsDevice {
         }
     }
 
-    static void pairAndTrain(String[] args, Samples samples) throws Exception {
+    /** Pinning a CA other than the broker's: pairing stops after fetching the CA, nothing sent. */
+    static void refuseForeignCa(String[] args, Samples samples) {
         String foreign = "sha256:" + "ab".repeat(32);
         try (FedsdkDevice wrong = FedsdkDevice.builder().server(args[1]).caFingerprint(foreign).pairCode(args[3], "java-phone")
                 .workDir(Path.of(args[5] + "-foreign")).dataProvider(samples, samples.c, samples.h, samples.w).build()) {
-            wrong.pair(60);
+            wrong.pair(120);
             System.out.println("FOREIGN CA ACCEPTED");
             System.exit(3);
         } catch (FedsdkException e) {
             System.out.println("FOREIGN CA REFUSED: " + e.getMessage());
         }
+    }
+
+    static void pairAndTrain(String[] args, Samples samples) throws Exception {
         int rounds = Integer.parseInt(args[6]);
         Printer printer = new Printer(rounds);
         try (FedsdkDevice device = FedsdkDevice.builder().server(args[1]).caFingerprint(args[2]).pairCode(args[3], "java-phone")
                 .workDir(Path.of(args[5])).dataProvider(samples, samples.c, samples.h, samples.w)
                 .heartbeatSeconds(1).listener(printer).build()) {
             device.pair(600); // the server exports the pte/1 program before it offers (minutes on a busy machine)
+            refuseForeignCa(args, samples); // now the pairing service answers at once
             device.start();
             System.out.println("STARTED " + device.status());
             boolean all = printer.done.await(600, TimeUnit.SECONDS);
