@@ -10,7 +10,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedsdk-installed
 
-.PHONY: demo test lint bench mosquitto cpp-deps jdk gxx shellcheck chromium fashion-mnist ort-env litert-env arm64-root clean
+.PHONY: demo test lint bench mosquitto rabbitmq cpp-deps jdk gxx shellcheck chromium fashion-mnist ort-env litert-env arm64-root clean
 
 # Two stamps in one venv: $(DEMO_STAMP) once '.[server]' (what the demo imports) is in, $(STAMP)
 # once '.[dev]' (everything: tests, lint, the arm64 root) is. '.[dev]' contains '.[server]', so
@@ -41,11 +41,14 @@ demo: $(DEMO_STAMP)
 	@echo "make demo: fedsdk-server simulate (FedAvg, 8 device processes, embedded broker, digits, 20 rounds)"
 	$(BIN)/fedsdk-server simulate
 
-test: $(STAMP) mosquitto cpp-deps jdk shellcheck chromium fashion-mnist ort-env litert-env gxx arm64-root
+test: $(STAMP) mosquitto rabbitmq cpp-deps jdk shellcheck chromium fashion-mnist ort-env litert-env gxx arm64-root
 	$(BIN)/pytest -q
 
 mosquitto:
 	@sh scripts/ensure-mosquitto.sh
+
+rabbitmq:  # the RabbitMQ cluster test (tests/integration/test_rabbitmq_cluster.py), bench/rabbitmq_cluster.py
+	@sh scripts/ensure-tool.sh rabbitmqctl rabbitmq-server /usr/lib/rabbitmq/bin/rabbitmq-server
 
 cpp-deps:  # builds the C++ device client (device_cpp/) in the tests
 	@sh scripts/ensure-cpp-deps.sh

@@ -17,6 +17,11 @@ timed as an eval forward pass against torch eval.
 Usage:
     .venv/bin/python bench/runtimes.py [--batch 32] [--threads 1] [--steps 8] [--repeats 3]
                                        [--models small_cnn,vgg_multi_exit,resnet18_tier] [--variants]
+                                       [--fused]
+
+``--fused`` adds the row ``executorch-native, fused``: the program exported with
+``kernels="fused"`` (groups == 1 convolutions as the ``fedsdk::`` ops of ``export.fused_ops``,
+run by libfedsdk_kernels) on the torch-free runtime, timed in the same alternation.
 
 The ``executorch-native`` row is the torch-free runtime (the same program through the native
 shim, ``sdk_device.runtimes.native_program``), timed in turn with torch and ``executorch``.
@@ -130,18 +135,22 @@ def torch_timer(setup: Setup) -> Callable[[], float]:
 def executorch_rows(setup: Setup, reference: Callable[[], float]) -> list[Row]:
     """torch, the Python-bindings ``executorch`` runtime and the torch-free ``executorch-native``
     runtime on the same program, timed in alternation (one of each per repeat)."""
-    program, stats = export_with_stats(setup.spec, {"kind": "ce"}, setup.recipe.batch_size)
     b = setup.recipe.batch_size
+    program, stats = export_with_stats(setup.spec, {"kind": "ce"}, b)
+    arms = [(ExecutorchRuntime, program, stats, ""), (NativeExecutorchRuntime, program, stats, "")]
+    if setup.args.fused:
+        fused, fused_stats = export_with_stats(setup.spec, {"kind": "ce"}, b, kernels="fused")
+        arms.append((NativeExecutorchRuntime, fused, fused_stats, ", fused"))
     rows = [Row(setup.name, "torch", 0.0, 1.0)]
     timers = [reference]
-    for runtime_class in (ExecutorchRuntime, NativeExecutorchRuntime):
+    for runtime_class, arm_program, arm_stats, suffix in arms:
         runtime = runtime_class(threads=setup.args.threads)
-        runtime.load_program(program, "pte/1")
-        parity = gradient_parity(program, setup.spec, setup.weights, setup.x[:b], setup.y[:b],
+        runtime.load_program(arm_program, "pte/1")
+        parity = gradient_parity(arm_program, setup.spec, setup.weights, setup.x[:b], setup.y[:b],
                                  {"kind": "ce"}, runtime_class=runtime_class)
         timers.append(time_train(runtime, setup))
-        rows.append(Row(setup.name, runtime.name, 0.0, None, len(program) / 1024, stats["export_s"],
-                        parity.loss_error, parity.grad_error))
+        rows.append(Row(setup.name, runtime.name + suffix, 0.0, None, len(arm_program) / 1024,
+                        arm_stats["export_s"], parity.loss_error, parity.grad_error))
     samples = measure_alternating(timers, setup.args.repeats)
     for row, times in zip(rows, samples, strict=True):
         row.ms_per_step = statistics.median(times)
@@ -285,6 +294,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--variants", action="store_true", help="ExecuTorch speed variants on the small CNN")
+    parser.add_argument("--fused", action="store_true",
+                        help="add an executorch-native row for the program exported with kernels='fused'")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)

@@ -189,22 +189,27 @@ def fold_permute_pairs(program) -> int:
 
 
 BACKENDS = ("xnnpack", "portable")
+KERNEL_SETS = ("portable", "fused")  # "portable": ATen ops only (today's lowering, the default)
 
 
 def export_training_program(spec: dict, loss: dict, max_batch: int, seed: int = 0,
-                            backend: str = "xnnpack") -> bytes:
+                            backend: str = "xnnpack", kernels: str = "portable") -> bytes:
     """The ``.pte`` bytes of (spec, loss) with a fixed batch of ``max_batch`` samples.
 
     ``loss`` is a loss dict (see ``fedcore.losses``); ``seed`` sets the initial weights
     stored in the program (a runtime overwrites them with each task's weights).
     ``backend``: "xnnpack" delegates what XNNPACK supports (the matrix products, element-
     wise ops, copies) to it; "portable" runs every op on ExecuTorch's CPU kernels.
+    ``kernels``: "portable" writes every layer in ATen ops (runs on any ExecuTorch runtime);
+    "fused" uses the ``fedsdk::`` training ops of ``export.fused_ops`` where they apply
+    (groups == 1 convolutions, ReLU, max-pool), which only a runtime with ``libfedsdk_kernels``
+    can run; the metadata's "kernels" field says which set the program needs.
     """
-    return export_with_stats(spec, loss, max_batch, seed, backend)[0]
+    return export_with_stats(spec, loss, max_batch, seed, backend, kernels)[0]
 
 
 def export_with_stats(spec: dict, loss: dict, max_batch: int, seed: int = 0,
-                      backend: str = "xnnpack") -> tuple[bytes, dict]:
+                      backend: str = "xnnpack", kernels: str = "portable") -> tuple[bytes, dict]:
     """``export_training_program`` plus {"export_s": seconds, "size_bytes": ...}."""
     from executorch.exir import EdgeCompileConfig, to_edge, to_edge_transform_and_lower
     from torch.export import export
@@ -216,15 +221,19 @@ def export_with_stats(spec: dict, loss: dict, max_batch: int, seed: int = 0,
         raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
+    if kernels not in KERNEL_SETS:
+        raise ValueError(f"kernels {kernels!r} is not one of {KERNEL_SETS}")
     loss_recipe = Loss.from_dict(loss)
     reference = build_model(spec, seed=seed)
-    train_model = ProgramModel(spec, training=True)
-    eval_model = ProgramModel(spec, training=False)
+    train_model = ProgramModel(spec, training=True, kernels=kernels)
+    eval_model = ProgramModel(spec, training=False, kernels=kernels)
     initial = {name: p.detach().clone() for name, p in reference.named_parameters()}
     train_model.load_state_dict(initial)
     eval_model.load_state_dict(initial)
     meta = program_metadata(spec, loss_recipe, max_batch, train_model)
     meta["backend"] = backend
+    if kernels != "portable":
+        meta["kernels"] = kernels  # absent = portable: programs of older exports stay byte-identical
 
     extra_names = [name for name, _ in meta["extras"]]
     with warnings.catch_warnings():

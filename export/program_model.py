@@ -26,6 +26,7 @@ from torch import nn
 from fedcore import modelspec
 
 from . import decompositions as ops
+from . import fused_ops
 
 
 def _holder(layer: dict) -> nn.Module:
@@ -71,11 +72,12 @@ class ProgramModel(nn.Module):
     (outputs: tuple of (B, K) logits, exits then final; features (B, F): the input of the
     last linear layer; updated running statistics, flat [mean, var, mean, var, ...])."""
 
-    def __init__(self, spec: dict, training: bool = True) -> None:
+    def __init__(self, spec: dict, training: bool = True, kernels: str = "portable") -> None:
         super().__init__()
         modelspec.validate(spec)
         self.spec = spec
         self.train_mode = training
+        self.kernels = kernels  # "fused": groups == 1 convolutions, ReLU, max-pool use export.fused_ops
         self.layers = nn.ModuleList(_holder(layer) for layer in spec["layers"])
         leaves = list(_walk(spec["layers"], "layers", tuple(spec["input_shape"])))
         self.dropout_shapes = [(name, layer.get("p", 0.5), shape) for name, layer, shape in leaves
@@ -93,6 +95,7 @@ class ProgramModel(nn.Module):
                 running: list[torch.Tensor]
                 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, list[torch.Tensor]]:
         state = _State(sample_mask, list(dropout_masks), list(running), self.train_mode)
+        state.fused = self.kernels == "fused"
         h = x  # channels-last already: (B, H, W, C)
         outputs: list[torch.Tensor] = []
         features = None
@@ -116,6 +119,7 @@ class _State:
         self.running = running
         self.training = training
         self.new_running: list[torch.Tensor] = []
+        self.fused = False  # use the fedsdk:: fused ops where they apply
 
 
 def _run_seq(layers: list[dict], holders: nn.ModuleList, h: torch.Tensor, state: _State) -> torch.Tensor:
@@ -127,6 +131,9 @@ def _run_seq(layers: list[dict], holders: nn.ModuleList, h: torch.Tensor, state:
 def _run(layer: dict, params: nn.Module, h: torch.Tensor, state: _State) -> torch.Tensor:
     op = layer["op"]
     if op == "conv2d":
+        if state.fused and layer.get("groups", 1) == 1:  # grouped/depthwise: today's lowering
+            return fused_ops.conv2d(h, params.weight, getattr(params, "bias", None), layer.get("stride", 1),
+                                    layer.get("pad", 0))
         return ops.conv2d(h, params.weight, getattr(params, "bias", None), layer.get("stride", 1),
                           layer.get("pad", 0), layer.get("groups", 1))
     if op == "batchnorm2d":
@@ -140,9 +147,9 @@ def _run(layer: dict, params: nn.Module, h: torch.Tensor, state: _State) -> torc
         mean, var = state.running.pop(0), state.running.pop(0)
         return ops.batch_norm_eval(h, params.weight, params.bias, mean, var)
     if op == "relu":
-        return ops.relu(h)
+        return fused_ops.rectify(h) if state.fused else ops.relu(h)
     if op == "maxpool2d":
-        return ops.max_pool2d(h, layer["k"])
+        return fused_ops.max_pool2d(h, layer["k"]) if state.fused else ops.max_pool2d(h, layer["k"])
     if op == "avgpool2d":
         return ops.avg_pool2d(h, layer["k"])
     if op == "gap":

@@ -30,6 +30,7 @@ from .protocol.errors import ProtocolError
 from .protocol.task_plan import TaskPlan, parse_plan
 from .protocol.topics import FleetTopics
 from .runtime_choice import RuntimeChooser, trainable_offers
+from .runtimes.pte_contract import UnsupportedKernels
 from .runtimes.registry import available_runtimes, create_runtime, pick_runtime
 from .secagg_sessions import SecAggSessions
 from .seen_tasks import SeenTasks
@@ -201,6 +202,9 @@ class DeviceAgent:
             fetch_started = time.perf_counter()
             loaded = {name: self._load(name, task, *placement[name]) for name in sorted(task.programs)}
             fetch_s = time.perf_counter() - fetch_started
+        except UnsupportedKernels as exc:  # a program needing kernels this runtime lacks
+            self._refuse(task, exc.code, str(exc))
+            return
         except (ProtocolError, TimeoutError, ValueError, KeyError, RuntimeError) as exc:
             self._refuse(task, "bad_task", f"could not load the task: {exc}")
             return

@@ -18,6 +18,13 @@ thread, so a device busy training still answers a server restart:
   new epoch.
 * **server_online**: False while the server's status is ``offline`` (the agent then sends
   no heartbeats).
+* **status request** (§3.2): after the start hello and after each reconnect, a
+  ``status_request``; the server's ``server_status`` answer counts as a retained epoch and
+  status would, so a broker without retained messages (or a cluster whose retained copies are
+  per node, or stale) still tells the device who the server is. Repeated after
+  ``STATUS_RETRY_S`` seconds while no epoch of any kind has arrived since, at most
+  ``STATUS_ATTEMPTS`` times per connection (the server, when it starts, broadcasts its epoch
+  live anyway).
 
 The delayed hello runs on a ``threading.Timer`` unless ``schedule(delay_s, fn)`` is given: a
 function that calls ``fn()`` after ``delay_s`` seconds and returns something with ``cancel()``
@@ -36,6 +43,9 @@ from .protocol import messages as msgs
 from .protocol.epoch import ServerEpoch
 
 log = logging.getLogger(__name__)
+
+STATUS_RETRY_S = (10.0, 30.0)  # seconds after the previous status_request, while unanswered
+STATUS_ATTEMPTS = 1 + len(STATUS_RETRY_S)  # status_requests per connection at most
 
 
 class Cancellable(Protocol):
@@ -73,11 +83,41 @@ class Announcer:
         self.server_online = True  # until the server's status says otherwise
         self.hellos = 0
         self.reoffers = 0
+        self.status_requests = 0
+        self._connection = 0  # counts the connects we asked the server's status for
+        self._epochs_seen = 0  # epochs received (retained, live or answered): ends the retries
+
+    @property
+    def announced(self) -> str | None:
+        """The epoch of the server the last hello went to (or that answered us first)."""
+        return self._announced
 
     # -- the agent's side -------------------------------------------------------------------
     def say_hello(self) -> None:
-        """Send the hello now (the agent's start hello)."""
+        """Send the hello now (the agent's start hello), then ask for the server's status."""
         self._send_hello()
+        self.request_status()
+
+    def request_status(self) -> None:
+        """Send a ``status_request`` now and again while unanswered (module docstring)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._connection += 1
+            connection, seen = self._connection, self._epochs_seen
+        self._ask_status(connection, seen, 0)
+
+    def _ask_status(self, connection: int, seen: int, attempt: int) -> None:
+        with self._lock:
+            if self._closed or connection != self._connection or self._epochs_seen != seen:
+                return  # a newer connection asks for itself; or an epoch arrived
+        try:
+            self._send(msgs.StatusRequest())
+            self.status_requests += 1
+        except Exception:  # the link retries; never kill paho's or the timer's thread
+            log.warning("status_request not sent", exc_info=True)
+        if attempt < len(STATUS_RETRY_S):
+            self._schedule(STATUS_RETRY_S[attempt], lambda: self._ask_status(connection, seen, attempt + 1))
 
     def awaiting(self, result: msgs.Result | None) -> None:
         """The result to re-offer until the server answers it (None: nothing waits)."""
@@ -103,10 +143,12 @@ class Announcer:
                     self._send_hello()
                 self._reoffer("the server reconnected")
         elif kind == "connected" and value:
+            self.request_status()
             self._reoffer("reconnected to the broker")
 
     def _on_epoch(self, epoch: ServerEpoch, retained: bool) -> None:
         with self._lock:
+            self._epochs_seen += 1
             if self._closed or epoch.epoch in (self._announced, self._target):
                 return
             if self._announced is None and self._target is None and retained:

@@ -29,7 +29,8 @@ def main(verbose: int) -> None:
 
 @main.command()
 @click.option("--broker", "broker_url",
-              help="mqtt://host:port or mqtts://host:port (default: the paired server).")
+              help="mqtt[s]://host:port (default: the paired server); several nodes of one cluster: "
+                   "mqtt://h1:p1,h2:p2 (failover, in order); ?retain=0: a broker without retained messages.")
 @click.option("--fleet", help="Fleet name (the server's --fleet; default: the paired fleet).")
 @click.option("--device-id", help="This device's id, as registered on the server (default: the paired id).")
 @click.option(

@@ -107,7 +107,8 @@ void apply_pairing(fedsdk_device* d) {
   if (p.is_null()) throw std::runtime_error("config: fleet and device_id are required (or pair first)");
   fedsdk::BrokerUrl url = fedsdk::parse_broker_url(d->options.broker);
   d->options.broker = (url.tls ? "mqtts://" : "mqtt://") + p["username"].get<std::string>() + ":" +
-                      p["password"].get<std::string>() + "@" + url.host + ":" + std::to_string(url.port);
+                      p["password"].get<std::string>() + "@" + url.host + ":" + std::to_string(url.port) +
+                      (url.retain ? "" : "?retain=0");
   d->options.fleet = p["fleet"];
   d->options.device_id = p["device_id"];
   if (d->options.ca_file.empty()) d->options.ca_file = p["ca_file"];

@@ -64,9 +64,10 @@ class Agent {
     if (!hooks_.load_data(&data_)) throw std::runtime_error("no training data");
     num_samples_ = data_.n;
     log("device " + o_.device_id + " of fleet " + o_.fleet + ": " + std::to_string(data_.n) + " samples");
-    link_.start([this](bool reconnect) { if (reconnect) reoffer(); },
+    link_.start([this](bool reconnect) { if (reconnect) { request_status(); reoffer(); } },
                 [this](const std::string& t, const std::string& p, bool r) { on_message(t, p, r); });
     say_hello();
+    request_status();
     running_ = true;
     server_ = std::thread([this] { serve_loop(); });
     timer_ = std::thread([this] { timer_loop(); });
@@ -167,6 +168,18 @@ class Agent {
     send(m);
   }
 
+  // §3.2: ask the server's status and epoch after the start hello and every reconnect; the
+  // timer loop asks again 10 s and 30 s later while no epoch of any kind has arrived.
+  void request_status() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_attempts_ = 1;
+      status_next_at_ = mono_s() + 10.0;
+      epoch_since_request_ = false;
+    }
+    send(envelope("status_request"));
+  }
+
   void reoffer() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!result_.empty()) link_.publish(dev_ + "up", result_);
@@ -232,6 +245,10 @@ class Agent {
         m["_arrived_mono"] = mono_s();  // the deadline counts from now (the clock rule, §9.6)
         work_.push(m);
       } else if (type == "ack" || type == "error") work_.push(m);
+      else if (type == "server_status") {  // the answer to status_request: as a retained epoch and status (§3.2)
+        server_online_ = true;
+        on_epoch(m.dump(), true);
+      }
     } else if (topic == root_ + "server/status") {
       on_status(payload, retained);
     } else if (topic == root_ + "broadcast/epoch") {
@@ -272,6 +289,7 @@ class Agent {
     std::lock_guard<std::mutex> lock(mu_);
     const bool first = !seen_epoch_;
     seen_epoch_ = true;
+    epoch_since_request_ = true;
     if (first && retained) {
       announced_ = epoch;  // the start hello went to this server
       return;
@@ -286,6 +304,16 @@ class Agent {
     while (!stop_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::string epoch;
+      bool ask = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!epoch_since_request_ && status_attempts_ > 0 && status_attempts_ < 3 && mono_s() >= status_next_at_) {
+          status_next_at_ = mono_s() + 30.0;
+          ++status_attempts_;
+          ask = true;
+        }
+      }
+      if (ask) send(envelope("status_request"));
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (hello_epoch_.empty() || mono_s() < hello_at_) continue;
@@ -324,6 +352,9 @@ class Agent {
   std::atomic<bool> server_online_{true}, stop_{false}, running_{false};
   std::thread server_, timer_, worker_;
   bool seen_epoch_ = false;
+  bool epoch_since_request_ = false;  // an epoch arrived since the last status_request (§3.2)
+  int status_attempts_ = 0;           // status_requests of this connection (at most 3)
+  double status_next_at_ = 0;
   std::string announced_, hello_epoch_;
   double hello_at_ = 0;
 };

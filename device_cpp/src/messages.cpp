@@ -106,6 +106,8 @@ const std::map<std::string, std::vector<Field>>& catalogue() {
       {"result", {{"task_id", 's', true}, {"round", 'i', true}, {"arrays", 'B', true}, {"metrics", 'o', true}}},
       {"ack", {{"ref", 's', true}, {"detail", 's', false}}},
       {"error", {{"code", 's', true}, {"detail", 's', true}, {"ref", 'S', false}}},
+      {"status_request", {}},  // §3.2
+      {"server_status", {{"epoch", 's', true}, {"started_at", 'n', false}, {"announce_window_s", 'n', false}}},
       // Pairing (§19.2): known types; this client never receives them on its own topics.
       {"pair_ca_request", {}}, {"pair_ca", {}}, {"pair_request", {}}, {"pair_offer", {}},
       {"pair_confirm", {}}, {"pair_accept", {}}, {"unpair_request", {}},
@@ -145,6 +147,7 @@ json decode(const std::string& payload) {
       if (list.empty()) invalid("task.programs." + name + ": no program");
     }
   }
+  if (type == "server_status" && !is_hex(msg["epoch"], 1, 64)) invalid("server_status.epoch: 1 to 64 lowercase hex digits");
   if (type == "blob_request" && (msg["indices"].empty() || msg["indices"].size() > 64))
     invalid("blob_request.indices: 1 to 64 entries");
   return msg;

@@ -27,7 +27,7 @@ struct LibInit {
 
 BrokerUrl parse_broker_url(const std::string& url) {
   std::smatch m;
-  if (!std::regex_match(url, m, std::regex(R"(^(mqtts?)://(?:([^:@/]*)(?::([^@/]*))?@)?([^:/@]+)(?::(\d+))?/?$)")))
+  if (!std::regex_match(url, m, std::regex(R"(^(mqtts?)://(?:([^:@/]*)(?::([^@/]*))?@)?([^:/@?]+)(?::(\d+))?/?(\?retain=[01])?$)")))
     throw std::runtime_error("broker URL must be mqtt[s]://[user:password@]host[:port], got " + url);
   BrokerUrl out;
   out.tls = m[1] == "mqtts";
@@ -35,6 +35,7 @@ BrokerUrl parse_broker_url(const std::string& url) {
   out.password = percent_decode(m[3]);
   out.host = m[4];
   out.port = m[5].matched ? std::stoi(m[5]) : (out.tls ? 8883 : 1883);
+  out.retain = m[6] != "?retain=0";
   return out;
 }
 
@@ -49,7 +50,7 @@ MqttLink::MqttLink(const std::string& client_id, const BrokerUrl& url, const std
   mosquitto_int_option(mosq_, MOSQ_OPT_TCP_NODELAY, 1);
   mosquitto_max_inflight_messages_set(mosq_, 16);
   mosquitto_reconnect_delay_set(mosq_, 1, 30, true);
-  if (!status_topic_.empty()) mosquitto_will_set(mosq_, status_topic_.c_str(), 7, "offline", 1, true);
+  if (!status_topic_.empty()) mosquitto_will_set(mosq_, status_topic_.c_str(), 7, "offline", 1, url.retain);
   if (!url.user.empty()) mosquitto_username_pw_set(mosq_, url.user.c_str(), url.password.c_str());
   if (url.tls && !verify_tls) {
     if (mosquitto_tls_set(mosq_, nullptr, "/etc/ssl/certs", nullptr, nullptr, nullptr) != MOSQ_ERR_SUCCESS ||
@@ -92,7 +93,8 @@ bool MqttLink::publish(const std::string& topic, const std::string& payload, int
     return false;
   }
   if (qos == 0 && !connected_) return false;
-  int rc = mosquitto_publish(mosq_, nullptr, topic.c_str(), static_cast<int>(payload.size()), payload.data(), qos, retain);
+  int rc = mosquitto_publish(mosq_, nullptr, topic.c_str(), static_cast<int>(payload.size()), payload.data(), qos,
+                             retain && url_.retain);
   return rc == MOSQ_ERR_SUCCESS;
 }
 
@@ -100,7 +102,7 @@ void MqttLink::stop() {
   if (connected_ && !status_topic_.empty()) {
     int mid = 0;
     offline_acked_ = false;
-    mosquitto_publish(mosq_, &mid, status_topic_.c_str(), 7, "offline", 1, true);
+    mosquitto_publish(mosq_, &mid, status_topic_.c_str(), 7, "offline", 1, url_.retain);
     offline_mid_ = mid;
     for (int i = 0; i < 30 && !offline_acked_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -119,7 +121,8 @@ void MqttLink::on_connect_cb(struct mosquitto* m, void* self_v, int rc) {
   // One SUBSCRIBE (§3). No need to wait for the SUBACK before publishing: the broker handles
   // one connection's packets in order, so the subscription exists before anything we publish.
   mosquitto_subscribe_multiple(m, nullptr, static_cast<int>(topics.size()), topics.data(), 1, 0, nullptr);
-  if (!self->status_topic_.empty()) mosquitto_publish(m, nullptr, self->status_topic_.c_str(), 6, "online", 1, true);
+  if (!self->status_topic_.empty())
+    mosquitto_publish(m, nullptr, self->status_topic_.c_str(), 6, "online", 1, self->url_.retain);
   int n = ++self->connects_;
   self->connected_ = true;
   if (self->on_connect_) self->on_connect_(n > 1);

@@ -15,8 +15,9 @@ struct BrokerUrl {
   bool tls = false;
   std::string host, user, password;
   int port = 1883;
+  bool retain = true;  // false: "?retain=0", a broker without retained messages (§4)
 };
-// mqtt://[user:password@]host[:port] or mqtts://...; throws std::runtime_error otherwise.
+// mqtt://[user:password@]host[:port][?retain=0|1] or mqtts://...; throws std::runtime_error otherwise.
 BrokerUrl parse_broker_url(const std::string& url);
 
 class MqttLink {

@@ -53,6 +53,13 @@ class ServerEpoch:
                            "announce_window_s": self.announce_window_s}, separators=(",", ":")).encode()
 
     @classmethod
+    def of_status(cls, epoch: str, started_at: float, announce_window_s: float) -> ServerEpoch:
+        """The epoch a ``server_status`` answer names (§3.2; fields already validated), the
+        window clamped like a broadcast one's."""
+        return cls(epoch, float(started_at),
+                   min(MAX_ANNOUNCE_WINDOW_S, max(0.0, float(announce_window_s))))
+
+    @classmethod
     def decode(cls, payload: bytes) -> ServerEpoch:
         """Parse a retained epoch payload; ProtocolError("malformed" / "invalid_field")."""
         if len(payload) > MAX_EPOCH_BYTES:
@@ -71,5 +78,4 @@ class ServerEpoch:
         for name, value in (("started_at", started), ("announce_window_s", window)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ProtocolError("invalid_field", f"{name} must be a finite number")
-        window = min(MAX_ANNOUNCE_WINDOW_S, max(0.0, float(window)))
-        return cls(epoch, float(started), window)
+        return cls.of_status(epoch, started, window)

@@ -22,6 +22,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 from . import wire_json
+from .error_claim import says_error as says_error  # (messages.says_error, docs/protocol.md §5.2)
 from .errors import ProtocolError
 
 SCHEMA_VERSION = 2
@@ -185,6 +186,27 @@ class SecAgg(Message):
     data: dict
 
 
+@dataclass(frozen=True)
+class StatusRequest(Message):
+    """Device -> server after each connect (docs/protocol.md §3.2); answered by ``ServerStatus``."""
+
+    TYPE: ClassVar[str] = "status_request"
+
+
+@dataclass(frozen=True)
+class ServerStatus(Message):
+    """Server -> device: online, with this epoch (the ``broadcast/epoch`` fields, §3.1; seconds)."""
+
+    TYPE: ClassVar[str] = "server_status"
+    epoch: str
+    started_at: float = 0.0
+    announce_window_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.epoch) <= 64 or any(c not in "0123456789abcdef" for c in self.epoch):
+            raise ProtocolError("invalid_field", "server_status.epoch must be 1-64 lowercase hex digits")
+
+
 # -- pairing (fleet-less topics fedsdk/v1/pair/<client id>/…; see docs/protocol.md §19) ------
 
 
@@ -274,8 +296,8 @@ class UnpairRequest(Message):
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
-    for cls in (Hello, Task, Result, Ack, Error, Heartbeat, BlobRequest, SecAgg, PairCaRequest, PairCa,
-                PairRequest, PairOffer, PairConfirm, PairAccept, UnpairRequest)
+    for cls in (Hello, Task, Result, Ack, Error, Heartbeat, BlobRequest, SecAgg, StatusRequest, ServerStatus,
+                PairCaRequest, PairCa, PairRequest, PairOffer, PairConfirm, PairAccept, UnpairRequest)
 }
 
 
@@ -374,14 +396,3 @@ def _check(hint: Any, value: Any, where: str) -> Any:
         raise ProtocolError("invalid_field", f"{where}: expected {hint.__name__}, got {value!r:.80}")
     return float(value) if hint is float else value
 
-
-def says_error(payload: bytes) -> bool:
-    """True when an (otherwise invalid) control message claims to be an ``error``, e.g. one
-    of another schema version."""
-    if len(payload) > MAX_CONTROL_BYTES:
-        return False
-    try:
-        body = wire_json.loads(payload)
-    except ValueError:
-        return False
-    return isinstance(body, dict) and body.get("type") == "error"

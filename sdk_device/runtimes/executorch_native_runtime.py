@@ -12,6 +12,9 @@ the program runs in the ExecuTorch C++ runtime of the ``executorch`` wheel's sha
   zero-padded and masked (exact). Programs take channels-last input, transposed once per call.
 * Data order and dropout masks come from ``torch_rng.TorchCpuGenerator`` seeded with the
   recipe's seed: bit-identical to the torch runtime's ``torch.randperm`` / ``torch.rand``.
+* A program exported with ``kernels="fused"`` (metadata "kernels") needs the fused kernels
+  library (``fused_kernels``, built on first use like the shim); without it ``load_program``
+  raises ``UnsupportedKernels`` (refusal code ``unsupported_kernels``).
 * Registered as ``executorch-native``; "installed" when the wheel's native files exist and
   the shim is built or a compiler can build it on first use.
 """
@@ -26,7 +29,7 @@ from fedcore.recipe import Recipe
 
 from .base import Progress, StepStats
 from .optimizers import make_optimizer
-from .pte_contract import FORMAT, META_METHOD, SCHEMA
+from .pte_contract import FORMAT, KERNELS_KEY, META_METHOD, PORTABLE, SCHEMA
 from .torch_rng import TorchCpuGenerator
 
 
@@ -62,6 +65,9 @@ class NativeExecutorchRuntime:
         meta = json.loads(loaded.run(META_METHOD, [])[0])
         if meta.get("format") != FORMAT or meta.get("schema") != SCHEMA:
             raise ValueError(f"program format {meta.get('format')}/{meta.get('schema')} is not {FORMAT}")
+        kernels = meta.get(KERNELS_KEY, PORTABLE)
+        if kernels != PORTABLE:
+            self._require_kernels(kernels)  # before "train" is first run: its operators resolve then
         self.program, self.meta = loaded, meta
         # One step on a zero batch returns the parameter tensors; they alias program memory.
         outputs = self.program.run("train", self._zero_train_inputs())
@@ -80,6 +86,12 @@ class NativeExecutorchRuntime:
     def _open(self, program: bytes):
         """The loaded program: ``run(method, [numpy]) -> outputs`` and ``method_names()``."""
         return self._native.NativeProgram(program)
+
+    def _require_kernels(self, kernel_set: str) -> None:
+        """Register ``kernel_set``'s kernels (libfedsdk_kernels) or raise UnsupportedKernels."""
+        from . import fused_kernels
+
+        fused_kernels.require(kernel_set)
 
     def _require(self) -> None:
         if self.program is None:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .executorch_native_runtime import FORMAT, META_METHOD, SCHEMA, NativeExecutorchRuntime
+from .pte_contract import UnsupportedKernels
 
 __all__ = ["FORMAT", "META_METHOD", "SCHEMA", "ExecutorchRuntime"]
 
@@ -55,6 +56,11 @@ class ExecutorchRuntime(NativeExecutorchRuntime):
     def module(self):
         """The bindings' program object (None before load_program)."""
         return None if self.program is None else self.program.module
+
+    def _require_kernels(self, kernel_set: str) -> None:
+        """The bindings' kernel registry is linked into them: fedsdk's kernels cannot join it."""
+        raise UnsupportedKernels(f"the executorch (Python bindings) runtime cannot run {kernel_set!r} "
+                                 f"kernel programs; use executorch-native")
 
     def _open(self, program: bytes) -> _BindingsProgram:
         return _BindingsProgram(self._lib, program)

@@ -15,6 +15,14 @@ the wheel with ``pip install --no-deps executorch==1.5.1``. Decisions:
   pointing at the target's unpacked ``executorch`` package directory, ``--rpath`` its path
   on the device and ``--out``; the device then sets ``FEDSDK_NATIVE_LIB`` to the library.
 
+The fused training kernels (``native/fedsdk_kernels.cpp``, the "fused" kernel set of
+``export/fused_ops.py``) are a second library, ``libfedsdk_kernels``, built the same way
+(``build(..., kernels=True)``, ``fedsdk runtime build --kernels``) but linked only to
+``libexecutorch`` (whose kernel registry they join) and compiled with ``-O3``; for the build
+machine's own architecture also with ``-march=native`` (the library is built where it runs;
+a cross-build gets the target's baseline, NEON on arm64). The library path's hash then
+includes the CPU's feature flags.
+
 CLI: ``fedsdk runtime build`` or ``python -m sdk_device.runtimes.native_build``.
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -31,6 +40,8 @@ from pathlib import Path
 import click
 
 SOURCE = Path(__file__).parent / "native" / "fedsdk_executorch.cpp"
+KERNELS_SOURCE = Path(__file__).parent / "native" / "fedsdk_kernels.cpp"
+KERNELS_HEADER = Path(__file__).parent / "native" / "fused_math.h"  # included by KERNELS_SOURCE
 LIBRARIES = ("executorch", "executorch_kernels_optimized", "executorch_backend_xnnpack",
              "executorch_threadpool")
 DEFINES = ("C10_USING_CUSTOM_GENERATED_MACROS", "ET_EVENT_TRACER_ENABLED", "ET_USE_THREADPOOL")
@@ -72,51 +83,90 @@ def compiler(cxx: str | None = None) -> str | None:
     return shutil.which(name)
 
 
-def library_path(et_dir: Path, cxx: str) -> Path:
-    """Where the shim built by ``cxx`` against ``et_dir`` lives."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+def _is_host_compiler(cxx: str) -> bool:
+    """True when ``cxx`` builds for this machine's architecture (not a cross-compiler)."""
+    done = subprocess.run([cxx, "-dumpmachine"], capture_output=True, text=True)
+    return done.returncode == 0 and done.stdout.strip().startswith(platform.machine())
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags (Linux), for the hash of a ``-march=native`` library."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line for line in info if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def library_path(et_dir: Path, cxx: str, kernels: bool = False) -> Path:
+    """Where the shim (or, ``kernels``, the fused kernels) built by ``cxx`` against ``et_dir`` lives."""
+    source = KERNELS_SOURCE if kernels else SOURCE
+    digest = hashlib.sha256(source.read_bytes())
+    if kernels:
+        digest.update(KERNELS_HEADER.read_bytes())
     digest.update(f"{et_dir.resolve()}|{Path(cxx).name}|{' '.join(DEFINES)}".encode())
+    if kernels and _is_host_compiler(cxx):
+        digest.update(_cpu_flags().encode())
     version = et_dir / "version.py"
     if version.is_file():
         digest.update(version.read_bytes())
-    return cache_dir() / f"libfedsdk_executorch-{digest.hexdigest()[:16]}.so"
+    stem = "libfedsdk_kernels" if kernels else "libfedsdk_executorch"
+    return cache_dir() / f"{stem}-{digest.hexdigest()[:16]}.so"
 
 
-def compile_command(et_dir: Path, cxx: str, out: Path, rpath: str | None = None) -> list[str]:
+def compile_command(et_dir: Path, cxx: str, out: Path, rpath: str | None = None,
+                    kernels: bool = False) -> list[str]:
     """The g++ command line; ``rpath`` (default: ``et_dir/lib``) is where the library will
-    look for the wheel's libraries at run time."""
+    look for the wheel's libraries at run time. ``kernels``: the fused kernels library."""
     include = et_dir / "include"
     lib = et_dir / "lib"
-    return [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-Wno-deprecated-declarations",
+    if kernels:
+        flags = ["-O3", "-ffp-contract=fast", *(["-march=native"] if _is_host_compiler(cxx) else [])]
+        source, libraries = KERNELS_SOURCE, ("executorch",)
+    else:
+        flags, source, libraries = ["-O2"], SOURCE, LIBRARIES
+    return [cxx, "-std=c++17", *flags, "-fPIC", "-shared", "-Wno-deprecated-declarations",
             *(f"-D{d}" for d in DEFINES),
             f"-I{include}", f"-I{include / 'executorch/runtime/core/portable_type/c10'}",
-            str(SOURCE), "-o", str(out), f"-L{lib}",
-            "-Wl,--no-as-needed", *(f"-l{name}" for name in LIBRARIES), "-Wl,--as-needed",
+            str(source), "-o", str(out), f"-L{lib}",
+            "-Wl,--no-as-needed", *(f"-l{name}" for name in libraries), "-Wl,--as-needed",
             f"-Wl,-rpath,{rpath or lib.resolve()}"]
 
 
 def build(et_dir: str | Path | None = None, cxx: str | None = None, out: Path | None = None,
-          force: bool = False, rpath: str | None = None) -> Path:
-    """Compile the shim (if not already built) and return the library's path.
-    NativeBuildError when the wheel's native files or the compiler are missing, or g++ fails."""
+          force: bool = False, rpath: str | None = None, kernels: bool = False) -> Path:
+    """Compile the shim (``kernels``: the fused kernels library) if not already built and
+    return the library's path. NativeBuildError when the wheel's native files or the
+    compiler are missing, or g++ fails."""
     root = executorch_dir(et_dir)
     command = compiler(cxx)
     if command is None:
         raise NativeBuildError(f"no C++ compiler {cxx or os.environ.get('CXX') or 'g++'!r} "
                                f"(apt-get install g++) to build the native ExecuTorch runtime")
-    target = Path(out) if out else library_path(root, command)
+    target = Path(out) if out else library_path(root, command, kernels)
     if target.is_file() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}")
-    done = subprocess.run(compile_command(root, command, partial, rpath), capture_output=True, text=True)
+    done = subprocess.run(compile_command(root, command, partial, rpath, kernels), capture_output=True,
+                          text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
         first = errors[0] if errors else "?"
-        raise NativeBuildError(f"compiling the native ExecuTorch runtime failed: {first}")
+        what = "the fused training kernels" if kernels else "the native ExecuTorch runtime"
+        raise NativeBuildError(f"compiling {what} failed: {first}")
     partial.replace(target)  # atomic: a concurrent loader never sees half a library
     return target
+
+
+def find_or_build_kernels() -> Path:
+    """The fused kernels library for this machine: ``$FEDSDK_KERNELS_LIB``, already built,
+    or built now (first use)."""
+    built = os.environ.get("FEDSDK_KERNELS_LIB")
+    if built:
+        return Path(built)
+    return build(kernels=True)
 
 
 def find_or_build() -> Path:
@@ -146,14 +196,21 @@ def can_build_or_load() -> bool:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the library here (default: the per-user cache, $FEDSDK_NATIVE_DIR).")
 @click.option("--force", is_flag=True, help="Rebuild even if the library exists.")
+@click.option("--kernels", is_flag=True,
+              help="Also build the fused training kernels (libfedsdk_kernels, for programs exported with "
+                   "kernels='fused') and print their path on a second line; with --out, they are written "
+                   "beside it as libfedsdk_kernels.so.")
 @click.option("--rpath", default=None,
               help="Where the library finds the wheel's lib/ at run time (default: the --executorch-dir "
                    "lib/); for a cross-build, that directory's path on the device.")
 def build_command(executorch_dir: Path | None, cxx: str | None, out: Path | None, force: bool,
-                  rpath: str | None) -> None:
+                  kernels: bool, rpath: str | None) -> None:
     """Compile the native ExecuTorch runtime (torch-free training) and print its path."""
     try:
         click.echo(build(executorch_dir, cxx, out, force, rpath))
+        if kernels:
+            kernels_out = out.with_name("libfedsdk_kernels.so") if out else None
+            click.echo(build(executorch_dir, cxx, kernels_out, force, rpath, kernels=True))
     except NativeBuildError as exc:
         raise click.ClickException(str(exc)) from None
 

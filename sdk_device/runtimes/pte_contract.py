@@ -13,3 +13,12 @@ from __future__ import annotations
 FORMAT = "pte/1"
 META_METHOD = "fedsdk_meta"
 SCHEMA = 1
+
+KERNELS_KEY = "kernels"  # metadata key: the kernel set a program needs; absent = PORTABLE
+PORTABLE = "portable"  # ATen ops only: runs on every ExecuTorch runtime
+
+
+class UnsupportedKernels(RuntimeError):
+    """The program needs a kernel set this runtime does not have (refusal code ``code``)."""
+
+    code = "unsupported_kernels"

@@ -48,6 +48,7 @@ from .inbox import Inbox, Strangers
 from .mqtt_link import BrokerAddress, MqttLink
 from .routes import SERVER, Routes
 from .serve_queue import ServeQueue
+from .status_exchange import status_exchange
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class Endpoint:
 
     def announce_epoch(self, epoch: ServerEpoch) -> None:
         """Server side: publish ``epoch`` retained now and on every reconnect, before "online"."""
+        self.epoch: ServerEpoch | None = epoch  # what a status_request is answered with (§3.2)
         self.link.keep_retained(self.topics.server_epoch, epoch.encode())
 
     def offer(self, peer: str, data: bytes, kind: str, fmt: str) -> msgs.BlobRef:
@@ -370,6 +372,8 @@ class Endpoint:
         if isinstance(message, msgs.BlobRequest):
             self._serve_queue.put((peer, message))
             return
+        if isinstance(message, msgs.StatusRequest | msgs.ServerStatus):
+            return status_exchange(self, peer, message)  # §3.2: answered here, the loop may be busy
         if isinstance(message, msgs.Error) and message.ref:
             with self._lock:
                 arrivals = self._transfers.get((peer, message.ref))

@@ -23,11 +23,10 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from urllib.parse import unquote, urlparse
 
 import paho.mqtt.client as mqtt
 
+from .broker_address import BrokerAddress
 from .tls import check_plain_tcp
 
 log = logging.getLogger(__name__)
@@ -48,35 +47,6 @@ class BrokerRefused(ConnectionError):
     def __init__(self, text: str, tls: bool = False) -> None:
         super().__init__(text)
         self.tls = tls
-
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    """Where the broker is: parsed from ``mqtt://[user:pass@]host:port`` or ``mqtts://…``."""
-
-    host: str
-    port: int
-    tls: bool = False
-    username: str | None = None
-    password: str | None = None
-
-    @classmethod
-    def parse(cls, url: str) -> BrokerAddress:
-        parsed = urlparse(url)
-        if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname:
-            raise ValueError(f"broker URL must look like mqtt://host:port or mqtts://host:port, got {url!r}")
-        tls = parsed.scheme == "mqtts"
-        return cls(
-            host=parsed.hostname,
-            port=parsed.port or (8883 if tls else 1883),
-            tls=tls,
-            username=unquote(parsed.username) if parsed.username else None,
-            password=unquote(parsed.password) if parsed.password else None,
-        )
-
-    @property
-    def url(self) -> str:
-        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
 
 def _disable_nagle(client: mqtt.Client) -> None:
@@ -140,6 +110,7 @@ class MqttLink:
         self._on_connected = on_connected
         self._kept: dict[str, bytes] = {}  # topic -> retained payload re-published on every connect
         self._connects = 0
+        self._node = 0  # index in broker.nodes of the node we use
 
         client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
@@ -156,7 +127,7 @@ class MqttLink:
             client.tls_set(cert_reqs=ssl.CERT_NONE)
             client.tls_insecure_set(True)
         if status_topic:
-            client.will_set(status_topic, b"offline", qos=1, retain=True)
+            client.will_set(status_topic, b"offline", qos=1, retain=broker.retain)
         client.max_inflight_messages_set(max_inflight)
         client.reconnect_delay_set(min_delay=1, max_delay=30)
         client.on_connect = self._on_connect
@@ -168,11 +139,25 @@ class MqttLink:
 
     # -- lifecycle -----------------------------------------------------------------------
     def connect(self, timeout_s: float = 15.0) -> MqttLink:
-        """Connect and start the network thread; raises ConnectionError with the reason."""
+        """Connect (to the first node of the broker URL that answers) and start the network
+        thread; raises ConnectionError with the reason (the last node's)."""
+        for i, (host, port) in enumerate(self.broker.nodes):
+            self._node = i
+            try:
+                return self._connect_to(host, port, timeout_s)
+            except BrokerRefused:
+                raise
+            except ConnectionError:
+                if i == len(self.broker.nodes) - 1:
+                    raise
+                log.warning("broker node %s:%d unreachable; trying the next", host, port)
+        raise AssertionError("unreachable")
+
+    def _connect_to(self, host: str, port: int, timeout_s: float) -> MqttLink:
         self._answered.clear()
         self._refused = None
         try:
-            self._client.connect(self.broker.host, self.broker.port, keepalive=self._keepalive_s)
+            self._client.connect(host, port, keepalive=self._keepalive_s)
         except ssl.SSLCertVerificationError as exc:
             raise BrokerRefused(f"cannot reach MQTT broker at {self.broker.url}: {exc}", tls=True) from exc
         except (OSError, ssl.SSLError) as exc:
@@ -191,7 +176,7 @@ class MqttLink:
         """Say "offline" (a clean disconnect suppresses the last will) and disconnect."""
         self._closing = True
         if self._connected.is_set() and self._status_topic:
-            info = self._client.publish(self._status_topic, b"offline", qos=1, retain=True)
+            info = self._client.publish(self._status_topic, b"offline", qos=1, retain=self.broker.retain)
             try:
                 info.wait_for_publish(timeout=3)
             except (RuntimeError, ValueError):
@@ -226,14 +211,14 @@ class MqttLink:
             dropped = mqtt.MQTTMessageInfo(0)
             dropped.rc = mqtt.MQTT_ERR_NO_CONN
             return dropped
-        return self._client.publish(topic, payload, qos=qos, retain=retain)
+        return self._client.publish(topic, payload, qos=qos, retain=retain and self.broker.retain)
 
     def keep_retained(self, topic: str, payload: bytes) -> None:
         """Publish ``payload`` retained (QoS 1) now if connected, and again after every
         (re)connect, before the status ``online`` (the server's epoch, §3.1)."""
         self._kept[topic] = payload
         if self._connected.is_set():
-            self._client.publish(topic, payload, qos=1, retain=True)
+            self._client.publish(topic, payload, qos=1, retain=self.broker.retain)
 
     def subscribe(self, topics: list[str]) -> None:
         """Add subscriptions (QoS 1); they are renewed after every reconnect."""
@@ -254,9 +239,9 @@ class MqttLink:
         if self._subscriptions:
             client.subscribe([(t, 1) for t in self._subscriptions])
         for topic, payload in list(self._kept.items()):
-            client.publish(topic, payload, qos=1, retain=True)
+            client.publish(topic, payload, qos=1, retain=self.broker.retain)
         if self._status_topic:
-            client.publish(self._status_topic, b"online", qos=1, retain=True)
+            client.publish(self._status_topic, b"online", qos=1, retain=self.broker.retain)
         if self._connects:
             log.info("%s reconnected to %s", self.client_id, self.broker.url)
         else:
@@ -274,11 +259,24 @@ class MqttLink:
         self._connected.clear()
         if not self._closing:
             log.warning("%s lost the broker (%s); reconnecting", self.client_id, reason_code)
+            self._next_node()
 
     def _on_connect_fail(self, client, userdata) -> None:
         if not self._closing:
             log.warning("%s: broker %s unreachable; paho tries again within 30 s", self.client_id,
                         self.broker.url)
+            self._next_node()
+
+    def _next_node(self) -> None:
+        """Several broker nodes: paho's next reconnect goes to the next one (a failover)."""
+        nodes = self.broker.nodes
+        if len(nodes) < 2:
+            return
+        self._node = (self._node + 1) % len(nodes)
+        # paho's public host/port setters refuse while its state is "connection lost", which is
+        # exactly when its reconnect loop runs; reconnect() reads these two (paho 2.x).
+        self._client._host, self._client._port = nodes[self._node]
+        log.info("%s: reconnecting to broker node %s:%d", self.client_id, *nodes[self._node])
 
     def _on_message(self, client, userdata, message) -> None:
         try:

@@ -27,7 +27,8 @@ from .validate import validated
     "--broker",
     "broker_url",
     default=None,
-    help="mqtt[s]://host:port of the fleet's broker (default: embedded, loopback only).",
+    help="mqtt[s]://host:port of the fleet's broker (default: embedded, loopback only); "
+         "mqtt://h1:p1,h2:p2 for cluster nodes (failover); ?retain=0: a broker without retained messages.",
 )
 @click.option(
     "--insecure-embedded-broker",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,6 +103,17 @@ def check_hello(ctx: Context) -> None:
     _require(
         ctx.peer.wait_for(_is("hello"), 10) is not None, "no hello within 10 s of a new server epoch (§3.1)"
     )
+
+
+def check_status_request(ctx: Context) -> None:
+    """§3.2: after its start hello the device asks for the server's status; an answer naming
+    a new epoch (a server restarted while the device was away) brings a hello."""
+    asked = ctx.peer.wait_for(_is("status_request"), 30)
+    _require(asked is not None, "no status_request after the start hello (§3.2)")
+    epoch = uuid.uuid4().hex
+    ctx.peer.send(message("server_status", epoch=epoch, started_at=time.time(), announce_window_s=0.0))
+    _require(ctx.peer.wait_for(_is("hello"), 10) is not None,
+             "no hello within 10 s of a server_status naming a new epoch (§3.2)")
 
 
 def check_task_round_trip(ctx: Context) -> None:
@@ -264,6 +276,7 @@ def check_duplicate_task(ctx: Context) -> None:
 
 CHECKS = [
     check_hello,
+    check_status_request,
     check_task_round_trip,
     check_offers_withdrawn_after_ack,
     check_envelope_errors,

@@ -60,7 +60,7 @@ class ServerPeer:
             self._client.username_pw_set(self.address.username, self.address.password)
         if self.address.tls:
             self._client.tls_set(ca_certs=ca_file)
-        self._client.will_set(self.topics.server_status, b"offline", qos=1, retain=True)
+        self._client.will_set(self.topics.server_status, b"offline", qos=1, retain=self.address.retain)
         self._client.on_message = self._on_message
         self._connected = threading.Event()
         self._client.on_connect = lambda *a: self._connected.set()
@@ -83,7 +83,8 @@ class ServerPeer:
         self._client.loop_stop()
 
     def status(self, value: str) -> None:
-        self._client.publish(self.topics.server_status, value.encode(), qos=1, retain=True).wait_for_publish(
+        self._client.publish(self.topics.server_status, value.encode(), qos=1,
+                             retain=self.address.retain).wait_for_publish(
             5
         )
 
@@ -91,7 +92,7 @@ class ServerPeer:
         """Publish a new server epoch (retained, live to subscribers): a 'restarted server'."""
         body = {"epoch": uuid.uuid4().hex, "started_at": time.time(), "announce_window_s": window_s}
         self._client.publish(
-            self.topics.server_epoch, json.dumps(body).encode(), qos=1, retain=True
+            self.topics.server_epoch, json.dumps(body).encode(), qos=1, retain=self.address.retain
         ).wait_for_publish(5)
 
     # -- sending ---------------------------------------------------------------------------

@@ -178,6 +178,10 @@ class SwarmDevice:
             self._on_task(message)
         elif isinstance(message, msgs.BlobRequest):
             self._serve(message)
+        elif isinstance(message, msgs.ServerStatus):  # the answer to our status_request (§3.2)
+            epoch = ServerEpoch.of_status(message.epoch, message.started_at, message.announce_window_s)
+            self.announcer.on_event("epoch", epoch, True)
+            self.announcer.on_event("status", "online", True)
         elif isinstance(message, msgs.Ack) and message.ref == self._awaiting:
             self.counters.accepted += 1
             self._finish_task()
@@ -337,11 +341,11 @@ class SwarmDevice:
         self.publish(self.topics.up(self.device_id), msgs.encode(message), qos=qos)
 
     def _announce(self, message: msgs.Message) -> None:
-        """The announcer's sends: a hello, or a result offered again."""
+        """The announcer's sends: a hello, a status request, or a result offered again."""
         if self.dead:
             return
         self._send(message)
         if isinstance(message, msgs.Hello):
             self.counters.hellos += 1
-        else:
+        elif isinstance(message, msgs.Result):
             self.counters.reoffers += 1

@@ -21,7 +21,7 @@ from export.executorch import export_training_program
 from fedcore import modelspec
 
 EXPORTER_SOURCES = tuple(Path(export.__file__).parent / f"{name}.py"
-                         for name in ("executorch", "program_model", "decompositions"))
+                         for name in ("executorch", "program_model", "decompositions", "fused_ops"))
 LOSS_SOURCE = Path(fedcore.losses.__file__)  # the loss maths every program embeds
 
 
@@ -34,16 +34,18 @@ def exporter_version() -> str:
 
 @pytest.fixture(scope="session", name="program_for")
 def cached_programs(request):
-    """program_for(spec, loss, batch) -> .pte bytes (exported once, then read from disk)."""
+    """program_for(spec, loss, batch, kernels="portable") -> .pte bytes (exported once, then
+    read from disk)."""
     cache_dir = Path(request.config.cache.mkdir("fedsdk-pte"))
     version = exporter_version()
 
-    def get(spec: dict, loss: dict, batch: int) -> bytes:
+    def get(spec: dict, loss: dict, batch: int, kernels: str = "portable") -> bytes:
+        tag = f"{batch}:{version}" + ("" if kernels == "portable" else f":{kernels}")
         key = hashlib.sha256(modelspec.dumps(spec) + json.dumps(loss, sort_keys=True).encode()
-                             + f"{batch}:{version}".encode()).hexdigest()
+                             + tag.encode()).hexdigest()
         path = cache_dir / f"{key}.pte"
         if not path.exists():
-            path.write_bytes(export_training_program(spec, loss, batch))
+            path.write_bytes(export_training_program(spec, loss, batch, kernels=kernels))
         return path.read_bytes()
 
     return get

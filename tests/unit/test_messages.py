@@ -27,6 +27,8 @@ EXAMPLES: list[m.Message] = [
     m.Ack(ref="t1", detail="stored"),
     m.Error(code="bad_task", detail="nope", ref="t1"),
     m.Heartbeat(state="training", task_id="t1", progress=0.5),
+    m.StatusRequest(),
+    m.ServerStatus(epoch="9f1c3a5e", started_at=1767225600.0, announce_window_s=1.0),
     m.SecAgg(round=3, stage="advertise", data={"c_pk": "AAAA", "s_pk": "AAAA"}),
     m.BlobRequest(blob=BLOB_A, indices=[0, 3, 7], chunk_bytes=1024),
 ]
@@ -163,13 +165,15 @@ def test_unknown_type(kind):
     assert _code(json.dumps(body).encode()) == "unknown_type"
 
 
-@pytest.mark.parametrize("message", EXAMPLES + PAIR_EXAMPLES[1:], ids=lambda msg: msg.TYPE)
+@pytest.mark.parametrize("message", [e for e in EXAMPLES + PAIR_EXAMPLES[1:] if e.TYPE != "status_request"],
+                         ids=lambda msg: msg.TYPE)  # (a status_request has no field)
 def test_missing_required_field(message):
     body = _valid_body(message)
     required = {"hello": "device_id", "task": "arrays", "result": "metrics", "ack": "ref",
                 "error": "code", "heartbeat": "state", "blob_request": "indices", "pair_ca": "ca_pem",
                 "pair_request": "code", "pair_offer": "session", "pair_confirm": "profile",
-                "pair_accept": "password", "unpair_request": "device_id", "secagg": "stage"}[message.TYPE]
+                "pair_accept": "password", "unpair_request": "device_id", "secagg": "stage",
+                "server_status": "epoch"}[message.TYPE]
     del body[required]
     with pytest.raises(ProtocolError) as info:
         m.decode(json.dumps(body).encode())
@@ -288,3 +292,10 @@ def test_encode_nan_metric_raises_protocol_error():
     result = m.Result(task_id="t", round=1, arrays={"model": _ref()}, metrics={"loss": float("nan")})
     with pytest.raises(ProtocolError):
         m.encode(result)
+
+
+def test_the_error_claim_reads_exactly_what_a_control_message_may_be():
+    from sdk_device.protocol.error_claim import MAX_CLAIM_BYTES
+
+    assert MAX_CLAIM_BYTES == m.MAX_CONTROL_BYTES
+    assert m.says_error(b'{"schema":1,"type":"error"}') and not m.says_error(b'{"type":"hello"}')

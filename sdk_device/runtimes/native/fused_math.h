@@ -1,0 +1,269 @@
+// The maths of the fused training kernels on raw float pointers (no ExecuTorch types); included
+// once, by fedsdk_kernels.cpp. Layouts: activations channels-last (B,H,W,C), weights (O,C,k,k).
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#define FK_INLINE static inline __attribute__((always_inline))
+
+namespace {
+
+constexpr int kBlock = 16;  // output channels per register block
+constexpr int kRows = 4;    // input channels per grad-weight block
+
+struct Geometry {
+  int b, h, w, c, o, k, stride, pad, ho, wo;
+};
+
+Geometry geometry(int b, int h, int w, int c, int o, int k, int stride, int pad) {
+  return {b, h, w, c, o, k, stride, pad, (h + 2 * pad - k) / stride + 1, (w + 2 * pad - k) / stride + 1};
+}
+
+// 8-float vectors (GCC vector extensions): two SSE / one AVX / two NEON registers, whichever
+// the clone is compiled for. Unaligned, may alias float.
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
+FK_INLINE v8 load8(const float* p) { return *reinterpret_cast<const v8u*>(p); }
+FK_INLINE void store8(float* p, v8 v) { *reinterpret_cast<v8u*>(p) = v; }
+
+// out[n] = init[n] + sum_t sum_m src[t][m] * wt[t][m * N + n], n in [n0, n0 + 16). Four
+// partial sums over m keep eight independent FMA chains in flight (one chain is
+// latency-bound at a quarter of the FMA throughput).
+FK_INLINE void gather_block(const float* const* src, const float* const* wt, int taps, int m_count, int n_count,
+                            int n0, const float* init, float* out) {
+  v8 a0 = {}, a1 = {}, b0 = {}, b1 = {}, c0 = {}, c1 = {}, d0 = {}, d1 = {};
+  const size_t stride = n_count;
+  for (int tap = 0; tap < taps; ++tap) {
+    const float* s = src[tap];
+    const float* w = wt[tap] + n0;
+    int m = 0;
+    for (; m + 4 <= m_count; m += 4, w += 4 * stride) {
+      a0 += s[m] * load8(w);
+      a1 += s[m] * load8(w + 8);
+      b0 += s[m + 1] * load8(w + stride);
+      b1 += s[m + 1] * load8(w + stride + 8);
+      c0 += s[m + 2] * load8(w + 2 * stride);
+      c1 += s[m + 2] * load8(w + 2 * stride + 8);
+      d0 += s[m + 3] * load8(w + 3 * stride);
+      d1 += s[m + 3] * load8(w + 3 * stride + 8);
+    }
+    for (; m < m_count; ++m, w += stride) {
+      a0 += s[m] * load8(w);
+      a1 += s[m] * load8(w + 8);
+    }
+  }
+  v8 lo = (a0 + b0) + (c0 + d0), hi = (a1 + b1) + (c1 + d1);
+  if (init) {
+    lo += load8(init + n0);
+    hi += load8(init + n0 + 8);
+  }
+  store8(out + n0, lo);
+  store8(out + n0 + 8, hi);
+}
+
+FK_INLINE void gather_tail(const float* const* src, const float* const* wt, int taps, int m_count, int n_count,
+                           int n0, const float* init, float* out) {
+  for (int n = n0; n < n_count; ++n) {
+    float acc = init ? init[n] : 0.0f;
+    for (int tap = 0; tap < taps; ++tap)
+      for (int m = 0; m < m_count; ++m) acc += src[tap][m] * wt[tap][static_cast<size_t>(m) * n_count + n];
+    out[n] = acc;
+  }
+}
+
+void gather_pixel(const float* const* src, const float* const* wt, int taps, int m_count, int n_count,
+                         const float* init, float* out) {
+  int n0 = 0;
+  for (; n0 + kBlock <= n_count; n0 += kBlock) gather_block(src, wt, taps, m_count, n_count, n0, init, out);
+  if (n0 < n_count) gather_tail(src, wt, taps, m_count, n_count, n0, init, out);
+}
+
+// Forward: out (B,Ho,Wo,O); wf = weight as [tap][c][o].
+void conv_forward(const Geometry& g, const float* x, const float* weight, const float* bias, float* out) {
+  const int kk = g.k * g.k;
+  std::vector<float> wf(static_cast<size_t>(kk) * g.c * g.o);
+  for (int o = 0; o < g.o; ++o)
+    for (int c = 0; c < g.c; ++c)
+      for (int t = 0; t < kk; ++t) wf[(static_cast<size_t>(t) * g.c + c) * g.o + o] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
+  std::vector<const float*> src(kk), wt(kk);
+  for (int b = 0; b < g.b; ++b)
+    for (int oh = 0; oh < g.ho; ++oh)
+      for (int ow = 0; ow < g.wo; ++ow) {
+        int taps = 0;
+        for (int i = 0; i < g.k; ++i) {
+          const int ih = oh * g.stride - g.pad + i;
+          if (ih < 0 || ih >= g.h) continue;
+          for (int j = 0; j < g.k; ++j) {
+            const int iw = ow * g.stride - g.pad + j;
+            if (iw < 0 || iw >= g.w) continue;
+            src[taps] = x + ((static_cast<size_t>(b) * g.h + ih) * g.w + iw) * g.c;
+            wt[taps++] = wf.data() + static_cast<size_t>(i * g.k + j) * g.c * g.o;
+          }
+        }
+        float* dst = out + ((static_cast<size_t>(b) * g.ho + oh) * g.wo + ow) * g.o;
+        gather_pixel(src.data(), wt.data(), taps, g.c, g.o, bias, dst);
+      }
+}
+
+// Grad-input: the adjoint gather; wg = weight as [tap][o][c].
+void conv_grad_input(const Geometry& g, const float* gy, const float* weight, float* gx) {
+  const int kk = g.k * g.k;
+  std::vector<float> wg(static_cast<size_t>(kk) * g.o * g.c);
+  for (int o = 0; o < g.o; ++o)
+    for (int c = 0; c < g.c; ++c)
+      for (int t = 0; t < kk; ++t) wg[(static_cast<size_t>(t) * g.o + o) * g.c + c] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
+  std::vector<const float*> src(kk), wt(kk);
+  for (int b = 0; b < g.b; ++b)
+    for (int ih = 0; ih < g.h; ++ih)
+      for (int iw = 0; iw < g.w; ++iw) {
+        int taps = 0;
+        for (int i = 0; i < g.k; ++i) {
+          const int sh = ih + g.pad - i;  // = oh * stride
+          if (sh < 0 || sh % g.stride || sh / g.stride >= g.ho) continue;
+          for (int j = 0; j < g.k; ++j) {
+            const int sw = iw + g.pad - j;
+            if (sw < 0 || sw % g.stride || sw / g.stride >= g.wo) continue;
+            src[taps] = gy + ((static_cast<size_t>(b) * g.ho + sh / g.stride) * g.wo + sw / g.stride) * g.o;
+            wt[taps++] = wg.data() + static_cast<size_t>(i * g.k + j) * g.o * g.c;
+          }
+        }
+        float* dst = gx + ((static_cast<size_t>(b) * g.h + ih) * g.w + iw) * g.c;
+        gather_pixel(src.data(), wt.data(), taps, g.o, g.c, nullptr, dst);
+      }
+}
+
+// acc[r][t] += x[ow][c0 + r] * gy[ow][o0 + t] over one output row's valid columns (summed in
+// a local copy: through the pointer the compiler would reload/store it on every FMA).
+template <int R, int NB>
+FK_INLINE void outer_row(const float* xp, size_t x_step, const float* gp, size_t g_step, int cols, int nb,
+                         float (*acc)[kBlock]) {
+  if constexpr (NB == kBlock) {
+    v8 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = load8(acc[r]), hi[r] = load8(acc[r] + 8);
+    for (int col = 0; col < cols; ++col, xp += x_step, gp += g_step) {
+      const v8 g0 = load8(gp), g1 = load8(gp + 8);
+      for (int r = 0; r < R; ++r) {
+        lo[r] += xp[r] * g0;
+        hi[r] += xp[r] * g1;
+      }
+    }
+    for (int r = 0; r < R; ++r) store8(acc[r], lo[r]), store8(acc[r] + 8, hi[r]);
+  } else {
+    for (int col = 0; col < cols; ++col, xp += x_step, gp += g_step)
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < nb; ++t) acc[r][t] += xp[r] * gp[t];
+  }
+}
+
+template <int NB>
+FK_INLINE void outer_dispatch(int rows, const float* xp, size_t x_step, const float* gp, size_t g_step, int cols,
+                              int nb, float (*acc)[kBlock]) {
+  switch (rows) {
+    case 4: outer_row<4, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
+    case 3: outer_row<3, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
+    case 2: outer_row<2, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
+    default: outer_row<1, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
+  }
+}
+
+// One sample's contribution to grad-weight block (tap (i, j), channels c0.., outputs o0..).
+void grad_weight_block(const Geometry& g, const float* x, const float* gy, int i, int j, int c0, int rows,
+                              int o0, int nb, float (*acc)[kBlock]) {
+  const int ow_lo = std::max(0, (g.pad - j + g.stride - 1) / g.stride);
+  const int ow_hi = std::min(g.wo, (g.w - 1 + g.pad - j) / g.stride + 1);
+  if (ow_hi <= ow_lo) return;
+  for (int oh = 0; oh < g.ho; ++oh) {
+    const int ih = oh * g.stride - g.pad + i;
+    if (ih < 0 || ih >= g.h) continue;
+    const float* xp = x + (static_cast<size_t>(ih) * g.w + ow_lo * g.stride - g.pad + j) * g.c + c0;
+    const float* gp = gy + (static_cast<size_t>(oh) * g.wo + ow_lo) * g.o + o0;
+    const size_t x_step = static_cast<size_t>(g.stride) * g.c;
+    if (nb == kBlock)
+      outer_dispatch<kBlock>(rows, xp, x_step, gp, g.o, ow_hi - ow_lo, nb, acc);
+    else
+      outer_dispatch<0>(rows, xp, x_step, gp, g.o, ow_hi - ow_lo, nb, acc);
+  }
+}
+
+// grad_weight (O,C,k,k) and grad_bias (O,), sums over samples in double.
+void conv_grad_weight(const Geometry& g, const float* x, const float* gy, float* gw, float* gb) {
+  const int kk = g.k * g.k;
+  std::vector<double> total(static_cast<size_t>(kk) * g.c * g.o, 0.0), bias_total(g.o, 0.0);
+  const size_t x_sample = static_cast<size_t>(g.h) * g.w * g.c, g_sample = static_cast<size_t>(g.ho) * g.wo * g.o;
+  for (int b = 0; b < g.b; ++b) {
+    const float* xb = x + b * x_sample;
+    const float* gb_ = gy + b * g_sample;
+    for (int i = 0; i < g.k; ++i)
+      for (int j = 0; j < g.k; ++j)
+        for (int c0 = 0; c0 < g.c; c0 += kRows)
+          for (int o0 = 0; o0 < g.o; o0 += kBlock) {
+            const int rows = std::min(kRows, g.c - c0), nb = std::min(kBlock, g.o - o0);
+            float acc[kRows][kBlock] = {};
+            grad_weight_block(g, xb, gb_, i, j, c0, rows, o0, nb, acc);
+            for (int r = 0; r < rows; ++r)
+              for (int t = 0; t < nb; ++t)
+                total[(static_cast<size_t>(i * g.k + j) * g.c + c0 + r) * g.o + o0 + t] += acc[r][t];
+          }
+    for (size_t p = 0; p < static_cast<size_t>(g.ho) * g.wo; ++p)
+      for (int o = 0; o < g.o; ++o) bias_total[o] += gb_[p * g.o + o];
+  }
+  for (int o = 0; o < g.o; ++o) {
+    for (int c = 0; c < g.c; ++c)
+      for (int t = 0; t < kk; ++t)
+        gw[(static_cast<size_t>(o) * g.c + c) * kk + t] = static_cast<float>(total[(static_cast<size_t>(t) * g.c + c) * g.o + o]);
+    if (gb) gb[o] = static_cast<float>(bias_total[o]);
+  }
+}
+
+void rectify(const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void rectify_backward(const float* g, const float* y, float* gx, size_t n) {
+  for (size_t i = 0; i < n; ++i) gx[i] = y[i] > 0.0f ? g[i] : 0.0f;
+}
+
+// Max over each k x k window (stride k) of (B,H,W,C); a later element wins only if greater.
+void max_pool(const float* x, float* out, int b, int h, int w, int c, int k) {
+  const int ho = h / k, wo = w / k;
+  for (int n = 0; n < b; ++n)
+    for (int oh = 0; oh < ho; ++oh)
+      for (int ow = 0; ow < wo; ++ow) {
+        float* dst = out + ((static_cast<size_t>(n) * ho + oh) * wo + ow) * c;
+        const float* first = x + ((static_cast<size_t>(n) * h + oh * k) * w + ow * k) * c;
+        std::copy(first, first + c, dst);
+        for (int i = 0; i < k; ++i)
+          for (int j = 0; j < k; ++j) {
+            if (i == 0 && j == 0) continue;
+            const float* src = first + (static_cast<size_t>(i) * w + j) * c;
+            for (int ch = 0; ch < c; ++ch) dst[ch] = src[ch] > dst[ch] ? src[ch] : dst[ch];
+          }
+      }
+}
+
+// The gradient of max_pool: each window's grad to its first maximum (row-major), zeros elsewhere.
+void max_pool_backward(const float* g, const float* x, float* gx, int b, int h, int w, int c, int k) {
+  const int ho = h / k, wo = w / k;
+  std::fill(gx, gx + static_cast<size_t>(b) * h * w * c, 0.0f);
+  std::vector<float> best(c);
+  std::vector<size_t> where(c);
+  for (int n = 0; n < b; ++n)
+    for (int oh = 0; oh < ho; ++oh)
+      for (int ow = 0; ow < wo; ++ow) {
+        const size_t base = ((static_cast<size_t>(n) * h + oh * k) * w + ow * k) * c;
+        for (int ch = 0; ch < c; ++ch) best[ch] = x[base + ch], where[ch] = base + ch;
+        for (int i = 0; i < k; ++i)
+          for (int j = 0; j < k; ++j) {
+            const size_t at = base + (static_cast<size_t>(i) * w + j) * c;
+            for (int ch = 0; ch < c; ++ch)
+              if (x[at + ch] > best[ch]) best[ch] = x[at + ch], where[ch] = at + ch;
+          }
+        const float* src = g + ((static_cast<size_t>(n) * ho + oh) * wo + ow) * c;
+        for (int ch = 0; ch < c; ++ch) gx[where[ch]] = src[ch];
+      }
+}
+
+}  // namespace

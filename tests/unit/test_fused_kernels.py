@@ -1,0 +1,170 @@
+"""The fused training kernels (``kernels="fused"``): the C++ kernels of libfedsdk_kernels
+against torch (convolution forward and both gradients, max-pool, ReLU), the ``fedsdk::`` ops'
+registrations, gradient parity of a fused small CNN program on the torch-free runtime, and
+the refusal of runtimes that lack the kernel set."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from export import fused_ops
+from export.parity import gradient_parity
+from sdk_device.runtimes import fused_kernels
+from sdk_device.runtimes.executorch_native_runtime import NativeExecutorchRuntime
+from sdk_device.runtimes.executorch_runtime import ExecutorchRuntime
+from sdk_device.runtimes.pte_contract import UnsupportedKernels
+from server_toolkit.models.zoo import model_spec
+
+from .pte_cache import cached_programs  # noqa: F401 - provides the program_for fixture
+from .test_export_parity import BATCH, CE, GRAD_TOL, LOSS_TOL, _data, _weights
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_CNN = model_spec("small_cnn", (3, 8, 8), 5, width=8)
+# (batch, height, width, in channels, out channels, k, stride, pad): odd sizes, channel counts
+# off the kernels' blocks of 4 and 16, strides 1 and 2, 1x1 and 5x5 kernels.
+GEOMETRIES = [(2, 7, 6, 3, 5, 3, 1, 1), (3, 8, 8, 4, 16, 3, 2, 1), (2, 9, 9, 17, 33, 5, 2, 2),
+              (2, 6, 6, 8, 32, 1, 1, 0), (1, 5, 7, 6, 18, 3, 1, 0)]
+P = ctypes.c_void_p
+
+
+def _ptr(a: np.ndarray | None):
+    return None if a is None else a.ctypes.data_as(P)
+
+
+def _relative(got: np.ndarray, want: torch.Tensor) -> float:
+    want = want.detach().numpy()
+    return float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "x".join(map(str, g)))
+def test_conv_kernels_match_torch_forward_and_both_gradients(geometry):
+    b, h, w, c, o, k, stride, pad = geometry
+    lib = fused_kernels.load()
+    gen = torch.Generator().manual_seed(sum(geometry))
+    x = torch.randn(b, h, w, c, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(o, c, k, k, dtype=torch.float64, generator=gen, requires_grad=True)
+    bias = torch.randn(o, dtype=torch.float64, generator=gen, requires_grad=True)
+    y = F.conv2d(x.permute(0, 3, 1, 2), weight, bias, stride=stride, padding=pad).permute(0, 2, 3, 1)
+    grad_y = torch.randn(y.shape, dtype=torch.float64, generator=gen)
+    y.backward(grad_y)
+    xf, wf, bf, gyf = (np.ascontiguousarray(t.detach().float().numpy()) for t in (x, weight, bias, grad_y))
+    out = np.full(y.shape, np.nan, np.float32)  # the kernels must write every element
+    gx, gw, gb = (np.full(a.shape, np.nan, np.float32) for a in (xf, wf, bf))
+    lib.fk_conv2d(_ptr(xf), _ptr(wf), _ptr(bf), _ptr(out), b, h, w, c, o, k, stride, pad)
+    lib.fk_conv2d_backward(_ptr(gyf), _ptr(xf), _ptr(wf), _ptr(gx), _ptr(gw), _ptr(gb),
+                           b, h, w, c, o, k, stride, pad)
+    for got, want in ((out, y), (gx, x.grad), (gw, weight.grad), (gb, bias.grad)):
+        assert _relative(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 8, 5, 2), (3, 7, 9, 16, 2), (2, 9, 9, 3, 3)])
+def test_max_pool_kernels_equal_torch_including_the_first_maximum_of_ties(shape):
+    b, h, w, c, k = shape
+    lib = fused_kernels.load()
+    x = torch.randn(b, h, w, c, generator=torch.Generator().manual_seed(h * w)).round(decimals=1)  # ties
+    x[:, :, 1::k] = x[:, :, ::k][:, :, :x[:, :, 1::k].shape[2]]  # whole tied windows along W
+    xt = x.clone().requires_grad_()
+    y = F.max_pool2d(xt.permute(0, 3, 1, 2), k, k).permute(0, 2, 3, 1)
+    grad_y = torch.randn(y.shape)
+    y.backward(grad_y)
+    xn, gn = x.numpy().copy(), grad_y.numpy().copy()
+    out, gx = np.full(y.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+    lib.fk_max_pool(_ptr(xn), _ptr(out), b, h, w, c, k)
+    lib.fk_max_pool_backward(_ptr(gn), _ptr(xn), _ptr(gx), b, h, w, c, k)
+    assert np.array_equal(out, y.detach().numpy()) and np.array_equal(gx, xt.grad.numpy())
+
+
+def test_rectify_kernels_equal_torch_relu_and_its_gradient():
+    lib = fused_kernels.load()
+    x = torch.randn(1000).round(decimals=1)  # exact zeros included: no gradient there, as torch
+    xt = x.clone().requires_grad_()
+    grad = torch.randn(1000)
+    torch.relu(xt).backward(grad)
+    y, gx = np.full(1000, np.nan, np.float32), np.full(1000, np.nan, np.float32)
+    lib.fk_rectify(_ptr(x.numpy()), _ptr(y), ctypes.c_size_t(1000))
+    lib.fk_rectify_backward(_ptr(grad.numpy()), _ptr(y), _ptr(gx), ctypes.c_size_t(1000))
+    assert np.array_equal(y, torch.relu(x).numpy()) and np.array_equal(gx, xt.grad.numpy())
+
+
+def test_fedsdk_conv_ops_fake_shapes_and_out_variants_agree_with_their_eager_results():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = torch.ops.fedsdk
+    x, weight, bias = torch.randn(2, 6, 5, 3), torch.randn(4, 3, 3, 3), torch.randn(4)
+    y = ops.conv2d_nhwc(x, weight, bias, 2, 1)
+    grads = ops.conv2d_nhwc_backward(torch.ones_like(y), x, weight, 2, 1, True)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in (x, weight, bias)]
+        fake_y = ops.conv2d_nhwc(*fake, 2, 1)
+        fake_grads = ops.conv2d_nhwc_backward(mode.from_tensor(y), fake[0], fake[1], 2, 1, True)
+    assert fake_y.shape == y.shape == (2, 3, 3, 4)
+    assert [g.shape for g in fake_grads] == [g.shape for g in grads] == [x.shape, weight.shape, bias.shape]
+    out = torch.empty_like(y)
+    ops.conv2d_nhwc.out(x, weight, bias, 2, 1, out=out)
+    outs = [torch.empty_like(g) for g in grads]
+    ops.conv2d_nhwc_backward.out(torch.ones_like(y), x, weight, 2, 1, True, grad_input=outs[0],
+                                 grad_weight=outs[1], grad_bias=outs[2])
+    assert torch.equal(out, y) and all(torch.equal(a, b) for a, b in zip(outs, grads, strict=True))
+
+
+def test_fedsdk_conv_op_autograd_equals_torch_conv2d_autograd():
+    x = torch.randn(2, 7, 7, 3, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(5, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    y = fused_ops.conv2d(x, weight, None, 1, 1)
+    y.square().sum().backward()
+    grads = x.grad.clone(), weight.grad.clone()
+    x.grad = weight.grad = None
+    F.conv2d(x.permute(0, 3, 1, 2), weight, padding=1).square().sum().backward()
+    assert torch.allclose(grads[0], x.grad) and torch.allclose(grads[1], weight.grad)
+
+
+def test_fused_small_cnn_program_matches_autograd_on_the_native_runtime(program_for):
+    program = program_for(SMALL_CNN, CE, BATCH, kernels="fused")
+    x, y = _data(SMALL_CNN, BATCH, seed=1)
+    result = gradient_parity(program, SMALL_CNN, _weights(SMALL_CNN, 2), x, y, CE,
+                             runtime_class=NativeExecutorchRuntime)
+    assert result.loss_error <= LOSS_TOL, result
+    assert result.grad_error <= GRAD_TOL, result
+    runtime = NativeExecutorchRuntime()
+    runtime.load_program(program, "pte/1")
+    assert runtime.meta["kernels"] == "fused"
+
+
+def test_the_bindings_runtime_refuses_a_fused_program_with_its_code(program_for):
+    program = program_for(SMALL_CNN, CE, BATCH, kernels="fused")
+    with pytest.raises(UnsupportedKernels, match="executorch-native") as raised:
+        ExecutorchRuntime().load_program(program, "pte/1")
+    assert raised.value.code == "unsupported_kernels"
+
+
+def test_a_native_runtime_without_the_kernels_library_refuses_a_fused_program(program_for, tmp_path):
+    """In a fresh process (the library loads once per process) whose kernels path is missing."""
+    program_path = tmp_path / "fused.pte"
+    program_path.write_bytes(program_for(SMALL_CNN, CE, BATCH, kernels="fused"))
+    script = ("import sys, json\n"
+              "from sdk_device.runtimes.executorch_native_runtime import NativeExecutorchRuntime\n"
+              "from sdk_device.runtimes.pte_contract import UnsupportedKernels\n"
+              "try:\n"
+              f"    program = open({str(program_path)!r}, 'rb').read()\n"
+              "    NativeExecutorchRuntime().load_program(program, 'pte/1')\n"
+              "except UnsupportedKernels as exc:\n"
+              "    print(json.dumps([exc.code, str(exc)]))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FEDSDK_KERNELS_LIB": str(tmp_path / "missing.so")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    code, message = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == "unsupported_kernels" and "not available" in message
+
+
+def test_an_unknown_kernel_set_is_refused():
+    with pytest.raises(UnsupportedKernels, match="no kernel set 'turbo'"):
+        fused_kernels.require("turbo")
