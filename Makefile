@@ -10,7 +10,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedsdk-installed
 
-.PHONY: demo test lint bench mosquitto rabbitmq cpp-deps gxx shellcheck chromium fashion-mnist ort-env litert-env arm64-root clean
+.PHONY: demo test lint bench mosquitto rabbitmq cpp-deps jdk gxx shellcheck chromium fashion-mnist ort-env litert-env arm64-root clean
 
 # Two stamps in one venv: $(DEMO_STAMP) once '.[server]' (what the demo imports) is in, $(STAMP)
 # once '.[dev]' (everything: tests, lint, the arm64 root) is. '.[dev]' contains '.[server]', so
@@ -41,7 +41,7 @@ demo: $(DEMO_STAMP)
 	@echo "make demo: fedsdk-server simulate (FedAvg, 8 device processes, embedded broker, digits, 20 rounds)"
 	$(BIN)/fedsdk-server simulate
 
-test: $(STAMP) mosquitto rabbitmq cpp-deps shellcheck chromium fashion-mnist ort-env litert-env gxx arm64-root
+test: $(STAMP) mosquitto rabbitmq cpp-deps jdk shellcheck chromium fashion-mnist ort-env litert-env gxx arm64-root
 	$(BIN)/pytest -q
 
 mosquitto:
@@ -52,6 +52,9 @@ rabbitmq:  # the RabbitMQ cluster test (tests/integration/test_rabbitmq_cluster.
 
 cpp-deps:  # builds the C++ device client (device_cpp/) in the tests
 	@sh scripts/ensure-cpp-deps.sh
+
+jdk:  # the Java binding of libfedsdk_device (device_java/): javac, java and jni.h in the tests
+	@sh scripts/ensure-package.sh openjdk-17-jdk-headless /usr/bin/javac
 
 gxx:  # compiles the torch-free executorch-native runtime (fedsdk runtime build) in the tests
 	@sh scripts/ensure-tool.sh g++ g++

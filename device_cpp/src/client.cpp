@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 
 #include <atomic>
-#include <csignal>
 #include <cstring>
 #include <random>
 #include <regex>
@@ -16,8 +15,6 @@
 namespace fedsdk {
 
 namespace {
-
-std::atomic<bool> g_stop{false};
 
 // A blocking queue of validated control messages.
 class Queue {
@@ -41,45 +38,13 @@ class Queue {
   std::deque<json> items_;
 };
 
-struct Options {
-  std::string broker, fleet, device_id, data, work_dir, ca_file;
-  double heartbeat_s = 10.0, announce_window_s = -1.0;  // < 0: the server epoch's window
-};
-
-Options parse_options(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string key = argv[i];
-    if (key == "--help") {
-      std::printf("fedsdk-device run --broker URL --fleet F --device-id D --data DIR --work-dir DIR\n"
-                  "  [--ca-file PEM] (mqtts: the only CA trusted)  [--heartbeat S] (default 10)\n"
-                  "  [--announce-window S] (hello spread after a server restart; default: the server's)\n"
-                  "DIR of --data holds x.npy (float32 N,C,H,W) and y.npy (int64 N).\n");
-      std::exit(0);
-    }
-    if (i + 1 >= argc) throw std::runtime_error(key + " needs a value");
-    std::string v = argv[++i];
-    if (key == "--broker") o.broker = v;
-    else if (key == "--fleet") o.fleet = v;
-    else if (key == "--device-id") o.device_id = v;
-    else if (key == "--data") o.data = v;
-    else if (key == "--work-dir") o.work_dir = v;
-    else if (key == "--ca-file") o.ca_file = v;
-    else if (key == "--heartbeat") o.heartbeat_s = std::stod(v);
-    else if (key == "--announce-window") o.announce_window_s = std::stod(v);
-    else throw std::runtime_error("unknown option " + key);
-  }
-  const std::regex name("^[A-Za-z0-9_.-]{1,64}$");
-  if (!std::regex_match(o.fleet, name) || !std::regex_match(o.device_id, name))
-    throw std::runtime_error("--fleet and --device-id must match [A-Za-z0-9_.-]{1,64}");
-  if (o.broker.empty() || o.data.empty() || o.work_dir.empty()) throw std::runtime_error("--broker, --data and --work-dir are required");
-  return o;
-}
+}  // namespace
 
 class Agent {
  public:
-  Agent(const Options& o, const Dataset& data)
-      : o_(o),
+  Agent(const Options& o, ClientHooks hooks)
+      : hooks_(std::move(hooks)),
+        o_(o),
         root_("fedsdk/v1/" + o.fleet + "/"),
         dev_(root_ + "dev/" + o.device_id + "/"),
         link_("fedsdk-dev-" + o.fleet + "-" + o.device_id, parse_broker_url(o.broker), o.ca_file, dev_ + "status",
@@ -93,18 +58,60 @@ class Agent {
         }),
         holder_([this](const std::string& frame) { link_.publish(dev_ + "up/chunk", frame); },
                 [this](const std::string& code, const std::string& detail, const std::string& ref) { send_error(code, detail, ref); }),
-        runner_(o.work_dir, puller_, holder_, data),
-        data_(data) {}
+        runner_(o.work_dir, puller_, holder_, data_) {}
 
-  int run() {
+  void start() {
+    if (!hooks_.load_data(&data_)) throw std::runtime_error("no training data");
+    num_samples_ = data_.n;
+    log("device " + o_.device_id + " of fleet " + o_.fleet + ": " + std::to_string(data_.n) + " samples");
     link_.start([this](bool reconnect) { if (reconnect) { request_status(); reoffer(); } },
                 [this](const std::string& t, const std::string& p, bool r) { on_message(t, p, r); });
     say_hello();
     request_status();
-    std::thread server([this] { serve_loop(); });
-    std::thread timer([this] { timer_loop(); });
+    running_ = true;
+    server_ = std::thread([this] { serve_loop(); });
+    timer_ = std::thread([this] { timer_loop(); });
+    worker_ = std::thread([this] { work_loop(); });
+  }
+
+  void stop() {
+    if (!running_.exchange(false)) return;
+    stop_ = true;
+    serve_.push(json());
+    worker_.join();
+    server_.join();
+    timer_.join();
+    link_.stop();
+  }
+
+  json status() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {{"state", running_ ? "running" : (stop_ ? "stopped" : "created")}, {"connected", link_.connected()},
+            {"server_online", server_online_.load()}, {"fleet", o_.fleet}, {"device_id", o_.device_id},
+            {"num_samples", num_samples_.load()}, {"tasks_done", tasks_done_}, {"last_round", last_round_}};
+  }
+
+ private:
+  void event(const json& e) {
+    if (hooks_.on_event) hooks_.on_event(e);
+  }
+
+  void outcome(const json& task_id, const json& round, const std::string& what, const std::string& code = "",
+               const json& metrics = json()) {
+    json e = {{"event", "round"}, {"task_id", task_id}, {"round", round}, {"outcome", what}};
+    if (!code.empty()) e["code"] = code;
+    if (!metrics.is_null()) e["metrics"] = metrics;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_round_ = e;
+      if (what != "sent") ++tasks_done_;
+    }
+    event(e);
+  }
+
+  void work_loop() {
     double last_beat = 0;
-    while (!g_stop) {
+    while (!stop_) {
       json m;
       if (!work_.pop(&m, 0.5)) {
         if (mono_s() - last_beat >= o_.heartbeat_s) {
@@ -118,23 +125,21 @@ class Agent {
         run_task(m);
         last_beat = mono_s();
       } else if ((type == "ack" || type == "error") && m.value("ref", json()).is_string()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (m["ref"] == awaited_) {  // the answer to our result: the task is over
+        json round;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (m["ref"] != awaited_) continue;  // not the answer to our result
           log(type + " for task " + awaited_ + (type == "error" ? " (" + m["code"].get<std::string>() + ")" : ""));
+          round = awaited_round_;  // the answer to our result: the task is over
           awaited_.clear();
           result_.clear();
           holder_.withdraw_all();
         }
+        outcome(m["ref"], round, type == "ack" ? "accepted" : "rejected", type == "error" ? m["code"].get<std::string>() : "");
       }
     }
-    serve_.push(json());
-    server.join();
-    timer.join();
-    link_.stop();
-    return 0;
   }
 
- private:
   void send(const nlohmann::ordered_json& m, int qos = 1) { link_.publish(dev_ + "up", encode(m), qos); }
 
   void send_error(const std::string& code, const std::string& detail, const json& ref) {
@@ -158,7 +163,7 @@ class Agent {
     auto m = envelope("hello");
     m["device_id"] = o_.device_id;
     m["runtimes"] = {"executorch"};
-    m["num_samples"] = data_.n;
+    m["num_samples"] = num_samples_.load();
     m["profile"] = {{"system", "Linux"}, {"client", "fedsdk-device-cpp"}, {"runtimes", {"executorch"}}};
     send(m);
   }
@@ -183,6 +188,7 @@ class Agent {
   void run_task(const json& task) {
     const std::string task_id = task["task_id"];
     log("task " + task_id + " round " + task["round"].dump());
+    if (hooks_.load_data(&data_)) num_samples_ = data_.n;  // the provider's current samples
     double last = 0;
     try {
       auto result = runner_.run(task, [&](double f) {
@@ -195,15 +201,19 @@ class Agent {
       {
         std::lock_guard<std::mutex> lock(mu_);
         awaited_ = task_id;
+        awaited_round_ = task["round"];
         result_ = payload;
       }
       link_.publish(dev_ + "up", payload);
       log("result for task " + task_id + " sent");
+      outcome(task_id, task["round"], "sent", "", json(result["metrics"]));
     } catch (const CodedError& e) {
       log("refusing task " + task_id + ": " + e.code + ": " + e.what());
       send_error(e.code, e.what(), task_id);
+      outcome(task_id, task["round"], "refused", e.code);
     } catch (const std::exception& e) {
       send_error("device_failure", e.what(), task_id);
+      outcome(task_id, task["round"], "refused", "device_failure");
     }
   }
 
@@ -291,7 +301,7 @@ class Agent {
   }
 
   void timer_loop() {
-    while (!g_stop) {
+    while (!stop_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::string epoch;
       bool ask = false;
@@ -318,24 +328,29 @@ class Agent {
 
   void serve_loop() {
     json m;
-    while (!g_stop) {
+    while (!stop_) {
       if (!serve_.pop(&m, 0.5)) continue;
       if (m.is_null()) return;
       holder_.serve(m);
     }
   }
 
+  ClientHooks hooks_;
+  Dataset data_;  // refilled by hooks_.load_data on the worker thread only
   Options o_;
   std::string root_, dev_;
   MqttLink link_;
   Puller puller_;
   Holder holder_;
   TaskRunner runner_;
-  const Dataset& data_;
   Queue work_, serve_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::string awaited_, result_;  // the result awaiting the server's answer (§9.5)
-  std::atomic<bool> server_online_{true};
+  json awaited_round_, last_round_;
+  int64_t tasks_done_ = 0;
+  std::atomic<int64_t> num_samples_{0};
+  std::atomic<bool> server_online_{true}, stop_{false}, running_{false};
+  std::thread server_, timer_, worker_;
   bool seen_epoch_ = false;
   bool epoch_since_request_ = false;  // an epoch arrived since the last status_request (§3.2)
   int status_attempts_ = 0;           // status_requests of this connection (at most 3)
@@ -344,22 +359,13 @@ class Agent {
   double hello_at_ = 0;
 };
 
-}  // namespace
-
-int run_client(int argc, char** argv) {
-  try {
-    Options o = parse_options(argc, argv);
-    mkdir(o.work_dir.c_str(), 0700);
-    Dataset data = load_dataset_dir(o.data);
-    std::signal(SIGTERM, [](int) { g_stop = true; });
-    std::signal(SIGINT, [](int) { g_stop = true; });
-    Agent agent(o, data);
-    log("device " + o.device_id + " of fleet " + o.fleet + ": " + std::to_string(data.n) + " samples");
-    return agent.run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fedsdk-device: %s\n", e.what());
-    return 1;
-  }
+Client::Client(const Options& o, ClientHooks hooks) {
+  mkdir(o.work_dir.c_str(), 0700);
+  agent_ = std::make_unique<Agent>(o, std::move(hooks));
 }
+Client::~Client() { stop(); }
+void Client::start() { agent_->start(); }
+void Client::stop() { agent_->stop(); }
+nlohmann::json Client::status() const { return agent_->status(); }
 
 }  // namespace fedsdk

@@ -40,18 +40,24 @@ BrokerUrl parse_broker_url(const std::string& url) {
 }
 
 MqttLink::MqttLink(const std::string& client_id, const BrokerUrl& url, const std::string& ca_file,
-                   const std::string& status_topic, std::vector<std::string> subscriptions)
+                   const std::string& status_topic, std::vector<std::string> subscriptions,
+                   bool clean_session, bool verify_tls)
     : url_(url), status_topic_(status_topic), subscriptions_(std::move(subscriptions)) {
   static LibInit init;
-  mosq_ = mosquitto_new(client_id.c_str(), /*clean_session=*/false, this);
+  mosq_ = mosquitto_new(client_id.c_str(), clean_session, this);
   if (!mosq_) throw std::runtime_error("mosquitto_new failed");
   mosquitto_int_option(mosq_, MOSQ_OPT_PROTOCOL_VERSION, MQTT_PROTOCOL_V311);
   mosquitto_int_option(mosq_, MOSQ_OPT_TCP_NODELAY, 1);
   mosquitto_max_inflight_messages_set(mosq_, 16);
   mosquitto_reconnect_delay_set(mosq_, 1, 30, true);
-  mosquitto_will_set(mosq_, status_topic_.c_str(), 7, "offline", 1, url.retain);
+  if (!status_topic_.empty()) mosquitto_will_set(mosq_, status_topic_.c_str(), 7, "offline", 1, url.retain);
   if (!url.user.empty()) mosquitto_username_pw_set(mosq_, url.user.c_str(), url.password.c_str());
-  if (url.tls) {
+  if (url.tls && !verify_tls) {
+    if (mosquitto_tls_set(mosq_, nullptr, "/etc/ssl/certs", nullptr, nullptr, nullptr) != MOSQ_ERR_SUCCESS ||
+        mosquitto_tls_opts_set(mosq_, 0 /* SSL_VERIFY_NONE */, nullptr, nullptr) != MOSQ_ERR_SUCCESS)
+      throw std::runtime_error("TLS setup failed");
+    mosquitto_tls_insecure_set(mosq_, true);
+  } else if (url.tls) {
     // The pinned CA: only certificates it signed are accepted, and the host name is checked.
     if (mosquitto_tls_set(mosq_, ca_file.empty() ? nullptr : ca_file.c_str(), ca_file.empty() ? "/etc/ssl/certs" : nullptr,
                           nullptr, nullptr, nullptr) != MOSQ_ERR_SUCCESS)
@@ -93,7 +99,7 @@ bool MqttLink::publish(const std::string& topic, const std::string& payload, int
 }
 
 void MqttLink::stop() {
-  if (connected_) {
+  if (connected_ && !status_topic_.empty()) {
     int mid = 0;
     offline_acked_ = false;
     mosquitto_publish(mosq_, &mid, status_topic_.c_str(), 7, "offline", 1, url_.retain);
@@ -115,7 +121,8 @@ void MqttLink::on_connect_cb(struct mosquitto* m, void* self_v, int rc) {
   // One SUBSCRIBE (§3). No need to wait for the SUBACK before publishing: the broker handles
   // one connection's packets in order, so the subscription exists before anything we publish.
   mosquitto_subscribe_multiple(m, nullptr, static_cast<int>(topics.size()), topics.data(), 1, 0, nullptr);
-  mosquitto_publish(m, nullptr, self->status_topic_.c_str(), 6, "online", 1, self->url_.retain);
+  if (!self->status_topic_.empty())
+    mosquitto_publish(m, nullptr, self->status_topic_.c_str(), 6, "online", 1, self->url_.retain);
   int n = ++self->connects_;
   self->connected_ = true;
   if (self->on_connect_) self->on_connect_(n > 1);

@@ -25,8 +25,11 @@ class MqttLink {
   using OnMessage = std::function<void(const std::string& topic, const std::string& payload, bool retained)>;
   using OnConnect = std::function<void(bool reconnect)>;  // runs on the network thread after CONNACK
 
+  // An empty `status_topic`: no will and no status (the pairing client, §19.1). `verify_tls`
+  // false: TLS without certificate checks (only to fetch the CA a pin is checked against, §19.3).
   MqttLink(const std::string& client_id, const BrokerUrl& url, const std::string& ca_file,
-           const std::string& status_topic, std::vector<std::string> subscriptions);
+           const std::string& status_topic, std::vector<std::string> subscriptions,
+           bool clean_session = false, bool verify_tls = true);
   ~MqttLink();
   // Connects; throws if no CONNACK arrives within 15 s. Then subscribes and publishes "online"
   // (retained) after every CONNACK, before on_connect.

@@ -58,11 +58,28 @@ std::string random_hex(size_t digits) {
   return out;
 }
 
+namespace {
+std::mutex g_log_mu;
+std::map<int, std::function<void(const std::string&)>> g_sinks;
+int g_next_sink = 0;
+}  // namespace
+
 void log(const std::string& line) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(g_log_mu);
   std::fprintf(stderr, "[fedsdk-device %.3f] %s\n", now_s(), line.c_str());
   std::fflush(stderr);
+  for (auto& [id, sink] : g_sinks) sink(line);
+}
+
+int add_log_sink(std::function<void(const std::string&)> sink) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  g_sinks[++g_next_sink] = std::move(sink);
+  return g_next_sink;
+}
+
+void remove_log_sink(int id) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  g_sinks.erase(id);
 }
 
 std::string read_file(const std::string& path) {

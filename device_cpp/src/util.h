@@ -1,6 +1,7 @@
 // Small shared helpers: SHA-256 (OpenSSL), clocks, random ids, logging, an F32 tensor type.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -32,7 +33,10 @@ bool is_hex(const std::string& s, size_t min_len, size_t max_len);
 double now_s();                // wall clock, Unix seconds (+ $FEDSDK_CLOCK_OFFSET_S, a test hook)
 double mono_s();               // monotonic seconds
 std::string random_hex(size_t digits);
-void log(const std::string& line);
+void log(const std::string& line);  // to stderr and to every log sink
+// Log sinks (the C ABI's event listeners): every log line is handed to each, in this process.
+int add_log_sink(std::function<void(const std::string&)> sink);  // returns its id
+void remove_log_sink(int id);
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);
 
