@@ -19,6 +19,7 @@ import numpy as np
 
 from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
 from ..methods.records import LABEL_COUNTS
+from ..rounds.aggregator import StopRun
 from ..rounds.robust import coverage_robust
 from .accountant import epsilon
 from .adaptive import count_noise, next_clip, update_noise_multiplier
@@ -29,7 +30,7 @@ from .windows import contributions, window_of
 log = logging.getLogger(__name__)
 
 
-class BudgetSpent(Exception):
+class BudgetSpent(StopRun):
     """The next round would take epsilon past the budget; the run stops cleanly."""
 
 
@@ -143,10 +144,9 @@ class RoundPrivacy:
 
 
 def privacy_summary(loop) -> dict:
-    """The ``privacy`` (and ``stopped``) entries of a run's summary.json from its round loop."""
-    out: dict = {}
-    if loop.privacy is not None:
-        out["privacy"] = loop.privacy.summary()
+    """The ``privacy`` (and ``stopped``) entries of a run's summary.json from its round loop
+    (its aggregation stack's summary: ``privacy/layer.py``)."""
+    out: dict = dict(loop.aggregator.summary())
     if loop.stopped:
         out["stopped"] = loop.stopped
     return out
