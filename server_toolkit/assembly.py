@@ -99,13 +99,16 @@ def aggregation_stack(method: Method, norm_bound: float | None = DEFAULT_FACTOR,
     ``NormBound`` (``norm_bound``, for a method that ``bounds_updates``; not under secure
     aggregation, where no update is in the clear, nor with central DP, whose clipping bounds
     every update alone), ``PrivateAggregate`` (active ``privacy``), ``StalenessFold``
-    (``async_settings``), ``EdgeFold``, ``MethodAggregate``. Which combinations may be asked
-    is decided before, in ``cli/combination_checks.py``."""
-    stack: Aggregator = EdgeFold(MethodAggregate(method))
+    (``async_settings``; a ``PrivateAggregate`` goes under it, on the scaled deltas),
+    ``EdgeFold`` (edges forward each member's update when privacy is on), ``MethodAggregate``.
+    Which combinations may be asked is decided before (``cli/combination_checks.py``)."""
+    private = privacy is not None and privacy.active
+    stack: Aggregator = EdgeFold(MethodAggregate(method), forward=private)  # DP, robust: each device's
+    if private and async_settings is not None:  # under the buffer: noise and accounting per version
+        stack = PrivateAggregate(stack, privacy, on_deltas=True)
     if async_settings is not None:
         stack = StalenessFold(stack, async_settings.server_lr)
-    private = privacy is not None and privacy.active
-    if private:
+    if private and async_settings is None:
         stack = PrivateAggregate(stack, privacy)
     central_dp = private and privacy.dp and privacy.mode == "central"
     if norm_bound is not None and method.bounds_updates and not secure and not central_dp:

@@ -53,12 +53,15 @@ log = logging.getLogger(__name__)
 
 
 
-def is_bundle_edge(method: Method, device: DeviceInfo) -> bool:
-    """Whether the server plans ``device``'s members itself (see the module docstring)."""
+def is_bundle_edge(method: Method, device: DeviceInfo, forward: bool = False) -> bool:
+    """Whether the server plans ``device``'s members itself (see the module docstring);
+    ``forward``: every edge that lists members (a layer needs each device's own update: DP,
+    robust rules)."""
     p = device.profile
     if p.get("role") != "edge" or not isinstance(p.get("members"), list):
         return False
-    return p.get("aggregates") == UPDATES or (p.get("aggregates") == "sums" and refusal(method) is not None)
+    return p.get("aggregates") == UPDATES or (p.get("aggregates") == "sums"
+                                               and (forward or refusal(method) is not None))
 
 
 def members_of(edge: DeviceInfo) -> list[DeviceInfo]:
@@ -80,15 +83,16 @@ def members_of(edge: DeviceInfo) -> list[DeviceInfo]:
     return out
 
 
-def expand(method: Method, rnd: int, devices: list[DeviceInfo]) -> tuple[list[DeviceInfo], dict[str, str]]:
+def expand(method: Method, rnd: int, devices: list[DeviceInfo],
+           forward: bool = False) -> tuple[list[DeviceInfo], dict[str, str]]:
     """``devices`` with every bundle edge replaced by its members (sorted by id, as the grid
     lists devices); and {member id: its edge id}."""
-    if method.folds_edges or not any(is_bundle_edge(method, d) for d in devices):
+    if method.folds_edges or not any(is_bundle_edge(method, d, forward) for d in devices):
         return devices, {}
-    plain = [d for d in devices if not is_bundle_edge(method, d)]
+    plain = [d for d in devices if not is_bundle_edge(method, d, forward)]
     taken = {d.device_id for d in plain}
     owners: dict[str, str] = {}
-    for edge in (d for d in devices if is_bundle_edge(method, d)):
+    for edge in (d for d in devices if is_bundle_edge(method, d, forward)):
         try:
             members = members_of(edge)
         except ValueError as exc:

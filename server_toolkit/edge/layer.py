@@ -8,6 +8,12 @@ turns a bundle's result into its members' updates; ``aggregate`` folds the edges
 aggregates with the devices' summands (``edge/partial.py``) when an edge answered, else the
 layer below aggregates. A method that folds edges itself (an edge's ``SumRelay``) is passed
 straight down.
+
+``forward``: every edge is asked to forward its members' updates (a bundle) instead of their
+sum, because a layer above needs each device's own update: central DP clips each one, a
+median needs every value, local DP and label noise are per device. The server then sees the
+flat round (exact, at the bytes of a flat round on the edge's uplink); a member that is an
+edge itself is left out (no bundles of bundles: one edge level).
 """
 
 from __future__ import annotations
@@ -21,11 +27,15 @@ from .partial import devices_behind
 
 
 class EdgeFold(Aggregator):
-    """Generic and bundle edges around the layer below."""
+    """Generic and bundle edges around the layer below (``forward``: see the module docstring)."""
+
+    def __init__(self, inner: Aggregator, forward: bool = False) -> None:
+        super().__init__(inner)
+        self.forward = forward
 
     def configure(self, rnd: int, global_weights: Weights,
                   devices: list[DeviceInfo]) -> list[TrainInstruction]:
-        return configure(self.method, rnd, global_weights, devices)
+        return configure(self.method, rnd, global_weights, devices, self.forward)
 
     def finish(self, instruction: TrainInstruction, again: Finish) -> TrainInstruction:
         return bundle.finish_members(self.inner.finish(instruction, again), again)

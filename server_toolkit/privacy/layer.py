@@ -7,6 +7,11 @@ applies them (``privacy/round_privacy.py``).
 on every task; ``aggregate`` is the private or robust aggregate in place of the layers below
 (they aggregate when only label noise is on); the state (rates spent, adaptive clip) is the
 checkpoint's ``privacy`` entry and the spend is summary.json's ``privacy``.
+
+``on_deltas`` (async mode): the layer sits under ``StalenessFold`` and aggregates a buffer's
+staleness-scaled deltas (``rounds/staleness.py``), so central DP clips each scaled delta,
+noises the version's sum once and charges the accountant once per version at sampling rate
+q = 1 (devices are asked whenever idle: no subsampling to amplify by).
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from .settings import PrivacySettings
 class PrivateAggregate(Aggregator):
     """``settings`` (active, checked against the method) around the layer below."""
 
-    def __init__(self, inner: Aggregator, settings: PrivacySettings) -> None:
+    def __init__(self, inner: Aggregator, settings: PrivacySettings, on_deltas: bool = False) -> None:
         super().__init__(inner)
         self.privacy = RoundPrivacy(settings, inner.method)
+        self.on_deltas = on_deltas
 
     def admit(self, rnd: int, rate: float) -> None:
         if why := self.privacy.refusal(rnd, rate):
@@ -34,7 +40,7 @@ class PrivateAggregate(Aggregator):
 
     def aggregate(self, rnd: int, global_weights: Weights, updates: list[ClientUpdate],
                   info: RoundInput) -> Weights:
-        private = self.privacy.aggregate(rnd, global_weights, updates, info.rate, info.row)
+        private = self.privacy.aggregate(rnd, global_weights, updates, info.rate, info.row, self.on_deltas)
         return private if private is not None else self.inner.aggregate(rnd, global_weights, updates, info)
 
     def state_dict(self) -> dict:
@@ -45,4 +51,7 @@ class PrivateAggregate(Aggregator):
         self.inner.load_state_dict(state)
 
     def summary(self) -> dict:
-        return {**self.inner.summary(), "privacy": self.privacy.summary()}
+        mine = self.privacy.summary()
+        if self.on_deltas and "dp_assumption" in mine:
+            mine["dp_assumption"] = "async: one release per version, no subsampling (q = 1)"
+        return {**self.inner.summary(), "privacy": mine}

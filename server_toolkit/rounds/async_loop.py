@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 from ..methods.abilities import async_refusal
 from ..methods.base import Method
-from .aggregator import Aggregator, MethodAggregate, RoundInput
+from .aggregator import Aggregator, MethodAggregate, RoundInput, StopRun
 from .async_grid import Arrival, AsyncGrid
 from .checkpoint import load_checkpoint, save_checkpoint
 from .loop import LoopConfig, NoUpdates, RoundLoop
@@ -132,11 +132,23 @@ class AsyncLoop(RoundLoop):
                 self._take(pending.pop(0))
                 if sum(self.aggregator.carried(b.update) for b in self.buffer) >= self.async_config.buffer:
                     last = self.completed_round + 1 == self.config.rounds
+                    try:
+                        self.aggregator.admit(self.completed_round + 1, 1.0)  # e.g. the privacy budget
+                    except StopRun as spent:
+                        self._stop_early(str(spent))
+                        break
                     rows.append(self._fold(buffered=len(pending) if last else 0))  # the buffer empties
             if time.monotonic() - last_take > patience:
                 raise NoUpdates(f"no update accepted for {patience:.0f} s (--round-timeout + "
                                 f"--fleet-timeout) at version {self.completed_round}")
         return rows
+
+    def _stop_early(self, why: str) -> None:
+        """A layer of the stack ended the run before the next version (``StopRun``)."""
+        self.stopped = why
+        log.warning("%s", why)
+        if self.completed_round == 0:
+            raise NoUpdates(why)
 
     # -- steps -------------------------------------------------------------------------------
     def _dispatch(self) -> None:
