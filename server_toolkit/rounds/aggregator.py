@@ -134,6 +134,9 @@ class MethodAggregate(Aggregator):
 
     def aggregate(self, rnd: int, global_weights: Weights, updates: list[ClientUpdate],
                   info: RoundInput) -> Weights:
+        if info.exchange is not None and info.exchange.secure is not None:  # metrics-only updates
+            raise RuntimeError("a secure round's sum reached the method's own aggregate: the stack lacks "
+                               "its secure-sum layer (assembly.py:aggregation_stack(secure=True))")
         return self._method.aggregate_train(rnd, global_weights, updates)
 
     def carried(self, update: ClientUpdate) -> int:

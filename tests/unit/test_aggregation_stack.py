@@ -173,3 +173,13 @@ def test_async_median_takes_the_median_of_the_buffers_scaled_deltas():
     loop.run()
     for name, value in start.items():  # three fresh deltas of 1.0: the median is 1.0
         np.testing.assert_allclose(loop.global_weights[name], value + 1.0, atol=1e-6)
+
+
+def test_a_secure_sum_reaching_a_stack_without_its_layer_fails_loudly_instead_of_averaging_metrics():
+    m = method_class("fedavg")(MLP, Recipe())
+    now = m.initial_weights(0)
+    secure = Exchange([], secure=lambda method, rnd, weights: {k: v + 1 for k, v in weights.items()})
+    with pytest.raises(RuntimeError, match="secure-sum layer"):
+        aggregation_stack(m).aggregate(1, now, [], RoundInput(exchange=secure))
+    got = aggregation_stack(m, secure=True).aggregate(1, now, [], RoundInput(exchange=secure))
+    assert all(np.array_equal(got[k], now[k] + 1) for k in now)
