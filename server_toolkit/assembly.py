@@ -1,6 +1,9 @@
 """One server assembly: dataset -> model spec -> method (and its server data), for both
 ``fedsdk-server run`` and ``simulate``.
 
+The aggregation stack (``aggregation_stack``, layers in ``rounds/aggregator.py``) is built here
+once from the run's options, for both commands.
+
 Both commands then hand the method to the round loop (``rounds/loop.py``) over a grid: the
 MQTT grid for a real fleet, the MQTT grid with device processes or the in-process grid for
 a simulation. What differs is only where the server's own data comes from: a simulation
@@ -17,10 +20,18 @@ from pathlib import Path
 from fedcore.recipe import Recipe
 
 from .data.datasets import Dataset, load_dataset
+from .edge.layer import EdgeFold
 from .methods import method_class
 from .methods.abilities import wants_server_data
 from .methods.base import Method
 from .models.zoo import model_spec
+from .privacy.layer import PrivateAggregate
+from .privacy.settings import PrivacySettings
+from .rounds.aggregator import Aggregator, MethodAggregate
+from .rounds.async_loop import AsyncConfig
+from .rounds.norm_bound import DEFAULT_FACTOR, NormBound
+from .rounds.staleness import StalenessFold
+from .secagg.layer import SecureSum
 
 
 @dataclass(frozen=True)
@@ -79,3 +90,29 @@ def attach_server_data(method: Method, data: Dataset, server_data: Path | None, 
         source = f"{method.server_fraction:.0%} of the training split of {data.name}"
     method.attach_server_data(x, y)
     return f"server data: {len(y)} samples ({source})"
+
+
+def aggregation_stack(method: Method, norm_bound: float | None = DEFAULT_FACTOR,
+                      privacy: PrivacySettings | None = None, secure: bool = False,
+                      async_settings: AsyncConfig | None = None) -> Aggregator:
+    """The run's aggregation stack over ``method``, top to bottom: ``SecureSum`` (``secure``),
+    ``NormBound`` (``norm_bound``, for a method that ``bounds_updates``; not under secure
+    aggregation, where no update is in the clear, nor with central DP, whose clipping bounds
+    every update alone), ``PrivateAggregate`` (active ``privacy``), ``StalenessFold``
+    (``async_settings``; a ``PrivateAggregate`` goes under it, on the scaled deltas),
+    ``EdgeFold`` (edges forward each member's update when privacy is on), ``MethodAggregate``.
+    Which combinations may be asked is decided before (``cli/combination_checks.py``)."""
+    private = privacy is not None and privacy.active
+    stack: Aggregator = EdgeFold(MethodAggregate(method), forward=private)  # DP, robust: each device's
+    if private and async_settings is not None:  # under the buffer: noise and accounting per version
+        stack = PrivateAggregate(stack, privacy, on_deltas=True)
+    if async_settings is not None:
+        stack = StalenessFold(stack, async_settings.server_lr)
+    if private and async_settings is None:
+        stack = PrivateAggregate(stack, privacy)
+    central_dp = private and privacy.dp and privacy.mode == "central"
+    if norm_bound is not None and method.bounds_updates and not secure and not central_dp:
+        stack = NormBound(stack, norm_bound)
+    if secure:
+        stack = SecureSum(stack)
+    return stack

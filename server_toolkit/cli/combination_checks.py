@@ -1,37 +1,78 @@
-"""Options of different features that do not combine yet, refused before anything starts.
+"""Which aggregation features combine, decided pair by pair before anything starts.
 
-Each of privacy (``--dp-*``, ``--label-noise-epsilon``, ``--robust``), secure aggregation
-(``--secagg``), asynchronous mode (``--mode async``) and edge aggregators (``--edges``) changes
-how a round's updates become the global model, and each was built on the plain synchronous
-round: the aggregation path of one would silently skip the other (e.g. an async version would
-fold updates without the DP noise). Until a pair is built and tested together it is refused
-in one line. Built and tested together: ``--mode async`` with ``--edges`` (``docs/async.md``).
+The features are layers of one aggregation stack (``rounds/aggregator.py``, built by
+``assembly.py:aggregation_stack``): edges (``--edges``), async (``--mode async``), secure
+aggregation (``--secagg``), central DP (``--dp-clip`` in ``--dp-mode central``), local DP
+(``--dp-mode local``), label-histogram noise (``--label-noise-epsilon``) and a robust rule
+(``--robust``). A set of them runs when every pair in it runs; ``REFUSED`` holds each pair
+that does not, with its reason in one line (the table in ``docs/privacy.md`` is checked
+against it by ``tests/unit/test_combination_checks.py``). Method-level refusals (a method
+that is not a weighted sum, ...) are the features' own checks.
+
+How the pairs that run are built: under privacy (DP, label noise, robust) every edge
+forwards its members' updates instead of their sum (``edge/layer.py``), so the server clips,
+noises (once, on the round's sum) or takes a median over the flat round; under async the
+privacy layer sits under the staleness fold and noises each version's sum once
+(``privacy/layer.py``); async behind edges folds the edges' partials into the buffer.
 """
 
 from __future__ import annotations
 
 import click
 
-PRIVACY = ("dp_clip", "dp_adaptive_clip", "dp_noise_multiplier", "label_noise_epsilon", "robust")
+EDGES, ASYNC, SECAGG, CENTRAL_DP, LOCAL_DP, LABEL_NOISE, ROBUST = (
+    "edges", "async", "secagg", "central DP", "local DP", "label noise", "robust")
+FEATURES = (EDGES, ASYNC, SECAGG, CENTRAL_DP, LOCAL_DP, LABEL_NOISE, ROBUST)
+OPTIONS = {EDGES: "--edges", ASYNC: "--mode async", SECAGG: "--secagg", CENTRAL_DP: "--dp-clip (central)",
+           LOCAL_DP: "--dp-mode local", LABEL_NOISE: "--label-noise-epsilon", ROBUST: "--robust"}
+
+REFUSED: dict[frozenset[str], str] = {
+    frozenset({SECAGG, EDGES}): "an edge adds its group's updates in the clear, which is what secure "
+                                "aggregation forbids; a secure sum per edge group is not built",
+    frozenset({SECAGG, ASYNC}): "the masks cancel only over the cohort that agreed keys before training, and "
+                                "a buffer fills with whoever arrives; a secure sum per buffer is not built",
+    frozenset({SECAGG, CENTRAL_DP}): "central DP clips each update at the server, and the server sees only "
+                                     "the masked sum; clipping on the device under masks is not built",
+    frozenset({SECAGG, LOCAL_DP}): "local DP averages devices unweighted and secure aggregation sums "
+                                   "sample-weighted vectors; not built together",
+    frozenset({SECAGG, ROBUST}): "a median or trimmed mean cannot be computed from a masked sum",
+    frozenset({SECAGG, LABEL_NOISE}): "the noised histograms would ride the secure round's stage messages; "
+                                      "not built and tested together",
+    frozenset({ASYNC, LOCAL_DP}): "local DP's epsilon counts one release per device per round, and under "
+                                  "async a device may release several updates per version",
+    frozenset({ASYNC, LABEL_NOISE}): "the label epsilon counts one histogram per device per round, and under "
+                                     "async a device may report several per version",
+    frozenset({CENTRAL_DP, LOCAL_DP}): "one --dp-mode per run: central or local",
+    frozenset({CENTRAL_DP, ROBUST}): "the noise is calibrated to a sum; a median's sensitivity is not "
+                                     "bounded by the clip",
+    frozenset({LOCAL_DP, ROBUST}): "the noise is calibrated to a sum; a median's sensitivity is not "
+                                   "bounded by the clip",
+}
 
 
-def _features(params: dict) -> list[str]:
-    """The aggregation features ``params`` switch on, as the options a user typed."""
-    on = []
-    if any(params.get(name) for name in PRIVACY):
-        on.append("--dp-*/--label-noise-epsilon/--robust")
-    if params.get("secagg"):
-        on.append("--secagg")
-    if params.get("mode") == "async":
-        on.append("--mode async")
-    if params.get("edges") and params.get("mode") != "async":  # async behind edges: built (docs/async.md)
-        on.append("--edges")
-    return on
+def features(params: dict) -> list[str]:
+    """The aggregation features ``params`` (a command's options) switch on, in ``FEATURES`` order."""
+    dp = params.get("dp_clip") is not None or params.get("dp_adaptive_clip") is not None
+    local = dp and params.get("dp_mode") == "local"
+    on = {EDGES: bool(params.get("edges")), ASYNC: params.get("mode") == "async",
+          SECAGG: bool(params.get("secagg")), CENTRAL_DP: dp and not local, LOCAL_DP: local,
+          LABEL_NOISE: params.get("label_noise_epsilon") is not None,
+          ROBUST: params.get("robust") is not None}
+    return [name for name in FEATURES if on[name]]
+
+
+def refusal(on: list[str]) -> str | None:
+    """The one-line reason the features ``on`` cannot run together (None: they can)."""
+    for i, first in enumerate(on):
+        for second in on[i + 1:]:
+            why = REFUSED.get(frozenset({first, second}))
+            if why:
+                return f"{OPTIONS[first]} and {OPTIONS[second]} do not combine: {why}"
+    return None
 
 
 def validate(params: dict) -> None:
-    """Refuse two aggregation features at once (a ``validate.py`` validator)."""
-    on = _features(params)
-    if len(on) > 1:
-        raise click.UsageError(f"{on[0]} and {on[1]} do not combine (yet): each replaces how a round's "
-                               "updates are aggregated; use one of them")
+    """Refuse a refused pair of aggregation features (a ``validate.py`` validator)."""
+    why = refusal(features(params))
+    if why:
+        raise click.UsageError(why)

@@ -160,7 +160,7 @@ def run(
     from sdk_device.transport.endpoint import Endpoint
     from sdk_device.transport.mqtt_link import BrokerAddress
 
-    from ..assembly import assemble, attach_server_data
+    from ..assembly import aggregation_stack, assemble, attach_server_data
     from ..broker.embedded import EmbeddedBroker
     from ..broker.mosquitto_auth import SecurityDirError
     from ..broker.secured import server_connection
@@ -242,8 +242,9 @@ def run(
                    over_select=over_select, round_timeout_s=round_timeout, seed=seed,
                    tier_map=setup.tier_map, min_devices=min_devices, fleet_timeout_s=fleet_timeout,
                    norm_bound=None if secagg else norm_bound or None,  # secagg: no update in the clear
-                   privacy=privacy, on_divergence=on_divergence),
+                   on_divergence=on_divergence),
         settings,
+        aggregator=aggregation_stack(the_method, norm_bound or None, privacy, bool(secagg), settings),
         run_dir=run_dir,
         test_data=(data.x_test, data.y_test),
         on_round=lambda row: (report.add_round(row), observers.add_round(row), progress.round(row)),

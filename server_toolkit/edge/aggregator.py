@@ -67,6 +67,7 @@ from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.mqtt_grid import MqttGrid
 from .bundle_relay import hello_members, relay_bundle
 from .fold import SUMS
+from .layer import edge_stack
 from .partial import COVERAGE, devices_behind
 from .sum_relay import SumRelay
 
@@ -135,9 +136,9 @@ class EdgeAggregator:
         self.sums = SumRelay(config.method, config.method_options) if config.method else None
         self.relay = EdgeRelay(config.options)
         self.grid = MqttGrid(self.down, self.registry)
-        self.group = RoundLoop(self.sums or self.relay, self.grid,
-                               LoopConfig(rounds=0, seed=config.options.seed),
-                               run_dir=config.run_dir)
+        group_method = self.sums or self.relay
+        self.group = RoundLoop(group_method, self.grid, LoopConfig(rounds=0, seed=config.options.seed),
+                               run_dir=config.run_dir, aggregator=edge_stack(group_method))
         self._stop = threading.Event()
         self._announced: tuple | None = None  # (devices, samples) of the last hello
         self._awaiting: str | None = None  # task whose result waits for the server's answer

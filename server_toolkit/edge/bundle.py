@@ -20,9 +20,9 @@ and aggregates every member as if it were a direct device, and the edge is only 
   left out with an error in the log.
 * ``finish_members`` (the round loop's ``_finish``): each member's recipe gets the seed and
   privacy stamp a direct device's would; the edge keeps them (``edge/bundle_relay.py``).
-* ``check_result`` (before pulling, ``rounds/results.py``): a bundle result may lack the
-  records of members that did not answer; each record it has needs ``metrics.members[m<k>]``
-  with ``samples`` > 0, and those add up to ``metrics.samples``.
+* ``check_result`` (``rounds/bundle_results.py``; before pulling, ``rounds/results.py``): a
+  bundle result may lack the records of members that did not answer; each record it has
+  needs ``metrics.members[m<k>]`` with ``samples`` > 0, and those add up to ``metrics.samples``.
 * ``unpack`` (before the norm bound and ``aggregate_train``): a bundle update becomes one
   ``ClientUpdate`` per member that answered, with the member's instruction and metrics; the
   method's own aggregate then runs over direct and member updates: exact by construction.
@@ -43,23 +43,25 @@ from collections.abc import Callable
 
 from fedcore import modelspec
 from fedcore.recipe import Recipe
-from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.topics import check_name
 
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, Method, ModelRecord, TrainInstruction
 from ..methods.summands import refusal
+from ..rounds.bundle_results import UPDATES, is_bundle
 
 log = logging.getLogger(__name__)
 
-UPDATES = "updates"  # profile["aggregates"] of an edge that only forwards, context["edge"] of a bundle
 
 
-def is_bundle_edge(method: Method, device: DeviceInfo) -> bool:
-    """Whether the server plans ``device``'s members itself (see the module docstring)."""
+def is_bundle_edge(method: Method, device: DeviceInfo, forward: bool = False) -> bool:
+    """Whether the server plans ``device``'s members itself (see the module docstring);
+    ``forward``: every edge that lists members (a layer needs each device's own update: DP,
+    robust rules)."""
     p = device.profile
     if p.get("role") != "edge" or not isinstance(p.get("members"), list):
         return False
-    return p.get("aggregates") == UPDATES or (p.get("aggregates") == "sums" and refusal(method) is not None)
+    return p.get("aggregates") == UPDATES or (p.get("aggregates") == "sums"
+                                               and (forward or refusal(method) is not None))
 
 
 def members_of(edge: DeviceInfo) -> list[DeviceInfo]:
@@ -81,15 +83,16 @@ def members_of(edge: DeviceInfo) -> list[DeviceInfo]:
     return out
 
 
-def expand(method: Method, rnd: int, devices: list[DeviceInfo]) -> tuple[list[DeviceInfo], dict[str, str]]:
+def expand(method: Method, rnd: int, devices: list[DeviceInfo],
+           forward: bool = False) -> tuple[list[DeviceInfo], dict[str, str]]:
     """``devices`` with every bundle edge replaced by its members (sorted by id, as the grid
     lists devices); and {member id: its edge id}."""
-    if method.folds_edges or not any(is_bundle_edge(method, d) for d in devices):
+    if method.folds_edges or not any(is_bundle_edge(method, d, forward) for d in devices):
         return devices, {}
-    plain = [d for d in devices if not is_bundle_edge(method, d)]
+    plain = [d for d in devices if not is_bundle_edge(method, d, forward)]
     taken = {d.device_id for d in plain}
     owners: dict[str, str] = {}
-    for edge in (d for d in devices if is_bundle_edge(method, d)):
+    for edge in (d for d in devices if is_bundle_edge(method, d, forward)):
         try:
             members = members_of(edge)
         except ValueError as exc:
@@ -165,27 +168,6 @@ def finish_members(bundle: TrainInstruction,
                                        Recipe.from_dict(member["recipe"]), context=member["context"]))
         members[name] = {**member, "recipe": done.recipe.to_dict()}
     return dataclasses.replace(bundle, context={**bundle.context, "members": members})
-
-
-def is_bundle(instruction: TrainInstruction) -> bool:
-    return instruction.context.get("edge") == UPDATES
-
-
-def check_result(instruction: TrainInstruction, arrays: set[str], metrics: dict) -> None:
-    """A bundle result's member records and ``metrics.members`` (ProtocolError, see above)."""
-    returned = arrays & set(instruction.context["members"])
-    if not returned:
-        raise ProtocolError("missing_record", "a bundle result carries no member's model")
-    per = metrics.get("members")
-    if not isinstance(per, dict) or set(per) != returned:
-        raise ProtocolError("invalid_field", f"metrics.members must hold an entry for each returned member "
-                                             f"model {sorted(returned)}")
-    for name, entry in per.items():
-        samples = entry.get("samples") if isinstance(entry, dict) else None
-        if type(samples) is not int or samples <= 0:
-            raise ProtocolError("invalid_field", f"metrics.members.{name}.samples must be > 0")
-    if sum(entry["samples"] for entry in per.values()) != metrics.get("samples"):
-        raise ProtocolError("invalid_field", "metrics.samples must be the sum of metrics.members' samples")
 
 
 def unpack(updates: list[ClientUpdate]) -> list[ClientUpdate]:

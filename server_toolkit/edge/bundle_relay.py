@@ -28,6 +28,7 @@ from sdk_device.protocol.task_plan import TaskPlan
 
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..methods.fedconv.relay import TRAIN
+from .layer import edge_stack
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,11 @@ def relay_bundle(edge: Any, task: msgs.Task, plan: TaskPlan) -> None:
     relay = BundleRelay(tasks)
     started = time.time()
     group_method, edge.group.method = edge.group.method, relay
+    group_stack, edge.group.aggregator = edge.group.aggregator, edge_stack(relay)  # the round's method
     try:
         row = edge._group_round(task, TRAIN, {}, edge._group_time(task, started), first=task.round)
     finally:
-        edge.group.method = group_method
+        edge.group.method, edge.group.aggregator = group_method, group_stack
     name_of = {entry["device"]: name for name, entry in plan.members.items()}
     answered = {name_of[u.device_id]: u for u in relay.updates if u.device_id in name_of}
     if not answered:

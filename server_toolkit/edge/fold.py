@@ -43,11 +43,12 @@ def is_partial(update: ClientUpdate) -> bool:
     return update.instruction.context.get("edge") == SUMS
 
 
-def configure(method: Method, rnd: int, global_weights: Weights,
-              devices: list[DeviceInfo]) -> list[TrainInstruction]:
+def configure(method: Method, rnd: int, global_weights: Weights, devices: list[DeviceInfo],
+              forward: bool = False) -> list[TrainInstruction]:
     """``method.configure_train`` for the devices and bundle edges' members (one bundle per
-    edge), the global model for the generic edges."""
-    devices, owners = bundle.expand(method, rnd, devices)
+    edge), the global model for the generic edges; ``forward``: every edge listing members is
+    a bundle edge (``edge/bundle.py``)."""
+    devices, owners = bundle.expand(method, rnd, devices, forward)
     return bundle.pack(method, rnd, _configure(method, rnd, global_weights, devices), owners)
 
 

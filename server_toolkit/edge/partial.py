@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..methods.records import COVERAGE
 from ..methods.summands import Summand
 
 Weights = dict[str, np.ndarray]
-COVERAGE = "coverage"  # the array record holding A
+__all__ = ["COVERAGE", "Partial", "devices_behind"]  # COVERAGE: the array record holding A
 
 
 def devices_behind(metrics: dict) -> int:

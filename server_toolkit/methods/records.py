@@ -20,6 +20,7 @@ from .base import ModelRecord, TrainInstruction, Weights
 TEACHER = "teacher"
 LABEL_COUNTS = "label_counts"
 FEATURES = "features"
+COVERAGE = "coverage"  # an edge's partial aggregate: the weight A per element (edge/partial.py)
 
 
 def with_teacher(instruction: TrainInstruction, spec: dict, weights: Weights,

@@ -14,11 +14,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections import Counter
 
 import numpy as np
 
 from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
 from ..methods.records import LABEL_COUNTS
+from ..rounds.aggregator import StopRun
 from ..rounds.robust import coverage_robust
 from .accountant import epsilon
 from .adaptive import count_noise, next_clip, update_noise_multiplier
@@ -29,7 +31,7 @@ from .windows import contributions, window_of
 log = logging.getLogger(__name__)
 
 
-class BudgetSpent(Exception):
+class BudgetSpent(StopRun):
     """The next round would take epsilon past the budget; the run stops cleanly."""
 
 
@@ -83,8 +85,12 @@ class RoundPrivacy:
         return instruction
 
     def aggregate(self, rnd: int, global_weights: Weights, updates: list[ClientUpdate], rate: float,
-                  row: dict) -> Weights | None:
-        """The new global weights (None: the method aggregates as usual); metrics into ``row``."""
+                  row: dict, deltas: bool = False) -> Weights | None:
+        """The new global weights (None: the method aggregates as usual); metrics into ``row``.
+        ``deltas``: the updates' weights are deltas already (async: ``StalenessFold`` scaled them
+        and ``global_weights`` is all zeros), not weights to take the sent ones from. Central
+        mode clips a device with m updates in one call (async: a fast device) to C / m each, so
+        one device still moves the sum by at most C."""
         s = self.settings
         if s.label_epsilon is not None and any(LABEL_COUNTS in u.instruction.reports for u in updates):
             self.label_reports += 1
@@ -98,19 +104,26 @@ class RoundPrivacy:
         if not counted:
             return global_weights
         windows = [window_of(self.method, u, global_weights) for u in counted]
-        pairs = [(u.instruction.weights, u.weights) for u in counted]
+        pairs = [({k: np.zeros_like(v) for k, v in u.weights.items()} if deltas else u.instruction.weights,
+                  u.weights) for u in counted]
         if s.mode == "local":  # the devices clipped and noised; average what came
-            deltas, norms = clipped_deltas(pairs, None)
-            new = noised_window_mean(global_weights, list(zip(deltas, windows, strict=True)), 0.0, self._rng)
+            moved, norms = clipped_deltas(pairs, None)
+            new = noised_window_mean(global_weights, list(zip(moved, windows, strict=True)), 0.0, self._rng)
         else:
             z = s.noise_multiplier
             if s.adaptive_quantile is not None:
                 count_std = count_noise(len(counted), z)
                 z = update_noise_multiplier(z, count_std)
-            deltas, norms = clipped_deltas(pairs, self.clip)
-            new = noised_window_mean(global_weights, list(zip(deltas, windows, strict=True)), z * self.clip,
+            share = Counter(u.device_id for u in counted)  # 1 each in a round
+            clips = [self.clip / share[u.device_id] for u in counted]
+            moved, norms = [], []
+            for pair, clip in zip(pairs, clips, strict=True):
+                (delta,), (norm,) = clipped_deltas([pair], clip)
+                moved.append(delta)
+                norms.append(norm)
+            new = noised_window_mean(global_weights, list(zip(moved, windows, strict=True)), z * self.clip,
                                      self._rng)
-            row["dp_clipped"] = sum(1 for n in norms if n > self.clip)
+            row["dp_clipped"] = sum(1 for n, c in zip(norms, clips, strict=True) if n > c)
             row["dp_clip"] = self.clip
             if s.adaptive_quantile is not None:
                 self.clip = next_clip(self.clip, norms, s.adaptive_quantile, count_std, self._rng)
@@ -143,10 +156,9 @@ class RoundPrivacy:
 
 
 def privacy_summary(loop) -> dict:
-    """The ``privacy`` (and ``stopped``) entries of a run's summary.json from its round loop."""
-    out: dict = {}
-    if loop.privacy is not None:
-        out["privacy"] = loop.privacy.summary()
+    """The ``privacy`` (and ``stopped``) entries of a run's summary.json from its round loop
+    (its aggregation stack's summary: ``privacy/layer.py``)."""
+    out: dict = dict(loop.aggregator.summary())
     if loop.stopped:
         out["stopped"] = loop.stopped
     return out

@@ -25,12 +25,16 @@ The quality guard (``rounds/quality_guard.py``) judges every evaluated version a
 loop's judges a round; after a rollback to the best weights, updates made from a version before
 the rollback are dropped (counted in ``dropped_stale``): they trained the diverged model.
 
-Edge aggregators (``edge/``): a generic edge is dispatched like a device but sent the global
-model (``edge/fold.configure``); it runs one synchronous group round from that version and
-answers its group's partial aggregate, which ``fold_buffer`` folds with the devices' deltas.
-It counts as the device updates it carries (``staleness.carried``) in ``accepted``,
-``folded``, ``dropped_stale``, the staleness statistics and towards K; ``edge_results`` counts
-the partials folded into a version. A bundle edge's answer (``edge/bundle.py``: each
+Aggregation is the stack's (``rounds/aggregator.py``): its ``StalenessFold`` layer folds the
+buffer (``fold_buffer``), the layers under it aggregate the scaled deltas. Without a stack the
+loop builds ``async_stack``: the norm bound over ``StalenessFold`` over the method.
+
+Edge aggregators (``edge/``, the stack's ``EdgeFold``): a generic edge is dispatched like a
+device but sent the global model (``edge/fold.configure``); it runs one synchronous group
+round from that version and answers its group's partial aggregate, which ``fold_buffer`` folds
+with the devices' deltas. It counts as the device updates it carries (the stack's ``carried``)
+in ``accepted``, ``folded``, ``dropped_stale``, the staleness statistics and towards K;
+``edge_results`` counts the partials folded into a version. A bundle edge's answer (``edge/bundle.py``: each
 member's update, for methods that are not sums) joins the buffer as its members' updates,
 all of the edge's base. An edge the method cannot use (``configure`` leaves it
 out, with an error in the log) gets no task until it says hello with another profile.
@@ -48,20 +52,18 @@ acknowledged update is never lost to a restart.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 
-from ..edge.bundle import unpack
-from ..edge.fold import configure, is_partial
 from ..methods.abilities import async_refusal
 from ..methods.base import Method
+from .aggregator import Aggregator, MethodAggregate, RoundInput, StopRun
 from .async_grid import Arrival, AsyncGrid
 from .checkpoint import load_checkpoint, save_checkpoint
 from .loop import LoopConfig, NoUpdates, RoundLoop
-from .norm_bound import bound_updates
-from .staleness import BufferedUpdate, carried, fold_buffer, staleness_stats
+from .norm_bound import NormBound
+from .staleness import BufferedUpdate, StalenessFold, staleness_stats
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +86,14 @@ class AsyncLoop(RoundLoop):
     method cannot run asynchronously). Checkpoints, evaluation and callbacks as ``RoundLoop``."""
 
     def __init__(self, method: Method, grid: AsyncGrid, config: LoopConfig, async_config: AsyncConfig,
-                 **kwargs) -> None:
+                 aggregator: Aggregator | None = None, **kwargs) -> None:
         refusal = async_refusal(method)
         if refusal:
             raise ValueError(refusal)
-        super().__init__(method, grid, config, **kwargs)  # type: ignore[arg-type] - online(), wait_for_devices()
+        if aggregator is None:
+            aggregator = async_stack(method, config.norm_bound, async_config.server_lr)
+        super().__init__(method, grid, config, aggregator=aggregator,  # type: ignore[arg-type] - online()
+                         **kwargs)
         self.grid: AsyncGrid = grid
         self.async_config = async_config
         self.buffer: list[BufferedUpdate] = []
@@ -125,13 +130,25 @@ class AsyncLoop(RoundLoop):
                 last_take = time.monotonic()
             while pending and self.completed_round < self.config.rounds and not self.stopped:
                 self._take(pending.pop(0))
-                if sum(carried(b.update) for b in self.buffer) >= self.async_config.buffer:
+                if sum(self.aggregator.carried(b.update) for b in self.buffer) >= self.async_config.buffer:
                     last = self.completed_round + 1 == self.config.rounds
+                    try:
+                        self.aggregator.admit(self.completed_round + 1, 1.0)  # e.g. the privacy budget
+                    except StopRun as spent:
+                        self._stop_early(str(spent))
+                        break
                     rows.append(self._fold(buffered=len(pending) if last else 0))  # the buffer empties
             if time.monotonic() - last_take > patience:
                 raise NoUpdates(f"no update accepted for {patience:.0f} s (--round-timeout + "
                                 f"--fleet-timeout) at version {self.completed_round}")
         return rows
+
+    def _stop_early(self, why: str) -> None:
+        """A layer of the stack ended the run before the next version (``StopRun``)."""
+        self.stopped = why
+        log.warning("%s", why)
+        if self.completed_round == 0:
+            raise NoUpdates(why)
 
     # -- steps -------------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -145,7 +162,7 @@ class AsyncLoop(RoundLoop):
             return
         chosen = self._select(idle, room if room < len(idle) else None, exclude=set())[:room]
         version = self.completed_round
-        planned = configure(self.method, version + 1, self.global_weights, chosen)  # edges: the global model
+        planned = self.aggregator.configure(version + 1, self.global_weights, chosen)  # edges: the global one
         given = {ins.device_id for ins in planned}
         self._left_out.update({d.device_id: _profile(d) for d in chosen if d.device_id not in given
                                and d.profile.get("role") == "edge"})  # (configure logged why, once)
@@ -158,8 +175,8 @@ class AsyncLoop(RoundLoop):
         """Into the buffer, or dropped when older than ``max_staleness`` versions. A bundle
         edge's answer joins as its members' updates, all of its base (``edge/bundle.py``)."""
         staleness = self.completed_round - arrival.base
-        updates = unpack([arrival.update])
-        count = sum(carried(u) for u in updates)  # an edge's partial: the device updates behind it
+        updates = self.aggregator.unpack([arrival.update])
+        count = sum(self.aggregator.carried(u) for u in updates)  # an edge's partial: the devices behind it
         self._since["accepted"] += count
         self.consumed += 1  # registry entries, folded (by the next checkpoint) or dropped
         if self.guard and arrival.base < self.guard.rolled_back_at:  # trained before a rollback
@@ -182,18 +199,15 @@ class AsyncLoop(RoundLoop):
         batch, self.buffer = self.buffer, []
         row: dict = {"round": version, "version": version, "accepted": self._since["accepted"],
                      "selected": self._since["tasks_sent"],
-                     "folded": sum(carried(b.update) for b in batch),
-                     "edge_results": sum(is_partial(b.update) for b in batch),
+                     "folded": sum(self.aggregator.carried(b.update) for b in batch),
+                     "edge_results": sum(self.aggregator.is_partial(b.update) for b in batch),
                      "dropped_stale": self._since["dropped_stale"],
-                     **staleness_stats(batch), **self.grid.counters()}
+                     **staleness_stats(batch, self.aggregator.carried), **self.grid.counters()}
         clock = time.perf_counter()
-        if self.config.norm_bound is not None and self.method.bounds_updates:
-            updates = [b.update for b in batch]
-            bounded, row["clipped"] = bound_updates(version, updates, self.config.norm_bound)
-            batch = [dataclasses.replace(b, update=u) for b, u in zip(batch, bounded, strict=True)]
-        self.global_weights = fold_buffer(self.method, version, self.global_weights, batch,
-                                          self.async_config.server_lr)
-        row.update(self.method.aggregate_evaluate(version, [b.update for b in batch]))
+        info = RoundInput(row=row, staleness=[b.staleness for b in batch], bases=[b.base for b in batch])
+        updates = [b.update for b in batch]
+        self.global_weights = self.aggregator.aggregate(version, self.global_weights, updates, info)
+        row.update(self.method.aggregate_evaluate(version, updates))
         aggregate_s = time.perf_counter() - clock
         clock = time.perf_counter()
         every = max(1, self.async_config.eval_every)
@@ -210,7 +224,7 @@ class AsyncLoop(RoundLoop):
         if self.run_dir is not None:
             save_checkpoint(self.run_dir, version, self.global_weights,
                             {"method_state": self.method.state_dict(), "rng": self._rng.getstate(),
-                             "method": self.method.name, "mode": "async",
+                             "method": self.method.name, "mode": "async", **self.aggregator.state_dict(),
                              "async": {"consumed": self.consumed, "tasks_sent": self.tasks_sent},
                              "guard": self.guard.state_dict() if self.guard else {}},
                             keep=self.config.keep_checkpoints)
@@ -223,6 +237,13 @@ class AsyncLoop(RoundLoop):
         if self.on_round:
             self.on_round(row)
         return row
+
+
+def async_stack(method: Method, norm_bound: float | None, server_lr: float = 1.0) -> Aggregator:
+    """The async stack of a run with no other aggregation feature: the norm bound (when set and
+    the method ``bounds_updates``) over ``StalenessFold`` over the method's aggregate."""
+    stack: Aggregator = StalenessFold(MethodAggregate(method), server_lr)
+    return NormBound(stack, norm_bound) if norm_bound is not None and method.bounds_updates else stack
 
 
 def _profile(device) -> str:

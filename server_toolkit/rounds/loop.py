@@ -13,10 +13,13 @@ every benchmark drive their rounds through this class.
 Fleet: ``run`` starts a round only with at least ``min_devices`` online; until then it waits,
 logging why every ``status_every_s``, and raises ``FleetLost`` after ``fleet_timeout_s``. A
 run in which no round accepted any update raises ``NoUpdates``: never a silent success.
-Before ``aggregate_train`` outsized update deltas are clipped (``rounds/norm_bound.py``).
-``LoopConfig.privacy`` (``privacy/``): differential privacy, label-histogram noise or a
-robust rule; its aggregate replaces the method's, and a spent ``--dp-epsilon`` budget ends
-the run before the round that would exceed it (``stopped`` says why). The quality guard
+Aggregation is the aggregation stack's (``rounds/aggregator.py``), built once by the server
+assembly (``assembly.py:aggregation_stack``) from the run's options: the method's aggregate
+under the layers the run asks for (norm bound, privacy, secure sum, edges, async buffering).
+The loop calls it and knows no feature by name; a layer may end the run before a round
+(``StopRun``, e.g. a spent ``--dp-epsilon`` budget; ``stopped`` says why). Without a stack
+the loop builds the plain one: the method's aggregate under the norm bound
+(``rounds/norm_bound.py``, ``LoopConfig.norm_bound``). The quality guard
 (``rounds/quality_guard.py``, ``LoopConfig.on_divergence``) judges each central evaluation:
 it keeps the best weights and, when the model diverges, puts them back (and scales the devices'
 lr down) or stops the run.
@@ -40,16 +43,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..edge.bundle import finish_members, unpack
-from ..edge.fold import aggregate, configure
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..methods.tier_accuracy import TierAccuracy
 from ..methods.tiers import with_tier_overrides
-from ..privacy.round_privacy import BudgetSpent, RoundPrivacy
-from ..privacy.settings import PrivacySettings
+from .aggregator import Aggregator, MethodAggregate, RoundInput, StopRun
 from .checkpoint import load_checkpoint, save_checkpoint
 from .grid import Grid
-from .norm_bound import DEFAULT_FACTOR, bound_updates
+from .norm_bound import DEFAULT_FACTOR, NormBound
 from .quality_guard import QualityGuard
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,7 @@ class LoopConfig:
     min_devices: int = 1
     fleet_timeout_s: float = 600.0
     status_every_s: float = 30.0
-    norm_bound: float | None = DEFAULT_FACTOR
-    privacy: PrivacySettings | None = None  # --dp-*, --label-noise-epsilon, --robust (privacy/)
+    norm_bound: float | None = DEFAULT_FACTOR  # read by the plain stack (plain_stack)
     on_divergence: str = "rollback"  # --on-divergence: rollback, stop or continue (rounds/quality_guard.py)
 
 
@@ -102,12 +101,14 @@ class RoundLoop:
 
     ``run_dir``: where checkpoints go (None: no checkpoints, e.g. a benchmark);
     ``test_data``: (x, y) for the method's central ``evaluate``; ``evaluators``: more
-    per-round measurements merged into each row; ``on_round``: called with each row.
+    per-round measurements merged into each row; ``on_round``: called with each row;
+    ``aggregator``: the aggregation stack over ``method`` (None: ``plain_stack``).
     """
 
     def __init__(self, method: Method, grid: Grid, config: LoopConfig, run_dir: Path | None = None,
                  test_data: tuple[np.ndarray, np.ndarray] | None = None,
-                 on_round: RoundCallback | None = None, evaluators: tuple[Evaluator, ...] = ()) -> None:
+                 on_round: RoundCallback | None = None, evaluators: tuple[Evaluator, ...] = (),
+                 aggregator: Aggregator | None = None) -> None:
         self.method = method
         self.grid = grid
         self.config = config
@@ -120,8 +121,9 @@ class RoundLoop:
         self.completed_round = 0
         self.last_updates: list[ClientUpdate] = []
         self._rng = random.Random(config.seed)
-        active = config.privacy is not None and config.privacy.active
-        self.privacy = RoundPrivacy(config.privacy, method) if active else None
+        self.aggregator = aggregator if aggregator is not None else plain_stack(method, config.norm_bound)
+        if self.aggregator.method is not method:
+            raise ValueError("the aggregation stack was built over another method than the loop's")
         self.stopped: str | None = None  # why the run ended early (a spent privacy budget, a divergence)
         # the model-quality guard watches the server's evaluation: none without test data (an edge)
         self.guard = QualityGuard(config.on_divergence, self.run_dir) if test_data is not None else None
@@ -135,8 +137,7 @@ class RoundLoop:
             self.method.load_state_dict(state.get("method_state", {}))
             if "rng" in state:
                 self._rng.setstate(_tuple_state(state["rng"]))
-            if self.privacy:
-                self.privacy.load_state_dict(state.get("privacy", {}))
+            self.aggregator.load_state_dict(state)
             if self.guard:
                 self.guard.load_state_dict(state.get("guard", {}))
             log.info("resuming after round %d from %s", self.completed_round, state["checkpoint"])
@@ -152,7 +153,7 @@ class RoundLoop:
             self.wait_for_fleet(rnd)
             try:
                 rows.append(self.run_round(rnd))
-            except BudgetSpent as spent:
+            except StopRun as spent:
                 self.stopped = str(spent)
                 log.warning("%s", spent)
                 if self.completed_round == 0:
@@ -197,11 +198,10 @@ class RoundLoop:
             self._select(online, wanted, exclude={u.device_id for u in already})
         quorum = len(selected) + len(already) if wanted is None else min(wanted, len(selected) + len(already))
         rate = min(1.0, quorum / max(len(online), 1))  # the sampling rate the privacy accountant charges
-        if self.privacy and (why := self.privacy.refusal(rnd, rate)):
-            raise BudgetSpent(why)
+        self.aggregator.admit(rnd, rate)
         clock = time.perf_counter()
         instructions = [self._finish(rnd, i) for i in
-                        configure(self.method, rnd, self.global_weights, selected)] if selected else []
+                        self.aggregator.configure(rnd, self.global_weights, selected)] if selected else []
         configure_s = time.perf_counter() - clock
         deadline = time.time() + self.config.round_timeout_s
         log.info("round %d opens: %d device(s) asked of %d online, %d update(s) needed", rnd, len(selected),
@@ -210,23 +210,14 @@ class RoundLoop:
         if already:
             log.info("round %d: %d updates were accepted before the restart", rnd, len(already))
         # arrival order differs between grids and runs; the aggregate must not depend on it
-        updates = unpack(sorted(already + exchange.updates, key=lambda u: u.device_id))  # bundles: members
+        updates = self.aggregator.unpack(sorted(already + exchange.updates, key=lambda u: u.device_id))
         row: dict = {"round": rnd, "selected": len(selected) + len(already), "accepted": len(updates),
                      "rejected": exchange.rejected,
                      "refused_policy": exchange.rejections.get("device:policy", 0)}  # fedsdk run --only-when
         clock = time.perf_counter()
-        secure = exchange.secure  # secure aggregation: only the sum is in the clear (secagg/)
-        if updates and secure is None and self.config.norm_bound is not None and self.method.bounds_updates \
-                and not (self.privacy and self.privacy.replaces_norm_bound):
-            updates, row["clipped"] = bound_updates(rnd, updates, self.config.norm_bound)
         if updates:
-            private = None if secure is not None or not self.privacy else \
-                self.privacy.aggregate(rnd, self.global_weights, updates, rate, row)
-            if secure is not None:
-                self.global_weights = secure(self.method, rnd, self.global_weights)
-            else:
-                self.global_weights = private if private is not None else \
-                    aggregate(self.method, rnd, self.global_weights, updates)
+            self.global_weights = self.aggregator.aggregate(rnd, self.global_weights, updates,
+                                                            RoundInput(rate, row, exchange))
             row.update(self.method.aggregate_evaluate(rnd, updates))
         else:
             log.warning("round %d: no update accepted (%s); global model unchanged", rnd,
@@ -242,8 +233,7 @@ class RoundLoop:
         if self.run_dir is not None:
             save_checkpoint(self.run_dir, rnd, self.global_weights,
                             {"method_state": self.method.state_dict(), "rng": self._rng.getstate(),
-                             "method": self.method.name,
-                             "privacy": self.privacy.state_dict() if self.privacy else {},
+                             "method": self.method.name, "privacy": {}, **self.aggregator.state_dict(),
                              "guard": self.guard.state_dict() if self.guard else {}},
                             keep=self.config.keep_checkpoints)
         self.grid.close_round(rnd, row)
@@ -295,8 +285,7 @@ class RoundLoop:
         recipe = dataclasses.replace(instruction.recipe, seed=seed, lr=instruction.recipe.lr * scale)
         out = dataclasses.replace(instruction, recipe=recipe,
                                   steps_before=before, reports={**self.method.asks, **instruction.reports})
-        out = self.privacy.stamp(out) if self.privacy else out
-        return finish_members(out, lambda member: self._finish(rnd, member))  # a bundle's, as devices'
+        return self.aggregator.finish(out, lambda member: self._finish(rnd, member))  # a bundle's members
 
     def _select(self, online: list[DeviceInfo], want: int | None, exclude: set[str]) -> list[DeviceInfo]:
         """Devices for this round out of ``online`` (tiers final: the grid's, then ``tier_map``'s;
@@ -316,6 +305,13 @@ class RoundLoop:
         if self.config.fraction is not None:
             return max(1, math.ceil(self.config.fraction * online))
         return None
+
+
+def plain_stack(method: Method, norm_bound: float | None = DEFAULT_FACTOR) -> Aggregator:
+    """The stack of a run with no aggregation feature: the method's aggregate under the norm
+    bound (when ``norm_bound`` is set and the method ``bounds_updates``)."""
+    bottom = MethodAggregate(method)
+    return NormBound(bottom, norm_bound) if norm_bound is not None and method.bounds_updates else bottom
 
 
 def _why_empty(selected: list[DeviceInfo], exchange, deadline: float) -> str:

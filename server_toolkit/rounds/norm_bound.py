@@ -27,8 +27,9 @@ import statistics
 
 import numpy as np
 
-from ..edge.partial import COVERAGE
 from ..methods.base import MODEL, ClientUpdate, Weights
+from ..methods.records import COVERAGE
+from .aggregator import Aggregator, RoundInput
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +100,17 @@ def bound_updates(rnd: int, updates: list[ClientUpdate], factor: float) -> tuple
                 out[i] = dataclasses.replace(out[i], others={**out[i].others, name: weights})
             clipped.add(i)
     return out, len(clipped)
+
+
+class NormBound(Aggregator):
+    """The stack's layer (``rounds/aggregator.py``): ``bound_updates`` before the layers below;
+    the count of clipped updates in the row's ``clipped``."""
+
+    def __init__(self, inner: Aggregator, factor: float = DEFAULT_FACTOR) -> None:
+        super().__init__(inner)
+        self.factor = factor
+
+    def aggregate(self, rnd: int, global_weights: Weights, updates: list[ClientUpdate],
+                  info: RoundInput) -> Weights:
+        updates, info.row["clipped"] = bound_updates(rnd, updates, self.factor)
+        return self.inner.aggregate(rnd, global_weights, updates, info)

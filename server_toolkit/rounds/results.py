@@ -20,10 +20,10 @@ from sdk_device.protocol.blobs import check_update, decode_tensors
 from sdk_device.protocol.errors import OwnDataError, ProtocolError
 from sdk_device.protocol.smashed import SmashedRequest, check_smashed
 
-from ..edge.bundle import check_result as check_bundle
-from ..edge.bundle import is_bundle
 from ..methods.base import MODEL, TrainInstruction
 from ..methods.records import FEATURES
+from .bundle_results import check_result as check_bundle
+from .bundle_results import is_bundle
 
 
 def features_request(instruction: TrainInstruction) -> SmashedRequest | None:

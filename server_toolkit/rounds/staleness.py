@@ -43,11 +43,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..edge.fold import aggregate, is_partial
-from ..edge.partial import devices_behind
-from ..methods.base import ClientUpdate, Method, Weights
+from ..methods.base import ClientUpdate, Weights
+from .aggregator import Aggregator, RoundInput
 
 StalenessWeight = Callable[[int], float]
+Aggregate = Callable[[int, Weights, list[ClientUpdate]], Weights]  # (round, global, updates) -> weights
 
 
 def fedbuff_weight(staleness: int) -> float:
@@ -76,16 +76,17 @@ def scaled_delta(update: ClientUpdate, scale: float) -> ClientUpdate:
     return dataclasses.replace(update, weights=delta)
 
 
-def fold_buffer(method: Method, version: int, global_weights: Weights, buffer: list[BufferedUpdate],
+def fold_buffer(aggregate: Aggregate, version: int, global_weights: Weights, buffer: list[BufferedUpdate],
                 server_lr: float = 1.0, weight: StalenessWeight = fedbuff_weight) -> Weights:
-    """The next global weights: ``w + server_lr * A(0, scaled deltas)`` (module docstring).
-    ``version`` is the version being made (passed to ``aggregate_train`` as its round)."""
+    """The next global weights: ``w + server_lr * A(0, scaled deltas)`` (module docstring), ``A``
+    = ``aggregate`` (the method's ``aggregate_train``, or the stack below ``StalenessFold``:
+    with edges' partials, their fold). ``version`` is the version being made (its round)."""
     if not buffer:
         raise ValueError("nothing to fold: the buffer is empty")
     scaled = [scaled_delta(b.update, weight(b.staleness)) for b in
               sorted(buffer, key=lambda b: (b.update.device_id, b.base))]  # order-independent
     zeros = {name: np.zeros(value.shape, np.float64) for name, value in global_weights.items()}
-    step = aggregate(method, version, zeros, scaled)  # the method's own; with partials, their fold
+    step = aggregate(version, zeros, scaled)  # the method's own; with partials, their fold
     out: Weights = {}
     for name, value in global_weights.items():
         if name not in step:  # a tensor no update holds: unchanged
@@ -96,16 +97,33 @@ def fold_buffer(method: Method, version: int, global_weights: Weights, buffer: l
     return out
 
 
-def carried(update: ClientUpdate) -> int:
-    """Device updates ``update`` stands for: an edge's partial its ``edge_devices`` (>= 1;
-    a missing or bad count is 1), any other update 1."""
-    return devices_behind(update.metrics) if is_partial(update) else 1
-
-
-def staleness_stats(buffer: list[BufferedUpdate]) -> dict:
+def staleness_stats(buffer: list[BufferedUpdate],
+                    carried: Callable[[ClientUpdate], int] = lambda u: 1) -> dict:
     """``staleness_mean`` and ``staleness_max`` of a folded buffer (versions), over the device
-    updates it carries (an edge's staleness counts once per device behind it)."""
+    updates it carries (``carried``: the aggregation stack's; an edge's staleness counts once
+    per device behind it)."""
     counts = [carried(b.update) for b in buffer]
     total = sum(counts)
     return {"staleness_mean": sum(n * b.staleness for n, b in zip(counts, buffer, strict=True)) / total
             if total else 0.0, "staleness_max": max((b.staleness for b in buffer), default=0)}
+
+
+class StalenessFold(Aggregator):
+    """The stack's async layer (``rounds/aggregator.py``): a buffer of updates (``info.staleness``
+    and ``info.bases`` per update) folded as ``fold_buffer`` does, the layers below aggregating
+    the scaled deltas against an all-zero global model."""
+
+    def __init__(self, inner: Aggregator, server_lr: float = 1.0) -> None:
+        super().__init__(inner)
+        self.server_lr = server_lr
+
+    def aggregate(self, rnd: int, global_weights: Weights, updates: list[ClientUpdate],
+                  info: RoundInput) -> Weights:
+        staleness = info.staleness if info.staleness is not None else [0] * len(updates)
+        bases = info.bases if info.bases is not None else [rnd - 1 - s for s in staleness]
+        buffer = [BufferedUpdate(u, b, s) for u, b, s in zip(updates, bases, staleness, strict=True)]
+
+        def below(version: int, zeros: Weights, scaled: list[ClientUpdate]) -> Weights:
+            return self.inner.aggregate(version, zeros, scaled, info)
+
+        return fold_buffer(below, rnd, global_weights, buffer, self.server_lr)

@@ -29,7 +29,7 @@ from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 
-from ..assembly import assemble
+from ..assembly import aggregation_stack, assemble
 from ..broker.embedded import EmbeddedBroker
 from ..data.datasets import Dataset
 from ..data.server_slice import take_server_slice
@@ -41,6 +41,8 @@ from ..observe.observers import RunObservers
 from ..privacy.round_privacy import privacy_summary
 from ..privacy.settings import PrivacySettings
 from ..report.run_report import RunReport
+from ..rounds.aggregator import Aggregator
+from ..rounds.async_loop import AsyncConfig
 from ..rounds.grid import Grid
 from ..rounds.inprocess_grid import InProcessGrid
 from ..rounds.local_device import LocalDevice
@@ -267,7 +269,13 @@ class Simulation:
                           over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed,
                           tier_map=tier_map, fleet_timeout_s=c.fleet_timeout_s,
                           norm_bound=None if c.secagg else c.norm_bound,  # secagg: no update in the clear
-                          privacy=PrivacySettings.from_dict(c.privacy), on_divergence=c.on_divergence)
+                          on_divergence=c.on_divergence)
+
+    def stack(self, method, settings: AsyncConfig | None = None) -> Aggregator:
+        """The run's aggregation stack (``assembly.py:aggregation_stack``)."""
+        c = self.config
+        return aggregation_stack(method, c.norm_bound, PrivacySettings.from_dict(c.privacy), bool(c.secagg),
+                                 settings)
 
     def run(self) -> RunReport:
         c = self.config
@@ -310,7 +318,8 @@ class Simulation:
             grid = InProcessGrid(devices)
             self.observers.watch_inprocess(grid)
             loop = self.loop = RoundLoop(method, grid, self.loop_config(setup.tier_map),
-                             run_dir=self.run_dir, test_data=test_data, on_round=on_round)
+                             run_dir=self.run_dir, test_data=test_data, on_round=on_round,
+                             aggregator=self.stack(method))
             loop.start(resume=self.resume)
             self.on_event("devices", {"online": len(devices), "expected": len(devices)})
             loop.run()
@@ -348,7 +357,8 @@ class Simulation:
             self.start_edges(address)
             self.start_devices(address)
             loop = self.loop = make_loop(method, grid, loop_config, settings, run_dir=self.run_dir,
-                                         test_data=test_data, on_round=on_round)
+                                         test_data=test_data, on_round=on_round,
+                                         aggregator=self.stack(method, settings))
             loop.start(resume=self.resume)
             expected = len(self.direct_devices) + len(self.edges)
             # the start waits for the whole fleet; a round then goes on with whoever is online

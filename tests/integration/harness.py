@@ -17,6 +17,7 @@ from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 from server_toolkit.data.datasets import load_dataset
+from server_toolkit.edge.layer import edge_stack
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import ClientUpdate, Method
 from server_toolkit.methods.fedavg import FedAvg
@@ -88,9 +89,11 @@ class Fleet:
         (``loop.grid``)."""
         spec = model_spec("small_cnn", self.data.input_shape, self.data.num_classes)
         grid = MqttGrid(self.endpoint, self.registry, program_formats=program_formats)
-        return RoundLoop(method or FedAvg(spec, RECIPE), grid, LoopConfig(rounds=rounds, **config),
-                         run_dir=run_dir or self.root / "server",
-                         test_data=(self.data.x_test, self.data.y_test))
+        method = method or FedAvg(spec, RECIPE)
+        config = LoopConfig(rounds=rounds, **config)
+        return RoundLoop(method, grid, config, run_dir=run_dir or self.root / "server",
+                         test_data=(self.data.x_test, self.data.y_test),
+                         aggregator=edge_stack(method, config.norm_bound))  # edges say hello themselves
 
     def run_method(self, method: Method, rounds: int, devices: int, **config) -> list[dict]:
         """Run ``rounds`` rounds of ``method`` once ``devices`` devices are online; the rows."""

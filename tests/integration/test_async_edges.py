@@ -30,6 +30,7 @@ import pytest
 
 from fedcore.recipe import Recipe
 from sdk_device.agent import DeviceAgent
+from server_toolkit.assembly import aggregation_stack
 from server_toolkit.edge.aggregator import EdgeAggregator, EdgeConfig
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.fedavg import FedAvg
@@ -76,9 +77,10 @@ def _start(fleet: Fleet, tmp_path, edges: dict[str, tuple[str, EdgeGroup]], dire
 def _loop(fleet: Fleet, tmp_path, versions: int, on_round) -> AsyncLoop:
     spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
     grid = AsyncMqttGrid(fleet.endpoint, fleet.registry)
-    loop = AsyncLoop(FedAvg(spec, RECIPE), grid, LoopConfig(rounds=versions, round_timeout_s=60, seed=0),
-                     AsyncConfig(buffer=3, max_staleness=4), run_dir=tmp_path / "server",
-                     test_data=(fleet.data.x_test, fleet.data.y_test), on_round=on_round)
+    method, settings = FedAvg(spec, RECIPE), AsyncConfig(buffer=3, max_staleness=4)
+    loop = AsyncLoop(method, grid, LoopConfig(rounds=versions, round_timeout_s=60, seed=0), settings,
+                     run_dir=tmp_path / "server", test_data=(fleet.data.x_test, fleet.data.y_test),
+                     on_round=on_round, aggregator=aggregation_stack(method, async_settings=settings))
     loop.start()
     return loop
 
@@ -131,9 +133,10 @@ def test_a_bundle_edges_members_are_folded_in_async_mode(mosquitto, tmp_path):
         threading.Thread(target=edge.run, daemon=True).start()
         spec = model_spec("small_cnn", fleet.data.input_shape, fleet.data.num_classes)
         grid = AsyncMqttGrid(fleet.endpoint, fleet.registry)
-        loop = AsyncLoop(FedAvgM(spec, RECIPE), grid, LoopConfig(rounds=4, round_timeout_s=60, seed=0),
-                         AsyncConfig(buffer=2, max_staleness=4), run_dir=tmp_path / "server",
-                         test_data=(fleet.data.x_test, fleet.data.y_test))
+        method, settings = FedAvgM(spec, RECIPE), AsyncConfig(buffer=2, max_staleness=4)
+        loop = AsyncLoop(method, grid, LoopConfig(rounds=4, round_timeout_s=60, seed=0), settings,
+                         run_dir=tmp_path / "server", test_data=(fleet.data.x_test, fleet.data.y_test),
+                         aggregator=aggregation_stack(method, async_settings=settings))
         loop.start()
         start = dict(loop.global_weights)
         assert loop.grid.wait_for_devices(2, timeout_s=60) == 2

@@ -15,6 +15,7 @@ import pytest
 from fedcore.recipe import Recipe
 from sdk_device.protocol.blobs import decode_tensors
 from sdk_device.secagg_client import DROP_ENV, DUMP_ENV
+from server_toolkit.assembly import aggregation_stack
 from server_toolkit.methods.base import ClientUpdate
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.models.zoo import model_spec
@@ -82,7 +83,8 @@ def test_secure_rounds_equal_plain_fedavg_with_and_without_drops_and_never_carry
         received: list[np.ndarray] = []
         pull = grid._pull_masked
         grid._pull_masked = lambda dev, data, length: received.append(pull(dev, data, length)) or received[-1]
-        loop = RoundLoop(method, grid, LoopConfig(rounds=2, norm_bound=None, round_timeout_s=90))
+        loop = RoundLoop(method, grid, LoopConfig(rounds=2, norm_bound=None, round_timeout_s=90),
+                         aggregator=aggregation_stack(method, None, secure=True))
         loop.start()
         assert grid.wait_for_devices(len(DEVICES), timeout_s=120) == len(DEVICES)
 

@@ -143,6 +143,15 @@ def test_the_production_server_imports_nothing_from_the_simulator(graph):
     assert not leaks, leaks
 
 
+def test_the_round_loop_imports_no_aggregation_feature(graph):
+    """Features are layers of the aggregation stack (``rounds/aggregator.py``), built by the
+    assembly: ``rounds/`` names none of edges, privacy or secure aggregation."""
+    features = ("server_toolkit.edge", "server_toolkit.privacy", "server_toolkit.secagg")
+    leaks = [(a, b) for a, targets in graph.items() if a.startswith("server_toolkit.rounds")
+             for b in targets if any(b == f or b.startswith(f + ".") for f in features)]
+    assert not leaks, leaks
+
+
 def test_no_module_is_part_of_an_import_cycle(graph):
     assert _cycles(graph) == []
 

@@ -46,7 +46,7 @@ def test_a_fedavg_buffer_folds_the_sample_and_staleness_weighted_mean_delta():
             expected[k] += n / sum(samples) * (trained[k].astype(np.float64) - base[k]) / math.sqrt(1 + tau)
     method = method_class("fedavg")(SPEC, Recipe())
     for server_lr in (1.0, 0.5):
-        folded = fold_buffer(method, 6, global_now, buffer, server_lr=server_lr)
+        folded = fold_buffer(method.aggregate_train, 6, global_now, buffer, server_lr=server_lr)
         for k, value in global_now.items():
             want = (value.astype(np.float64) + server_lr * expected[k]).astype(np.float32)
             np.testing.assert_allclose(folded[k], want, rtol=0, atol=1e-6)
@@ -59,7 +59,7 @@ def test_fresh_updates_fold_to_exactly_the_synchronous_fedavg_round():
     global_now = {"w": rng.normal(size=(5,))}
     updates = [_update(f"d{i}", global_now, {"w": rng.normal(size=(5,))}, 7 + i) for i in range(4)]
     method = method_class("fedavg")(SPEC, Recipe())
-    folded = fold_buffer(method, 1, global_now, [BufferedUpdate(u, 0, 0) for u in updates])
+    folded = fold_buffer(method.aggregate_train, 1, global_now, [BufferedUpdate(u, 0, 0) for u in updates])
     np.testing.assert_allclose(folded["w"], method.aggregate_train(1, global_now, updates)["w"], atol=1e-12)
 
 
@@ -78,7 +78,7 @@ def test_width_buffers_fold_per_element_over_the_updates_covering_it():
         BufferedUpdate(_update("b", sent_half, {k: sent_half[k] + d for k, d in delta_half.items()}, 10,
                                half.context()), base=0, staleness=2),
     ]
-    folded = fold_buffer(method, 3, global_now, buffer)
+    folded = fold_buffer(method.aggregate_train, 3, global_now, buffer)
     s = 1 / math.sqrt(3)
     for name in global_now:
         rows = half.index_map[name]

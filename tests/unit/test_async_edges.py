@@ -20,21 +20,25 @@ import pytest
 from fedcore.recipe import Recipe
 from sdk_device.protocol.blobs import encode_tensors
 from sdk_device.transport.blob_store import BlobStore
+from server_toolkit.assembly import aggregation_stack
 from server_toolkit.edge.bundle import bundle_instruction
 from server_toolkit.edge.fold import SUMS, configure, is_partial
+from server_toolkit.edge.layer import edge_stack
 from server_toolkit.edge.partial import COVERAGE
 from server_toolkit.edge.sum_relay import SumRelay
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo, TrainInstruction
 from server_toolkit.models.zoo import model_spec
+from server_toolkit.rounds.aggregator import RoundInput
 from server_toolkit.rounds.async_grid import Arrival
 from server_toolkit.rounds.async_loop import AsyncConfig, AsyncLoop
 from server_toolkit.rounds.loop import LoopConfig
 from server_toolkit.rounds.mqtt_async import AsyncMqttGrid
 from server_toolkit.rounds.mqtt_grid import ARRAYS_KEY
 from server_toolkit.rounds.norm_bound import bound_updates
-from server_toolkit.rounds.staleness import BufferedUpdate, carried, fold_buffer, staleness_stats
+from server_toolkit.rounds.staleness import BufferedUpdate, staleness_stats
+from server_toolkit.rounds.staleness import fold_buffer as fold_with
 from server_toolkit.rounds.task_records import task_record
 
 from .test_async_loop import ScriptedGrid
@@ -42,6 +46,17 @@ from .test_async_loop import ScriptedGrid
 SPEC = model_spec("small_cnn", (1, 8, 8), 10)
 CASES = {"fedavg": (None,), "heterofl": ("1.0", "0.5", "0.25")}
 EDGE = {"role": "edge", "aggregates": SUMS}
+
+
+def fold_buffer(method, version, now, buffer):
+    """The buffer folded as the async loop's stack folds it: through the edge layer."""
+    stack = edge_stack(method, None)
+    return fold_with(lambda v, zeros, scaled: stack.aggregate(v, zeros, scaled, RoundInput()), version, now,
+                     buffer)
+
+
+def carried(update):
+    return edge_stack(method_class("fedavg")(SPEC, Recipe()), None).carried(update)
 
 
 def _trained(instruction: TrainInstruction) -> ClientUpdate:
@@ -104,7 +119,7 @@ def test_an_edge_partial_counts_as_the_device_updates_it_carries():
     assert carried(partial) == 3 and carried(updates[0]) == 1
     forged = ClientUpdate("edge-1", 1, partial.weights, {"edge_devices": "many"}, task, partial.others)
     assert carried(forged) == 1  # a bad count from the network counts once
-    stats = staleness_stats([BufferedUpdate(partial, 0, 2), BufferedUpdate(updates[0], 3, 0)])
+    stats = staleness_stats([BufferedUpdate(partial, 0, 2), BufferedUpdate(updates[0], 3, 0)], carried)
     assert stats == {"staleness_mean": 1.5, "staleness_max": 2}  # (3 x 2 + 1 x 0) / 4
 
 
@@ -157,7 +172,8 @@ def test_the_norm_bound_clips_an_edge_delta_but_never_its_coverage():
 def test_a_bundle_edges_answer_joins_the_buffer_as_its_members_updates_of_its_base(tmp_path):
     method = method_class("fedavg")(SPEC, Recipe())
     loop = AsyncLoop(method, ScriptedGrid({}), LoopConfig(rounds=5, norm_bound=None), AsyncConfig(3, 4),
-                     run_dir=tmp_path)
+                     run_dir=tmp_path,
+                     aggregator=aggregation_stack(method, None, async_settings=AsyncConfig(3, 4)))
     loop.start()
     members = method.configure_train(1, loop.global_weights, [DeviceInfo("dev1", 30), DeviceInfo("dev2", 10)])
     task = bundle_instruction(method, "edge-1", members)  # made from version 0
@@ -189,8 +205,9 @@ def test_an_edge_the_method_cannot_use_gets_no_task_and_one_error(tmp_path, capl
             return [d for d in self.online() if d.device_id not in self.tasks]
 
     grid = WithEdge({"a": 1, "b": 2})
-    loop = AsyncLoop(method_class("fedavg")(SPEC, Recipe()), grid, LoopConfig(rounds=4, norm_bound=None),
-                     AsyncConfig(2, 4), run_dir=tmp_path)
+    method = method_class("fedavg")(SPEC, Recipe())
+    loop = AsyncLoop(method, grid, LoopConfig(rounds=4, norm_bound=None), AsyncConfig(2, 4), run_dir=tmp_path,
+                     aggregator=aggregation_stack(method, None, async_settings=AsyncConfig(2, 4)))
     loop.start()
     with caplog.at_level("ERROR"):
         rows = loop.run()

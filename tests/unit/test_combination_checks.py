@@ -1,27 +1,63 @@
-"""Two aggregation features at once (privacy, secure aggregation, async mode, edges) are refused
-in one line before anything starts, until the pair is built and tested together."""
+"""Aggregation features combine pair by pair: a refused pair is refused in one line with its
+reason before anything starts, and docs/privacy.md's table says what the code decides."""
 
 from __future__ import annotations
+
+import itertools
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from server_toolkit.cli import main
+from server_toolkit.cli.combination_checks import FEATURES, REFUSED, features, refusal
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
 
 PAIRS = [
-    (["--secagg", "--mode", "async"], "--secagg and --mode async"),
-    (["--dp-clip", "1.0", "--dp-noise-multiplier", "1.0", "--secagg"],
-     "--dp-*/--label-noise-epsilon/--robust and --secagg"),
-    (["--robust", "median", "--mode", "async"], "--dp-*/--label-noise-epsilon/--robust and --mode async"),
-    (["--robust", "median", "--edges", "2"], "--dp-*/--label-noise-epsilon/--robust and --edges"),
+    (["--secagg", "--mode", "async"], "a secure sum per buffer is not built"),
+    (["--dp-clip", "1.0", "--dp-noise-multiplier", "1.0", "--secagg"], "the server sees only the masked sum"),
+    (["--robust", "median", "--secagg"], "a median or trimmed mean cannot be computed from a masked sum"),
+    (["--dp-clip", "1.0", "--dp-mode", "local", "--mode", "async"], "several updates per version"),
 ]
 
 
 @pytest.mark.parametrize(("extra", "words"), PAIRS, ids=[w for _, w in PAIRS])
-def test_two_aggregation_features_are_refused_before_anything_starts(extra, words, tmp_path):
+def test_a_refused_pair_is_refused_in_one_line_with_its_reason_before_anything_starts(extra, words, tmp_path):
     runner = CliRunner()
     with runner.isolated_filesystem(temp_dir=tmp_path):
         result = runner.invoke(main, ["simulate", "--rounds", "1", "--devices", "2", *extra])
         assert result.exit_code == 2, result.output
         assert words in result.output and "do not combine" in result.output
         assert not any(tmp_path.rglob("runs"))
+
+
+def test_the_options_name_the_features_they_switch_on():
+    on = features({"edges": 2, "mode": "async", "dp_clip": 1.0, "dp_mode": "central", "robust": None,
+                   "label_noise_epsilon": 1.0, "secagg": None})
+    assert on == ["edges", "async", "central DP", "label noise"]
+    assert features({"dp_clip": 1.0, "dp_mode": "local"}) == ["local DP"]
+    assert refusal(on[:3]) is None  # edges + async + central DP: no refused pair among them
+    assert refusal(on).startswith("--mode async and --label-noise-epsilon do not combine: ")
+
+
+def _doc_table() -> dict[frozenset[str], tuple[str, str]]:
+    text = DOC.read_text(encoding="utf-8").split("## Features together", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and " + " in cells[0]:
+            pair = frozenset(name.lower() for name in cells[0].split(" + "))
+            out[pair] = (cells[1], cells[2].replace("`", ""))
+    return out
+
+
+def test_the_docs_table_decides_every_pair_as_the_code_does():
+    table = _doc_table()
+    refused = {frozenset(name.lower() for name in pair): why for pair, why in REFUSED.items()}
+    pairs = {frozenset(name.lower() for name in p) for p in itertools.combinations(FEATURES, 2)}
+    assert set(table) == pairs  # every pair once, no other
+    for pair, (decision, why) in table.items():
+        assert decision == ("refused" if pair in refused else "works"), sorted(pair)
+        if pair in refused:
+            assert why == refused[pair], sorted(pair)  # the code's reason, word for word

@@ -177,13 +177,15 @@ def test_a_member_that_is_itself_an_edge_is_left_out():
 
 def test_each_member_of_a_bundle_gets_its_own_seed_and_the_local_dp_stamp_of_a_device():
     """(DP needs a sum method: FedAvg, behind an edge that only forwards updates.)"""
+    from server_toolkit.assembly import aggregation_stack
     from server_toolkit.privacy.settings import PrivacySettings
     from server_toolkit.rounds.loop import LoopConfig, RoundLoop, task_seed
 
     method = method_class("fedavg")(SMALL, Recipe())
     devices = _devices((None, None, None))
     privacy = PrivacySettings(clip=1.5, noise_multiplier=0.5, mode="local")
-    loop = RoundLoop(method, None, LoopConfig(rounds=1, seed=7, privacy=privacy))
+    loop = RoundLoop(method, None, LoopConfig(rounds=1, seed=7),
+                     aggregator=aggregation_stack(method, privacy=privacy))
     edge = _edge(devices[1:], aggregates=UPDATES)
     bundle = next(i for i in configure(method, 3, method.initial_weights(0), [devices[0], edge])
                   if i.device_id == "edge-1")

@@ -18,6 +18,7 @@ from fedcore import modelspec
 from fedcore.recipe import Recipe
 from sdk_device.runtimes import registry
 from server_toolkit import methods as method_registry
+from server_toolkit.assembly import aggregation_stack
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods.abilities import EDGE_SUMS, PRIVATE_AGGREGATION, SECURE_AGGREGATION, abilities
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
@@ -120,9 +121,10 @@ def test_a_method_of_its_own_package_declares_the_capability_and_gets_dp_and_sec
     rows = plain.run()
     assert [r["accepted"] for r in rows] == [3, 3, 3] and rows[-1]["accuracy"] > 0.3  # chance: 0.1
 
-    private = RoundLoop(plain_mean(spec, Recipe(epochs=1, batch_size=20, lr=0.1)), InProcessGrid(fleet),
-                        LoopConfig(rounds=1, seed=0, privacy=PrivacySettings(clip=0.5, noise_multiplier=0.3)),
-                        test_data=test)
+    mean = plain_mean(spec, Recipe(epochs=1, batch_size=20, lr=0.1))
+    private = RoundLoop(mean, InProcessGrid(fleet), LoopConfig(rounds=1, seed=0), test_data=test,
+                        aggregator=aggregation_stack(mean, privacy=PrivacySettings(clip=0.5,
+                                                                                   noise_multiplier=0.3)))
     private.start()
     (row,) = private.run()
     assert row["dp_epsilon"] > 0  # the central DP rule replaced the plug-in's own aggregate

@@ -13,6 +13,7 @@ from fedcore.recipe import Recipe
 from sdk_device.outputs import OUTPUTS, OutputContext, check_reports
 from sdk_device.privacy import delta_l2
 from sdk_device.protocol.errors import ProtocolError
+from server_toolkit.assembly import aggregation_stack
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import DeviceInfo
@@ -30,8 +31,9 @@ def _loop(privacy: PrivacySettings, rounds: int, devices: int = 3) -> RoundLoop:
                          data.y_train[i * 40:(i + 1) * 40]) for i in range(devices)]
     spec = model_spec("small_cnn", data.input_shape, data.num_classes)
     method = method_class("fedavg")(spec, Recipe(epochs=1, batch_size=20, lr=0.05))
-    loop = RoundLoop(method, InProcessGrid(fleet), LoopConfig(rounds=rounds, seed=0, privacy=privacy),
-                     test_data=(data.x_test[:100], data.y_test[:100]))
+    loop = RoundLoop(method, InProcessGrid(fleet), LoopConfig(rounds=rounds, seed=0),
+                     test_data=(data.x_test[:100], data.y_test[:100]),
+                     aggregator=aggregation_stack(method, privacy=privacy))
     loop.start()
     return loop
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedcore.recipe import Recipe
+from server_toolkit.assembly import aggregation_stack
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import DeviceInfo
@@ -36,9 +37,10 @@ def _final_accuracy(method: str, rule: str, poisoned: bool) -> float:
     # HeteroFL's outer channels are covered by the 4 full-width devices only: a trimmed mean
     # cuts floor(f * 4) from each end there, so f must be >= 1/4 to cut the poisoned value
     privacy = PrivacySettings(robust=rule, trim_fraction=0.25)
-    loop = RoundLoop(method_class(method)(spec, recipe), grid,
-                     LoopConfig(rounds=ROUNDS, seed=0, norm_bound=None, privacy=privacy),
-                     test_data=(data.x_test, data.y_test))
+    the_method = method_class(method)(spec, recipe)
+    loop = RoundLoop(the_method, grid, LoopConfig(rounds=ROUNDS, seed=0, norm_bound=None),
+                     test_data=(data.x_test, data.y_test),
+                     aggregator=aggregation_stack(the_method, norm_bound=None, privacy=privacy))
     loop.start()
     rows = loop.run()
     assert all(np.isfinite(w).all() for w in loop.global_weights.values())
