@@ -25,10 +25,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .base import DeviceInfo, Weights
-from .target_accuracy import _fingerprint
 
 if TYPE_CHECKING:
     from .base import Method
@@ -56,6 +54,8 @@ class TierAccuracy:
     def evaluate(self, method: Method, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
         """{``accuracy_tier_<tier>``: accuracy} for every tier seen; a tier whose devices have
         no deployable model yet (a personal model never trained) is left out."""
+        from .target_accuracy import _fingerprint  # imports torch: not at CLI start
+
         by_tier: dict[str | None, list[DeviceInfo]] = {}
         for device in sorted(self.devices.values(), key=lambda d: d.device_id):
             by_tier.setdefault(device.tier, []).append(device)
@@ -77,10 +77,17 @@ class TierAccuracy:
         return out
 
 
-@torch.no_grad()
 def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray) -> float:
     """Accuracy of model ``spec`` with ``weights`` (its parameters, and its buffers unless a
-    device keeps them) on (x, y) of shapes (N, C, H, W) and (N,)."""
+    device keeps them) on (x, y) of shapes (N, C, H, W) and (N,). Imports torch here, not at
+    module level: the round loop imports this module and the CLI must start without torch."""
+    import torch
+
+    with torch.no_grad():
+        return _model_accuracy(torch, spec, weights, x, y)
+
+
+def _model_accuracy(torch, spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray) -> float:
     from fedcore.torch_model import build_model
     from fedcore.torch_train import evaluate_model
 

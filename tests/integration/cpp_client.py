@@ -7,8 +7,11 @@ with ``x.npy`` (float32 (N, C, H, W)) and ``y.npy`` (int64 (N,)), docs/device_cp
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +30,26 @@ def executorch_root() -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
+@contextlib.contextmanager
+def build_lock() -> Iterator[None]:
+    """Hold ``device_cpp/build.lock`` (an flock): test processes run in parallel (pytest -n)
+    build into the same directory one at a time."""
+    BUILD.parent.mkdir(parents=True, exist_ok=True)
+    with open(SOURCE / "build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def build_client() -> Path:
     """Configure (once) and build the client; returns the binary. Raises with the build log."""
+    with build_lock():
+        return _build_client()
+
+
+def _build_client() -> Path:
     if not (BUILD / "CMakeCache.txt").exists():
         _run(
             [

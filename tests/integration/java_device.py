@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cpp_client import BUILD, ROOT, build_client
+from .cpp_client import BUILD, ROOT, build_client, build_lock
 
 JNI_LIB = BUILD / "libfedsdk_device_jni.so"
 CLASSES = ROOT / "device_java" / "build" / "classes"
@@ -30,9 +30,9 @@ def build_java() -> tuple[Path, Path]:
     if not JNI_LIB.exists():
         raise RuntimeError(f"{JNI_LIB} was not built: the CMake build found no jni.h (set JAVA_HOME)")
     CLASSES.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["javac", "--release", "17", "-d", str(CLASSES), *map(str, SOURCES)], capture_output=True, text=True
-    )
+    with build_lock():  # parallel test processes compile into the same directory
+        done = subprocess.run(["javac", "--release", "17", "-d", str(CLASSES), *map(str, SOURCES)],
+                              capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"javac failed:\n{done.stdout}\n{done.stderr}")
     return CLASSES, JNI_LIB

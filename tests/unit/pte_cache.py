@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -44,8 +45,10 @@ def cached_programs(request):
         key = hashlib.sha256(modelspec.dumps(spec) + json.dumps(loss, sort_keys=True).encode()
                              + tag.encode()).hexdigest()
         path = cache_dir / f"{key}.pte"
-        if not path.exists():
-            path.write_bytes(export_training_program(spec, loss, batch, kernels=kernels))
+        if not path.exists():  # written under another name, then renamed: parallel test
+            partial = path.with_suffix(f".{os.getpid()}.part")  # processes never read half a file
+            partial.write_bytes(export_training_program(spec, loss, batch, kernels=kernels))
+            partial.replace(path)
         return path.read_bytes()
 
     return get
