@@ -42,7 +42,7 @@ demo: $(DEMO_STAMP)
 	$(BIN)/fedsdk-server simulate
 
 test: $(STAMP) mosquitto rabbitmq cpp-deps jdk shellcheck chromium fashion-mnist ort-env litert-env gxx arm64-root
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile  # two workers, a test file per worker (README: the suite)
 
 mosquitto:
 	@sh scripts/ensure-mosquitto.sh

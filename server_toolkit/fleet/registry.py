@@ -122,11 +122,17 @@ class FleetRegistry(FleetMembers):
         return [{**dict(r), "metrics": json.loads(r["metrics"])} for r in rows]
 
     def replayed(self, device_id: str, blob_id: str, task_id: str) -> str | None:
-        """The task of another accepted update of ``device_id`` with weights ``blob_id``, or None
-        (an update byte-identical to an earlier one is a replay)."""
-        rows = self._query("SELECT task_id FROM updates WHERE device_id=? AND blob_id=? AND task_id<>? "
-                           "LIMIT 1", (device_id, blob_id, task_id))
-        return rows[0]["task_id"] if rows else None
+        """The task of another accepted update of ``device_id`` with weights ``blob_id``, or None.
+        An update byte-identical to an earlier one is a replay, unless the earlier task sent the
+        same global weights: training is deterministic, so a round re-run after a restart or a
+        rollback to the best model honestly gives the same bytes again."""
+        rows = self._query("SELECT task_id FROM updates WHERE device_id=? AND blob_id=? AND task_id<>?",
+                           (device_id, blob_id, task_id))
+        given = _sent_weights(self.task(task_id))
+        for row in rows:
+            if given is None or _sent_weights(self.task(row["task_id"])) != given:
+                return row["task_id"]
+        return None
 
     def count_updates(self, rnd: int | None = None) -> int:
         if rnd is None:
@@ -148,3 +154,10 @@ class FleetRegistry(FleetMembers):
         if rnd is None:
             return [dict(r) for r in self._query("SELECT * FROM rejections ORDER BY id")]
         return [dict(r) for r in self._query("SELECT * FROM rejections WHERE round=? ORDER BY id", (rnd,))]
+
+
+def _sent_weights(record: dict | None) -> dict | None:
+    """{model name: weights blob id} a stored task record sent, or None (no record)."""
+    if record is None:
+        return None
+    return {name: model.get("weights") for name, model in record.get("models", {}).items()}

@@ -37,6 +37,7 @@ from sdk_device.transport.endpoint import Endpoint, Incoming
 from ..fleet.registry import FleetRegistry
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction
 from ..methods.tiers import resolve_tier
+from .bundle_results import is_bundle
 from .grid import Exchange, Grid, LiveRound
 from .mqtt_live import live_round
 from .mqtt_presence import Presence
@@ -292,7 +293,10 @@ class MqttGrid(Presence, Grid):
                 return
             self._reject(dev, result.task_id, err, pending.round,
                          tell=err.code != "not_offered",  # the device never sent it: not its fault
-                         pending=pending if isinstance(err, OwnDataError) else None)
+                         # an edge's bad member record leaves its bundle task open: the edge
+                         # may answer again without that member (docs/protocol.md §10.2)
+                         pending=pending if isinstance(err, OwnDataError)
+                         and not is_bundle(pending.instruction) else None)
             return
         finally:
             with self._lock:
@@ -335,7 +339,11 @@ class MqttGrid(Presence, Grid):
                 if err.code != "cancelled":
                     raise
                 raise ProtocolError("round_closed", f"round {pending.round} closed during the pull") from None
-            check_pulled(name, data, pending, self.registry.replayed(dev, ref.id, result.task_id))
+            # an edge's bundle relays its members' updates (its own `model` record is empty, the
+            # same bytes every round): the replay rule is for a device's own update
+            replay_of = None if is_bundle(pending.instruction) else self.registry.replayed(
+                dev, ref.id, result.task_id)
+            check_pulled(name, data, pending, replay_of)
 
     def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None,
                 tell: bool = True, pending: PendingTask | None = None) -> None:
