@@ -94,7 +94,9 @@ class Grid(ABC):
     def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
                  quorum: int) -> Exchange:
         """Send every instruction; collect results until ``quorum`` updates are accepted,
-        every device asked is resolved, or ``deadline`` (unix seconds) passes."""
+        every device asked is resolved, or ``deadline`` (unix seconds) passes. Time the grid
+        spends preparing the tasks (exporting programs) moves the deadline by as much: the
+        deadline is the devices' time."""
 
     def wait_for_devices(self, count: int, timeout_s: float) -> int:
         """Handle traffic until ``count`` devices are online (or the timeout); how many are."""

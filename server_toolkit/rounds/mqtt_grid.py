@@ -127,9 +127,11 @@ class MqttGrid(Presence, Grid):
 
     def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
                  quorum: int) -> Exchange:
+        exporting = time.time()
         for instruction in instructions:  # export first: the deadline is the devices' time
             if not instruction.programs:
                 self.programs.programs(instruction.spec, instruction.recipe)
+        deadline += time.time() - exporting  # so the time spent exporting moves the deadline
         earlier = [u["device_id"] for u in self.registry.updates(round_number)]
         self.registry.open_round(round_number, sorted({*earlier, *(i.device_id for i in instructions)}), "")
         asked = {i.device_id for i in instructions}
