@@ -17,7 +17,8 @@ guard then rolled back still counts) or its last-5 mean is more than ``--collaps
 below its best, e.g. 0.99 -> 0.27; a run whose command failed counts as a collapse), the
 guard's rollbacks summed over the seeds, and the mean wall time of one run.
 ``--report-only`` summarises the runs already in ``--out``; a run already there (its
-``bench.json``) is not run again, so a stopped grid resumes where it was.
+``bench.json``) is not run again, and a run stopped midway (a run directory without
+``bench.json``) is continued with ``simulate --resume``, so a stopped grid resumes where it was.
 
     .venv/bin/python bench/convergence.py --data-dir /work/shared/datasets --seeds 0,1,2
 """
@@ -50,6 +51,8 @@ def simulate_command(args: argparse.Namespace, dataset: str, devices: int, sampl
            "--rounds", str(args.rounds), "--seed", str(seed), "--grid", args.grid,
            "--round-timeout", "900", "--run-dir", str(run_dir), "--label", f"{dataset}-{devices}x{samples}",
            "--setting", "convergence-bench", *args.recipe_flags.split()]
+    if run_dir.is_dir() and any(run_dir.iterdir()):  # a run that was stopped: continue it
+        cmd[cmd.index("--run-dir")] = "--resume"
     if args.data_dir:
         cmd += ["--data-dir", args.data_dir]
     if TEST_SAMPLES[dataset]:

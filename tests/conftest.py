@@ -85,3 +85,42 @@ def cpp_device() -> Path:
     from tests.integration.cpp_client import build_client
 
     return build_client()
+
+
+# -- scheduling on xdist workers (``make test`` runs ``-n 2 --dist loadfile``) -------------------
+# Files that share a session's expensive artefacts run on one worker, so the artefacts are made
+# once while the other worker runs other files: the ExecuTorch runtimes' parity tests reuse the
+# export parity matrix's programs (exported in the worker's session, ~4 min for the VGG alone).
+SAME_WORKER = {"tests/unit/test_native_runtime.py": "tests/unit/test_export_parity.py"}
+
+# The slowest files (measured with ``--durations``) start first: a worker that picks one near
+# the end of the run would finish long after the other.
+SLOW_FIRST = [
+    "tests/unit/test_export_parity.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order the session: the ``SLOW_FIRST`` files first, each file's tests kept in order."""
+    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+
+    def key(item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return rank.get(SAME_WORKER.get(path, path), len(rank))
+
+    items[:] = sorted(items, key=key)  # stable: the collection order within equal ranks
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the ``SAME_WORKER`` files grouped into one scope."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SAME_WORKER.get(path, path)
+
+    return GroupedFiles(config, log)
