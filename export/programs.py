@@ -1,19 +1,27 @@
 """Which training programs the server offers for a (sub-model spec, recipe), built once.
 
 A task lists one program per format; each device pulls only the one its runtime runs.
-Exporting is slow (seconds for ExecuTorch), so programs are cached by the spec's content,
-the loss and the batch size, i.e. once per (architecture, tier, runtime).
+Exporting is slow (20 s to minutes for ExecuTorch), so programs are cached by the spec's
+content, the loss and the batch size, i.e. once per (architecture, tier, runtime), in memory
+and on disk (``program_store.py``), and each export is logged with its duration.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from fedcore import modelspec
 from fedcore.recipe import Recipe
+
+from .program_store import ProgramStore
+
+log = logging.getLogger(__name__)
 
 Exporter = Callable[[dict, Recipe], bytes]
 
@@ -53,20 +61,33 @@ EXPORTERS: dict[str, Exporter] = {
 }
 
 
-class ProgramCache:
-    """Builds and remembers the programs of each (spec, loss, batch size) in ``formats``."""
+def program_key(spec: dict, fmt: str, loss: dict, batch: int) -> tuple[str, str, str, int]:
+    """What a program is exported from: (spec hash, format, loss as JSON, batch size)."""
+    return hashlib.sha256(modelspec.dumps(spec)).hexdigest(), fmt, json.dumps(loss, sort_keys=True), batch
 
-    def __init__(self, formats: list[str] | None = None) -> None:
+
+def store_key(key: tuple[str, str, str, int]) -> str:
+    """``program_key`` as the program store's key."""
+    return ":".join(map(str, key))
+
+
+class ProgramCache:
+    """Builds and remembers the programs of each (spec, loss, batch size) in ``formats``:
+    in memory, and exported formats also on disk (``program_store.py``: in ``directory``, by
+    default ``~/.cache/fedsdk/programs``; ``on_disk=False`` keeps them in memory only)."""
+
+    def __init__(self, formats: list[str] | None = None, on_disk: bool = True,
+                 directory: Path | None = None) -> None:
         self.formats = list(formats or [modelspec.FORMAT])
         unknown = [f for f in self.formats if f not in EXPORTERS]
         if unknown:
             raise ValueError(f"no exporter for {unknown}; known formats: {', '.join(EXPORTERS)}")
+        self.store = ProgramStore(directory) if on_disk else None
         self._built: dict[tuple[str, str, str, int], bytes] = {}
 
     @staticmethod
     def _key(spec: dict, fmt: str, recipe: Recipe) -> tuple[str, str, str, int]:
-        spec_id = hashlib.sha256(modelspec.dumps(spec)).hexdigest()
-        return spec_id, fmt, json.dumps(recipe.loss_dict(), sort_keys=True), recipe.batch_size
+        return program_key(spec, fmt, recipe.loss_dict(), recipe.batch_size)
 
     def put(self, spec: dict, recipe: Recipe, fmt: str, program: bytes) -> None:
         """Remember a program built elsewhere (e.g. exported earlier and kept on disk)."""
@@ -79,6 +100,24 @@ class ProgramCache:
             key = self._key(spec, fmt, recipe)
             with _EXPORT_LOCK:
                 if key not in self._built:
-                    self._built[key] = EXPORTERS[fmt](spec, recipe)
+                    self._built[key] = self._build(spec, fmt, recipe, key)
             out.append((fmt, self._built[key]))
         return out
+
+    def _build(self, spec: dict, fmt: str, recipe: Recipe, key: tuple[str, str, str, int]) -> bytes:
+        """Export one program (or read it from the store), saying so when it takes time."""
+        if fmt == modelspec.FORMAT or self.store is None:
+            return EXPORTERS[fmt](spec, recipe)
+        started = time.monotonic()
+
+        def export() -> bytes:
+            log.info("exporting the %s program of model %s (batch %d): ExecuTorch takes from "
+                     "~20 s (a small CNN) to minutes (a VGG); kept in %s for the next run",
+                     fmt, key[0][:12], recipe.batch_size, self.store.directory)
+            return EXPORTERS[fmt](spec, recipe)
+
+        data, stored = self.store.get_or_make(store_key(key), fmt, export)
+        if not stored:
+            log.info("exported the %s program of model %s in %.0f s", fmt, key[0][:12],
+                     time.monotonic() - started)
+        return data

@@ -16,25 +16,25 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from export.executorch import export_training_program
 from fedcore.recipe import Recipe
 from sdk_device.runtimes.executorch_runtime import ExecutorchRuntime
 from sdk_device.runtimes.optimizers import make_optimizer
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.models.zoo import model_spec
 
+from ..unit.pte_cache import cached_programs  # noqa: F401 - provides the program_for fixture
 from .cpp_client import write_data
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def program(tmp_path_factory):
+def program(tmp_path_factory, program_for):
     """small_cnn for digits as a pte/1 program with a batch of 16 (exported once)."""
     data = load_dataset("digits", seed=0)
     spec = model_spec("small_cnn", data.input_shape, data.num_classes)
     path = tmp_path_factory.mktemp("pte") / "model.pte"
-    path.write_bytes(export_training_program(spec, {"kind": "ce"}, max_batch=16))
+    path.write_bytes(program_for(spec, {"kind": "ce"}, 16))
     return path
 
 
