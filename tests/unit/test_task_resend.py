@@ -110,3 +110,23 @@ def test_a_device_takes_each_task_id_once_and_remembers_a_bounded_number():
     assert seen.first_time("t1") and not seen.first_time("t1")
     assert seen.first_time("t2") and seen.first_time("t3")
     assert seen.first_time("t1")  # the oldest was forgotten
+
+
+def test_the_time_spent_exporting_a_rounds_programs_moves_its_deadline(tmp_path):
+    """An export that takes long (a VGG under load: minutes) must not eat the devices' time."""
+    from fedcore.recipe import Recipe
+    from server_toolkit.methods.base import TrainInstruction
+
+    class SlowExports:
+        def programs(self, spec, recipe):
+            time.sleep(1.0)
+            return [("torchspec/1", b"{}")]
+
+    grid, _ = grid_with_open_tasks(tmp_path, devices=())
+    grid.programs = SlowExports()
+    sent = []
+    grid._send_task = lambda rnd, instruction, deadline: sent.append(deadline)
+    instruction = TrainInstruction("a", {"layers": []}, {}, Recipe())
+    deadline = time.time() + 30
+    grid.exchange(5, [instruction], deadline, quorum=0)
+    assert sent and sent[0] - deadline >= 0.9
