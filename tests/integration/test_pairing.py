@@ -45,7 +45,8 @@ def _pair(url: str, code: str, name: str = "dev", **trust):
     # the benchmark counts this process's resident memory (a test worker that may hold several
     # exports) as the runtime's footprint: the device has 2 GB beyond it
     spare = 2048.0 + (current_rss_mb() or 0.0)
-    profile = {"arch": "x86_64", "memory_mb": spare + 2048.0, "memory_available_mb": spare, "num_samples": 200}
+    profile = {"arch": "x86_64", "memory_mb": spare + 2048.0, "memory_available_mb": spare,
+               "num_samples": 200}
 
     def benchmark(offer, models, fetch):
         return _benchmark(offer, models, fetch, None, None, None, profile["memory_available_mb"])
