@@ -3,10 +3,12 @@ its own (tests/netns_link.py: a veth pair with addresses only on it), the broker
 in the root namespace; per condition one round of the digits small_cnn, the server pulling in
 4 KiB chunks. Conditions: a clean link; 5 % and 20 % packet loss each way (iptables statistic);
 a 1 Mbit/s uplink (tbf); 300 ms round trip (150 ms each way through tests/delay_relay.py: netem
-is not in this kernel); the link down 20 s and 60 s mid-upload (512 kbit/s uplink); the link
-flapping (down 10 s, up 10 s) until the round ends, from its start (``flap10``: the task's
-delivery is hit) or from mid-upload (``flap10pull``, 512 kbit/s uplink: the server's pull is
-hit); and that last with 5 % loss (``loss5flap10pull``, the CI test's condition).
+is not in this kernel); the link down 20 s and 60 s mid-upload (512 kbit/s uplink), or 60 s from
+the round's start (``down60task``: the task waits in the broker); the link flapping (down 10 s,
+up 10 s) until the round ends, from its start (``flap10``: the task's delivery is hit) or from
+mid-upload (``flap10pull``, 512 kbit/s uplink: the server's pull is hit); that last with 5 %
+loss (``loss5flap10pull``, the CI test's condition); and the worst: 20 % loss, a 32 kbit/s
+uplink (the upload spans flaps) and flapping from the round's start (``loss20flap10slow``).
 Prints one row per condition: round seconds, chunk bytes pulled vs the update's size,
 rejections (retries), accepted updates, packets the loss rules dropped, the device's MQTT
 reconnects; a condition whose round raised prints why.
@@ -23,29 +25,53 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.integration.netns_round import far_round, flapping, outage_mid_pull  # noqa: E402
+from tests.integration.netns_round import far_round, flapping, outage_at_start, outage_mid_pull  # noqa: E402
 from tests.netns_link import NetnsLink, available  # noqa: E402
 
-RTT_300MS = 0.150  # one-way delay of the relay, seconds
 
-# name -> (set the link up and return a disturbance or None, one-way relay delay in seconds)
+class Condition(NamedTuple):
+    """A link: ``loss`` (fraction of packets dropped each way), ``uplink`` (tbf rate), a
+    disturbance made from (net, tmp) (outages, flapping), ``delay_s`` (one way, the relay)."""
+
+    loss: float = 0.0
+    uplink: str | None = None
+    disturb: Callable[[NetnsLink, Path], Callable[[dict], None]] | None = None
+    delay_s: float = 0.0
+
+
 CONDITIONS = {
-    "clean": (lambda net, tmp: None, 0.0),
-    "loss5": (lambda net, tmp: net.loss(0.05), 0.0),
-    "loss20": (lambda net, tmp: net.loss(0.20), 0.0),
-    "1mbit": (lambda net, tmp: net.uplink("1mbit"), 0.0),
-    "rtt300": (lambda net, tmp: None, RTT_300MS),
-    "down20": (lambda net, tmp: (net.uplink("512kbit"), outage_mid_pull(net, tmp, 20.0))[1], 0.0),
-    "down60": (lambda net, tmp: (net.uplink("512kbit"), outage_mid_pull(net, tmp, 60.0))[1], 0.0),
-    "flap10": (lambda net, tmp: flapping(net, 10.0, 10.0), 0.0),
-    "flap10pull": (lambda net, tmp: (net.uplink("512kbit"), flapping(net, 10.0, 10.0, mid_pull=tmp))[1], 0.0),
-    "loss5flap10pull": (lambda net, tmp: (net.loss(0.05), net.uplink("512kbit"),
-                                          flapping(net, 10.0, 10.0, mid_pull=tmp))[2], 0.0),
+    "clean": Condition(),
+    "loss5": Condition(loss=0.05),
+    "loss20": Condition(loss=0.20),
+    "1mbit": Condition(uplink="1mbit"),
+    "rtt300": Condition(delay_s=0.150),  # 300 ms round trip
+    "down20": Condition(uplink="512kbit", disturb=lambda net, tmp: outage_mid_pull(net, tmp, 20.0)),
+    "down60": Condition(uplink="512kbit", disturb=lambda net, tmp: outage_mid_pull(net, tmp, 60.0)),
+    "down60task": Condition(disturb=lambda net, tmp: outage_at_start(net, 60.0)),
+    "flap10": Condition(disturb=lambda net, tmp: flapping(net, 10.0, 10.0)),
+    "flap10pull": Condition(uplink="512kbit", disturb=lambda net, tmp: flapping(net, 10.0, 10.0, tmp)),
+    "loss5flap10pull": Condition(loss=0.05, uplink="512kbit",
+                                 disturb=lambda net, tmp: flapping(net, 10.0, 10.0, tmp)),
+    "loss20flap10slow": Condition(loss=0.20, uplink="32kbit",
+                                  disturb=lambda net, tmp: flapping(net, 10.0, 10.0)),
 }
+
+
+def run_condition(net: NetnsLink, tmp: Path, cond: Condition) -> dict:
+    """One round over ``net`` shaped as ``cond``; far_round's figures plus ``dropped``."""
+    if cond.loss:
+        net.loss(cond.loss)
+    if cond.uplink:
+        net.uplink(cond.uplink)
+    got = far_round(net, tmp, cond.disturb(net, tmp) if cond.disturb else None, latency_s=cond.delay_s)
+    got["dropped"] = net.dropped() if cond.loss else 0
+    return got
 
 
 def main() -> None:
@@ -60,15 +86,13 @@ def main() -> None:
           "| packets dropped | device reconnects |")
     print("|---|---|---|---|---|---|---|")
     for tag, name in enumerate(args.only or CONDITIONS, start=210):
-        if name.startswith("loss") and (why := available(("iptables",))):
+        if CONDITIONS[name].loss and (why := available(("iptables",))):
             print(f"| {name} | not run: {why} | | | | | |", flush=True)
             continue
-        setup, delay_s = CONDITIONS[name]
         started = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp, NetnsLink(tag) as net:
             try:
-                got = far_round(net, Path(tmp), setup(net, Path(tmp)), latency_s=delay_s)
-                got["dropped"] = net.dropped() if name.startswith("loss") else 0
+                got = run_condition(net, Path(tmp), CONDITIONS[name])
                 got["reconnects"] = (Path(tmp) / "far.log").read_text().count(" reconnected to ")
             except Exception as exc:  # one condition's failure is a row, the others still run
                 print(f"| {name} | failed after {time.monotonic() - started:.0f} s: {type(exc).__name__}: "

@@ -33,6 +33,15 @@ def outage_mid_pull(net: NetnsLink, tmp_path: Path, outage_s: float) -> Callable
     return disturb
 
 
+def outage_at_start(net: NetnsLink, outage_s: float) -> Callable[[dict], None]:
+    """A disturbance: the link down for ``outage_s`` from the round's start (its task waits)."""
+    def disturb(outage: dict) -> None:
+        net.link(False)
+        _sleep_unless_stopped(outage, outage_s)
+        net.link(True)
+    return disturb
+
+
 def flapping(net: NetnsLink, down_s: float, up_s: float,
              mid_pull: Path | None = None) -> Callable[[dict], None]:
     """A disturbance: the link down ``down_s``, up ``up_s``, over and over until the round ends;
