@@ -3,7 +3,8 @@ its own (tests/netns_link.py: a veth pair with addresses only on it), the broker
 in the root namespace; per condition one round of the digits small_cnn, the server pulling in
 4 KiB chunks. Conditions: a clean link; 5 % and 20 % packet loss each way (iptables statistic);
 a 1 Mbit/s uplink (tbf); 300 ms round trip (150 ms each way through tests/delay_relay.py: netem
-is not in this kernel); the link down 20 s and 60 s mid-upload (512 kbit/s uplink), or 60 s from
+is not in this kernel); the link down 20 s and 60 s mid-upload (512 kbit/s uplink; ``down60two``:
+with a second device on loopback in the round, which may close without the far one), or 60 s from
 the round's start (``down60task``: the task waits in the broker); the link flapping (down 10 s,
 up 10 s) until the round ends, from its start (``flap10``: the task's delivery is hit) or from
 mid-upload (``flap10pull``, 512 kbit/s uplink: the server's pull is hit); that last with 5 %
@@ -43,6 +44,7 @@ class Condition(NamedTuple):
     uplink: str | None = None
     disturb: Callable[[NetnsLink, Path], Callable[[dict], None]] | None = None
     delay_s: float = 0.0
+    near: bool = False  # a second device on loopback in the same round
 
 
 CONDITIONS = {
@@ -53,6 +55,8 @@ CONDITIONS = {
     "rtt300": Condition(delay_s=0.150),  # 300 ms round trip
     "down20": Condition(uplink="512kbit", disturb=lambda net, tmp: outage_mid_pull(net, tmp, 20.0)),
     "down60": Condition(uplink="512kbit", disturb=lambda net, tmp: outage_mid_pull(net, tmp, 60.0)),
+    "down60two": Condition(uplink="512kbit", disturb=lambda net, tmp: outage_mid_pull(net, tmp, 60.0),
+                           near=True),
     "down60task": Condition(disturb=lambda net, tmp: outage_at_start(net, 60.0)),
     "flap10": Condition(disturb=lambda net, tmp: flapping(net, 10.0, 10.0)),
     "flap10pull": Condition(uplink="512kbit", disturb=lambda net, tmp: flapping(net, 10.0, 10.0, tmp)),
@@ -69,7 +73,8 @@ def run_condition(net: NetnsLink, tmp: Path, cond: Condition) -> dict:
         net.loss(cond.loss)
     if cond.uplink:
         net.uplink(cond.uplink)
-    got = far_round(net, tmp, cond.disturb(net, tmp) if cond.disturb else None, latency_s=cond.delay_s)
+    got = far_round(net, tmp, cond.disturb(net, tmp) if cond.disturb else None, latency_s=cond.delay_s,
+                     near=cond.near)
     got["dropped"] = net.dropped() if cond.loss else 0
     return got
 
@@ -86,13 +91,14 @@ def main() -> None:
           "| packets dropped | device reconnects |")
     print("|---|---|---|---|---|---|---|")
     for tag, name in enumerate(args.only or CONDITIONS, start=210):
-        if CONDITIONS[name].loss and (why := available(("iptables",))):
+        cond = CONDITIONS[name]
+        if cond.loss and (why := available(("iptables",))):
             print(f"| {name} | not run: {why} | | | | | |", flush=True)
             continue
         started = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp, NetnsLink(tag) as net:
             try:
-                got = run_condition(net, Path(tmp), CONDITIONS[name])
+                got = run_condition(net, Path(tmp), cond)
                 got["reconnects"] = (Path(tmp) / "far.log").read_text().count(" reconnected to ")
             except Exception as exc:  # one condition's failure is a row, the others still run
                 print(f"| {name} | failed after {time.monotonic() - started:.0f} s: {type(exc).__name__}: "
@@ -106,7 +112,7 @@ def main() -> None:
             continue
         ratio = got["bytes_pulled"] / got["blob_bytes"] if got["blob_bytes"] else float("nan")
         print(f"| {name} | {got['seconds']:.1f} | {got['bytes_pulled']:,} / {got['blob_bytes']:,} = "
-              f"{ratio:.2f} | {got['rejections']} | {got['accepted']}/1 | {got['dropped']} "
+              f"{ratio:.2f} | {got['rejections']} | {got['accepted']}/{1 + cond.near} | {got['dropped']} "
               f"| {got['reconnects']} |", flush=True)
 
 

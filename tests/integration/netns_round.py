@@ -82,11 +82,12 @@ def _sleep_unless_stopped(outage: dict, seconds: float) -> None:
 
 
 def far_round(net: NetnsLink, tmp_path: Path, disturb: Callable[[dict], None] | None = None,
-              round_timeout_s: float = 200.0, latency_s: float = 0.0) -> dict:
+              round_timeout_s: float = 200.0, latency_s: float = 0.0, near: bool = False) -> dict:
     """Run one round with device "far" in ``net``; its figures: accepted, seconds, blob_bytes,
-    bytes_pulled (chunk bytes the server received), rejections (retries), log (the device's).
-    ``latency_s`` > 0: the device reaches the broker through a DelayRelay adding that much each
-    way."""
+    bytes_pulled (chunk bytes the server received), rejections (retries), log (the device's),
+    far_accepted (bool). ``latency_s`` > 0: the device reaches the broker through a DelayRelay
+    adding that much each way. ``near``: a second device "near", on the root namespace's
+    loopback, in the same round (the round may close without "far" once "near" is in)."""
     device_port = free_port()
     outage: dict = {}
     relay = DelayRelay(net.host_ip, (net.host_ip, device_port), latency_s) if latency_s else nullcontext()
@@ -95,8 +96,10 @@ def far_round(net: NetnsLink, tmp_path: Path, disturb: Callable[[dict], None] | 
         device_url = f"mqtt://{net.host_ip}:{relay.port if latency_s else device_port}"
         fleet = Fleet(broker.address, tmp_path)
         fleet.endpoint.chunk_bytes = CHUNK_BYTES
-        paths = fleet.write_data(["far"], "iid")
+        paths = fleet.write_data(["far", "near"] if near else ["far"], "iid")
         fleet.registry.add_device("far")
+        if near:
+            fleet.start_process("near", paths["near"])
         with open(tmp_path / "far.log", "wb") as log:
             device = subprocess.Popen(
                 ["ip", "netns", "exec", net.ns, sys.executable, "-m", "sdk_device.cli", "run", "--insecure",
@@ -106,7 +109,7 @@ def far_round(net: NetnsLink, tmp_path: Path, disturb: Callable[[dict], None] | 
             try:
                 loop = fleet.server(rounds=1, round_timeout_s=round_timeout_s)
                 loop.start()
-                loop.grid.wait_for_devices(1, timeout_s=120)
+                loop.grid.wait_for_devices(1 + near, timeout_s=120)
                 thread = threading.Thread(target=disturb, args=(outage,), daemon=True) if disturb else None
                 if thread:
                     thread.start()
@@ -124,4 +127,5 @@ def far_round(net: NetnsLink, tmp_path: Path, disturb: Callable[[dict], None] | 
     blob_bytes = sum(p.stat().st_size for u in updates for p in blob.glob(f"**/{u['blob_id']}*"))
     return {"accepted": rows[0]["accepted"], "seconds": rows[0]["seconds"], "blob_bytes": blob_bytes,
             "bytes_pulled": fleet.endpoint.bytes_received, "rejections": len(fleet.registry.rejections()),
-            "outage": outage, "log": (tmp_path / "far.log").read_text()[-2000:]}
+            "far_accepted": any(u["device_id"] == "far" for u in updates), "outage": outage,
+            "log": (tmp_path / "far.log").read_text()[-2000:]}

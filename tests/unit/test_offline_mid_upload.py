@@ -13,7 +13,7 @@ from .test_task_resend import grid_with_open_tasks
 
 def test_a_device_offline_after_its_pull_timed_out_is_awaited_then_given_up(tmp_path, monkeypatch):
     grid, _ = grid_with_open_tasks(tmp_path)
-    grid._record_rejection(4, "a", grid._task_of["a"], "timeout", "no chunk for 25 s")  # link dropped mid-pull
+    grid._record_rejection(4, "a", grid._task_of["a"], "timeout", "no chunk for 25 s")  # link down mid-pull
     grid._on_status("a", "offline")
     grid._on_status("b", "offline")  # trained, never sent a result: nothing in flight
     assert "a" not in grid._resolved and "a" in grid._left
