@@ -152,7 +152,7 @@ class MqttGrid(Presence, Grid):
         with self._lock:
             self._open_round = None  # late results are now rejected as round_closed
             accepted, rejections = list(self._accepted), dict(self._rejections)
-            left = bool(asked) and asked <= self._resolved
+            left = bool(asked) and asked <= self._resolved | self._away.keys()  # (away: offline too)
         self._cancel_pulls(f"round {round_number} closed")
         rows = {u["task_id"]: u for u in self.registry.updates(round_number)}
         return Exchange([self._load_update(rows[t]) for t in accepted if t in rows], rejections, left)
