@@ -10,7 +10,8 @@ up 10 s) until the round ends, from its start (``flap10``: the task's delivery i
 mid-upload (``flap10pull``, 512 kbit/s uplink: the server's pull is hit); that last with 5 %
 loss (``loss5flap10pull``, the CI test's condition); and the worst: 20 % loss, a 32 kbit/s
 uplink (the upload spans flaps) and flapping from the round's start (``loss20flap10slow``).
-Prints one row per condition: round seconds, chunk bytes pulled vs the update's size,
+Prints one row per condition: round seconds (and the far device's training seconds within
+them: on a busy machine training dominates), chunk bytes pulled vs the update's size,
 rejections (retries), accepted updates, packets the loss rules dropped, the device's MQTT
 reconnects; a condition whose round raised prints why.
 
@@ -22,6 +23,7 @@ Needs root, iproute2 and iptables (``make iptables``). Run from the repository r
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -34,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.integration.netns_round import far_round, flapping, outage_at_start, outage_mid_pull  # noqa: E402
 from tests.netns_link import NetnsLink, available  # noqa: E402
+
+TRAINED = re.compile(r"trained \d+ samples in ([\d.]+) s")  # the far device's log line per task
 
 
 class Condition(NamedTuple):
@@ -87,22 +91,24 @@ def main() -> None:
     args = parser.parse_args()
     if why := available():
         sys.exit(f"bench/netns.py: {why}")
-    print("| condition | round s | bytes pulled / update bytes | rejections (retries) | accepted "
-          "| packets dropped | device reconnects |")
-    print("|---|---|---|---|---|---|---|")
+    print("| condition | round s | of which training s | bytes pulled / update bytes | rejections (retries) "
+          "| accepted | packets dropped | device reconnects |")
+    print("|---|---|---|---|---|---|---|---|")
     for tag, name in enumerate(args.only or CONDITIONS, start=210):
         cond = CONDITIONS[name]
         if cond.loss and (why := available(("iptables",))):
-            print(f"| {name} | not run: {why} | | | | | |", flush=True)
+            print(f"| {name} | not run: {why} | | | | | | |", flush=True)
             continue
         started = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp, NetnsLink(tag) as net:
             try:
                 got = run_condition(net, Path(tmp), cond)
-                got["reconnects"] = (Path(tmp) / "far.log").read_text().count(" reconnected to ")
+                log = (Path(tmp) / "far.log").read_text()
+                got["reconnects"] = log.count(" reconnected to ")
+                got["training"] = sum(float(s) for s in TRAINED.findall(log))
             except Exception as exc:  # one condition's failure is a row, the others still run
                 print(f"| {name} | failed after {time.monotonic() - started:.0f} s: {type(exc).__name__}: "
-                      f"{exc} | | | | | |", flush=True)
+                      f"{exc} | | | | | | |", flush=True)
                 got = None
             finally:
                 if args.logs and (Path(tmp) / "far.log").is_file():
@@ -111,7 +117,8 @@ def main() -> None:
         if got is None:
             continue
         ratio = got["bytes_pulled"] / got["blob_bytes"] if got["blob_bytes"] else float("nan")
-        print(f"| {name} | {got['seconds']:.1f} | {got['bytes_pulled']:,} / {got['blob_bytes']:,} = "
+        print(f"| {name} | {got['seconds']:.1f} | {got['training']:.1f} | {got['bytes_pulled']:,} / "
+              f"{got['blob_bytes']:,} = "
               f"{ratio:.2f} | {got['rejections']} | {got['accepted']}/{1 + cond.near} | {got['dropped']} "
               f"| {got['reconnects']} |", flush=True)
 
