@@ -29,7 +29,7 @@ dropped mid-upload (the broker says ``offline`` ~1.5 keep-alives, 45 s, after th
 silent) and it offers the same result again when it reconnects (protocol §9.5), the pull resuming
 where it stopped. The round waits ``AWAY_GRACE_S`` more for it (within the deadline). Measured
 before this (bench/netns.py ``down60two``): a device whose link was down 60 s mid-upload lost its
-round as soon as the others were in, 45 s into the outage, with the deadline far away.
+round as soon as the others were in, before its link was back, with the deadline far away.
 """
 
 from __future__ import annotations
