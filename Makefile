@@ -1,7 +1,7 @@
 # The two set-up commands of the README:
 #   make demo   - install the server (.[server]) into .venv and run a real federated simulation
 #                 (embedded broker, digits)
-#   make test   - install into .venv (+ mosquitto, shellcheck, chromium, Fashion-MNIST, an arm64 device root)
+#   make test   - install into .venv (+ mosquitto, shellcheck, iptables, chromium, Fashion-MNIST, an arm64 device root)
 #                 and run the test suite
 # Versions come from constraints.txt (torch 2.13.0 CPU etc.); override PYTHON to pick another interpreter.
 
@@ -10,7 +10,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedsdk-installed
 
-.PHONY: demo test lint bench mosquitto rabbitmq cpp-deps jdk gxx shellcheck chromium fashion-mnist ort-env litert-env arm64-root clean
+.PHONY: demo test lint bench mosquitto rabbitmq cpp-deps jdk gxx shellcheck iptables chromium fashion-mnist ort-env litert-env arm64-root clean
 
 # Two stamps in one venv: $(DEMO_STAMP) once '.[server]' (what the demo imports) is in, $(STAMP)
 # once '.[dev]' (everything: tests, lint, the arm64 root) is. '.[dev]' contains '.[server]', so
@@ -41,7 +41,7 @@ demo: $(DEMO_STAMP)
 	@echo "make demo: fedsdk-server simulate (FedAvg, 8 device processes, embedded broker, digits, 20 rounds)"
 	$(BIN)/fedsdk-server simulate
 
-test: $(STAMP) mosquitto rabbitmq cpp-deps jdk shellcheck chromium fashion-mnist ort-env litert-env gxx arm64-root
+test: $(STAMP) mosquitto rabbitmq cpp-deps jdk shellcheck iptables chromium fashion-mnist ort-env litert-env gxx arm64-root
 	$(BIN)/pytest -q -n 2 --dist loadfile  # two workers, a test file per worker (README: the suite)
 
 mosquitto:
@@ -61,6 +61,9 @@ gxx:  # compiles the torch-free executorch-native runtime (fedsdk runtime build)
 
 shellcheck:  # lints firmware_scripts/install-device.sh in the tests
 	@sh scripts/ensure-tool.sh shellcheck shellcheck
+
+iptables:  # packet loss inside a test's network namespace (tests/integration/test_network_conditions.py, bench/netns.py)
+	@sh scripts/ensure-tool.sh iptables iptables /usr/sbin/iptables
 
 chromium:  # renders the runs report page (fedsdk-server report) in the tests
 	@sh scripts/ensure-tool.sh chromium chromium

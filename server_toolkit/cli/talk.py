@@ -30,7 +30,8 @@ OURS = ("server_toolkit", "sdk_device", "fedcore", "export")
 PER_DEVICE = (
     "device %s online", "device %s is back online", "device %s went offline", "device %s reports",
     "round %d: accepted update from", "rejected result from", "result of task %s from",
-    "ignoring a second result", "task %s of %s already",
+    "ignoring a second result", "task %s of %s already", "device %s left while",
+    "device %s did not come back",
 )
 
 

@@ -10,8 +10,8 @@ rejected, recorded in the registry under its task's round, logged and answered w
 ``error``; the round goes on. A rejection of the device's own data (a record pulled from it that
 hashes to its id but is no valid update, or a replay) resolves the device for the round, so the
 round closes when the others are in; any other rejection leaves the task open: only an accepted
-result, such a rejection, a refusal or the device going offline resolves it
-(``rounds/results.py``); it is sent again when its device may have missed it
+result, such a rejection, a refusal or the device going offline (mid-upload: after a grace)
+resolves it (``rounds/results.py``); it is sent again when its device may have missed it
 (``mqtt_presence.py``). When the exchange ends, its result pulls still running are cancelled.
 The registry (devices, tiers, revocations, tasks, updates) survives server restarts:
 ``accepted_before`` returns a restarted round's updates with the instructions they answered.
@@ -75,6 +75,7 @@ class MqttGrid(Presence, Grid):
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
         self._resolved: set[str] = set()  # devices of the open round accepted, refused or gone
         self._left: set[str] = set()  # devices of the open round gone offline with their task open
+        self._away: dict[str, float] = {}  # of those, left mid-upload -> monotonic s it is awaited until
         self._accepted: list[str] = []  # task ids accepted in the open exchange, in order
         self._rejections: dict[str, int] = {}  # code -> count in the open exchange
         self._last_rejection: dict[str, str] = {}  # device -> code of its last rejection in it
@@ -137,7 +138,7 @@ class MqttGrid(Presence, Grid):
         asked = {i.device_id for i in instructions}
         with self._lock:
             self._open_round, self._resolved, self._accepted, self._rejections = round_number, set(), [], {}
-            self._left, self._deadline, self._last_rejection = set(), deadline, {}
+            self._left, self._deadline, self._last_rejection, self._away = set(), deadline, {}, {}
             self.progress = {d: p for d, p in self.progress.items() if d not in asked}  # a new task
         self.pacer.begin()
         for instruction in instructions:  # results and refusals are handled while tasks go out
@@ -151,7 +152,7 @@ class MqttGrid(Presence, Grid):
         with self._lock:
             self._open_round = None  # late results are now rejected as round_closed
             accepted, rejections = list(self._accepted), dict(self._rejections)
-            left = bool(asked) and asked <= self._resolved
+            left = bool(asked) and asked <= self._resolved | self._away.keys()  # (away: offline too)
         self._cancel_pulls(f"round {round_number} closed")
         rows = {u["task_id"]: u for u in self.registry.updates(round_number)}
         return Exchange([self._load_update(rows[t]) for t in accepted if t in rows], rejections, left)
@@ -201,6 +202,7 @@ class MqttGrid(Presence, Grid):
     # -- incoming traffic ----------------------------------------------------------------------
     def _pump(self, timeout_s: float) -> None:  # one incoming item, if any arrives within timeout_s
         self._check_reconnect()
+        self._check_away()  # mqtt_presence.py
         try:
             incoming = self.endpoint.inbox.get(timeout=timeout_s)
         except queue.Empty:

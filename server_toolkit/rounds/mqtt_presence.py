@@ -22,6 +22,14 @@ a refusal of an answered task is logged, not booked (``_on_device_error``), like
 blob request (an ``error`` whose ``ref`` is a blob id): the pull that asked for the blob, if
 still running, books it; one nobody waits for (e.g. requests queued for a process that died)
 is nobody's rejection.
+
+A device that goes ``offline`` leaves the open round at once, except one whose result the
+server was pulling (or whose pull ended in ``timeout``/``checksum_mismatch``): its link may have
+dropped mid-upload (the broker says ``offline`` ~1.5 keep-alives, 45 s, after the link went
+silent) and it offers the same result again when it reconnects (protocol §9.5), the pull resuming
+where it stopped. The round waits ``AWAY_GRACE_S`` more for it (within the deadline). Measured
+before this (bench/netns.py ``down60two``): a device whose link was down 60 s mid-upload lost its
+round as soon as the others were in, before its link was back, with the deadline far away.
 """
 
 from __future__ import annotations
@@ -31,13 +39,15 @@ import time
 from dataclasses import replace
 
 from sdk_device.protocol import messages as msgs
-from sdk_device.protocol.errors import ProtocolError
+from sdk_device.protocol.errors import RETRYABLE_RESULT_CODES, ProtocolError
 
 from ..methods.base import DeviceInfo
 from ..methods.tiers import resolve_tier
 from .results import is_blob_id
 
 log = logging.getLogger(__name__)
+
+AWAY_GRACE_S = 60.0  # a device gone offline while its result was pulled is waited for this long
 
 
 class Presence:
@@ -48,9 +58,14 @@ class Presence:
         if status == "offline" and dev in self.devices:
             log.warning("device %s went offline", dev)
             self.devices.pop(dev, None)
-            self._resolved.add(dev)  # do not hold the round for it
             self._left.add(dev)
             self.registry.set_status(dev, "offline")
+            if self._uploading(dev):  # its link dropped mid-upload: it may come back and offer again
+                self._away[dev] = time.monotonic() + AWAY_GRACE_S
+                log.info("device %s left while its result was being pulled: the round waits up to %.0f s "
+                         "for it to come back", dev, AWAY_GRACE_S)
+            else:
+                self._resolved.add(dev)  # do not hold the round for it
         elif status == "online" and dev not in self.devices:
             known = self.registry.state(dev)  # in memory: no query
             if known and known.num_samples:  # it said hello before: it is back
@@ -64,8 +79,30 @@ class Presence:
         elif status == "online":  # it reconnected without the server noticing it left
             self._resend_tasks({dev}, "it reconnected")
 
+    def _uploading(self, dev: str) -> bool:
+        """Whether ``dev`` sent a result for its open task that is being pulled, or whose pull
+        ended in an error that says nothing against its data (``timeout``, ``checksum_mismatch``)."""
+        with self._lock:
+            pending = self._pending.get(self._task_of.get(dev, ""))
+            if pending is None or pending.answered or pending.refused or not self._task_open(pending):
+                return False
+            pulling = any(peer == dev for peer, _, _ in self._pulls.values())
+            return pulling or self._last_rejection.get(dev) in RETRYABLE_RESULT_CODES
+
+    def _check_away(self) -> None:
+        """Stop waiting for devices that left mid-upload and did not come back in time."""
+        now = time.monotonic()
+        for dev, until in list(self._away.items()):
+            if now >= until:
+                del self._away[dev]
+                if dev in self._left:
+                    self._resolved.add(dev)
+                    log.warning("device %s did not come back within %.0f s: the round stops waiting for it",
+                                dev, AWAY_GRACE_S)
+
     def _await_again(self, dev: str) -> None:
         """A device back online may still deliver its open task's result: wait for it again."""
+        self._away.pop(dev, None)
         if dev in self._left and any(p.instruction.device_id == dev and p.round == self._open_round
                                      and not (p.answered or p.refused) for p in self._pending.values()):
             self._left.discard(dev)
