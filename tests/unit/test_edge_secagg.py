@@ -46,17 +46,20 @@ def _edge_answer(edge_id: str, name: str, options: dict, spec: dict, before, tie
     devices = [DeviceInfo(d, SAMPLES[d], tier=tiers.get(d)) for d in GROUPS[edge_id]]
     instructions = relay.configure_train(1, before, devices)
     trained = {i.device_id: (_trained(i, rng), SAMPLES[i.device_id], None) for i in instructions}
-    flat += [ClientUpdate(i.device_id, SAMPLES[i.device_id], trained[i.device_id][0], {}, i) for i in instructions]
+    flat += [ClientUpdate(i.device_id, SAMPLES[i.device_id], trained[i.device_id][0], {}, i)
+             for i in instructions]
     layouts = {i.device_id: layout_for(relay.inner, before, i) for i in instructions}
     total = run_secure_round(1, layouts, trained).total
     first = instructions[0]
     unmasked = UnmaskedSum(total, layouts[first.device_id], first, before)
     stack = SecureGroupSum(EdgeFold(MethodAggregate(relay)))
     metrics_only = [ClientUpdate(i.device_id, SAMPLES[i.device_id], {}, {}, i) for i in instructions]
-    mean = stack.aggregate(1, before, metrics_only, RoundInput(exchange=Exchange(metrics_only, secure=unmasked)))
+    info = RoundInput(exchange=Exchange(metrics_only, secure=unmasked))
+    mean = stack.aggregate(1, before, metrics_only, info)
     edge = edge_instruction(relay.inner, before, edge_id)
     return ClientUpdate(edge.device_id, sum(SAMPLES[i.device_id] for i in instructions), mean,
-                        {"edge_devices": len(instructions)}, edge, others={COVERAGE: relay.partial.coverage(before)})
+                        {"edge_devices": len(instructions)}, edge,
+                        others={COVERAGE: relay.partial.coverage(before)})
 
 
 @pytest.mark.parametrize(("name", "options", "tiers"), [
@@ -87,12 +90,14 @@ def test_a_secure_edge_refuses_a_group_smaller_than_three_devices_and_a_clusteri
         EdgeConfig("mqtt://127.0.0.1:1", "lab", "edge-1", tmp_path, method="fedavg", secagg=settings)
     with pytest.raises(ValueError, match="generic edge"):
         EdgeConfig("mqtt://127.0.0.1:1", "lab", "edge-1", tmp_path, min_devices=3, secagg=settings)
-    EdgeConfig("mqtt://127.0.0.1:1", "lab", "edge-1", tmp_path, min_devices=3, method="fedavg", secagg=settings)
+    EdgeConfig("mqtt://127.0.0.1:1", "lab", "edge-1", tmp_path, min_devices=3, method="fedavg",
+               secagg=settings)
 
 
 def test_simulate_refuses_secure_edge_groups_below_three_devices_in_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["simulate", "--rounds", "1", "--devices", "5", "--edges", "2", "--secagg"])
+    args = ["simulate", "--rounds", "1", "--devices", "5", "--edges", "2", "--secagg"]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 1, result.output
     assert "a secure group needs at least 3 devices" in result.output and "got 2" in result.output
     assert not any(tmp_path.rglob("runs"))
