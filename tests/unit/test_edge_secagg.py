@@ -17,8 +17,9 @@ from server_toolkit.edge.aggregator import EdgeConfig
 from server_toolkit.edge.fold import edge_instruction
 from server_toolkit.edge.layer import EdgeFold
 from server_toolkit.edge.partial import COVERAGE
-from server_toolkit.edge.secure_group import SecureGroupSum
+from server_toolkit.edge.secure_group import SECURE_EDGE, SecureGroupSum
 from server_toolkit.edge.sum_relay import SumRelay
+from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.methods.width.heterofl import HeteroFL
@@ -27,6 +28,7 @@ from server_toolkit.rounds.aggregator import MethodAggregate, RoundInput
 from server_toolkit.rounds.grid import Exchange
 from server_toolkit.secagg.aggregate import UnmaskedSum, layout_for
 from server_toolkit.secagg.inprocess import run_secure_round
+from server_toolkit.secagg.mqtt_grid import SecAggMqttGrid, SecAggSettings
 
 TOLERANCE = 1e-5  # fixed point: <= 0.5 / 2**20 per weighted value, plus the float32 mean on the wire
 GROUPS = {"edge-1": ["d0", "d2", "d4"], "edge-2": ["d1", "d3", "d5"]}
@@ -101,3 +103,22 @@ def test_simulate_refuses_secure_edge_groups_below_three_devices_in_one_line(tmp
     assert result.exit_code == 1, result.output
     assert "a secure group needs at least 3 devices" in result.output and "got 2" in result.output
     assert not any(tmp_path.rglob("runs"))
+
+
+def test_a_secure_server_asks_only_secure_edges_and_never_mixes_edges_with_devices(tmp_path):
+    spec = model_spec("small_cnn", (1, 8, 8), 10)
+    method = FedAvg(spec, Recipe())
+    weights = method.initial_weights(0)
+    registry = FleetRegistry(tmp_path / "registry.sqlite")
+    grid = SecAggMqttGrid(None, registry, method, SecAggSettings())
+    grid.devices = {"e1": DeviceInfo("e1", 9, profile={SECURE_EDGE: True}), "e2": DeviceInfo("e2", 9),
+                    "d1": DeviceInfo("d1", 9)}
+    edge = {d: edge_instruction(method, weights, d) for d in ("e1", "e2")}
+    (device,) = method.configure_train(1, weights, [grid.devices["d1"]])
+    kept, edges_only = grid._edges(1, [edge["e1"], edge["e2"]])
+    assert [i.device_id for i in kept] == ["e1"] and edges_only  # e2 adds its group in the clear
+    kept, edges_only = grid._edges(1, [edge["e1"], device])
+    assert [i.device_id for i in kept] == ["d1"] and not edges_only  # a secure round of devices only
+    kept, edges_only = grid._edges(1, [device])
+    assert [i.device_id for i in kept] == ["d1"] and not edges_only
+    registry.close()
