@@ -13,7 +13,9 @@ How the pairs that run are built: under privacy (DP, label noise, robust) every 
 forwards its members' updates instead of their sum (``edge/layer.py``), so the server clips,
 noises (once, on the round's sum) or takes a median over the flat round; under async the
 privacy layer sits under the staleness fold and noises each version's sum once
-(``privacy/layer.py``); async behind edges folds the edges' partials into the buffer.
+(``privacy/layer.py``); async behind edges folds the edges' partials into the buffer; under
+secure aggregation each edge runs its group's rounds as secure aggregations and sends up its
+group's unmasked sum only (``edge/secure_group.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ OPTIONS = {EDGES: "--edges", ASYNC: "--mode async", SECAGG: "--secagg", CENTRAL_
            LOCAL_DP: "--dp-mode local", LABEL_NOISE: "--label-noise-epsilon", ROBUST: "--robust"}
 
 REFUSED: dict[frozenset[str], str] = {
-    frozenset({SECAGG, EDGES}): "an edge adds its group's updates in the clear, which is what secure "
-                                "aggregation forbids; a secure sum per edge group is not built",
     frozenset({SECAGG, ASYNC}): "the masks cancel only over the cohort that agreed keys before training, and "
                                 "a buffer fills with whoever arrives; a secure sum per buffer is not built",
     frozenset({SECAGG, CENTRAL_DP}): "central DP clips each update at the server, and the server sees only "

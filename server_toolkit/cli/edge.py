@@ -8,6 +8,7 @@ import click
 
 from .aliases import Aliased
 from .options import console, method_option, parse_options
+from .secagg_options import secagg_options
 
 
 @click.command()
@@ -41,14 +42,15 @@ from .options import console, method_option, parse_options
                    "heterofl, depthfl, …), each member's update for the others (feddm, hypemefed, …). "
                    "Unset: FedConv's clustering edge.")
 @method_option
+@secagg_options
 @click.option("--username", envvar="FEDSDK_MQTT_USERNAME", help="Broker user (or FEDSDK_MQTT_USERNAME).")
 @click.option("--password", envvar="FEDSDK_MQTT_PASSWORD", help="Broker password (or FEDSDK_MQTT_PASSWORD).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
 @click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a non-loopback broker.")
 def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_url, group_security_dir,
          min_devices, devices_wait, max_clusters, smashed_samples, pair_threshold, projection_lambda,
-         projection_epochs, warmup_epochs, seed, method, method_options, username, password, ca_file,
-         insecure) -> None:
+         projection_epochs, warmup_epochs, seed, method, method_options, secagg, username, password,
+         ca_file, insecure) -> None:
     """Run an edge aggregator: a device of the server's fleet, the server of its own group.
 
     Register the edge on the server (`devices add --run-dir SERVER_DIR --tier T EDGE_ID`)
@@ -56,7 +58,9 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
     `fedsdk run --fleet FLEET.EDGE_ID …`. With `--method` (the server's method and
     `--method-option`s) the edge is generic: its group may mix tiers, it may serve other
     edges, and the server's result equals the flat aggregate (docs/operations.md); for a
-    method that is not a sum it forwards each member's update (bundle tasks).
+    method that is not a sum it forwards each member's update (bundle tasks). With
+    `--secagg` (a generic edge, at least 3 devices) each group round is a secure
+    aggregation: the edge unmasks only its group's sum and sends that up (docs/privacy.md).
     """
     import signal
 
@@ -85,7 +89,7 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
             options=EdgeOptions(max_clusters=max_clusters, smashed_samples=smashed_samples,
                                 pair_threshold=pair_threshold, projection_lambda=projection_lambda,
                                 projection_epochs=projection_epochs, warmup_epochs=warmup_epochs, seed=seed),
-            method=method, method_options=parse_options(method_options),
+            method=method, method_options=parse_options(method_options), secagg=secagg,
         )
         aggregator = EdgeAggregator(config)
     except (ValueError, SecurityDirError, FileNotFoundError) as exc:

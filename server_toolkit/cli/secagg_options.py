@@ -1,7 +1,9 @@
 """``--secagg``, ``--secagg-threshold`` and ``--secagg-neighbours`` of ``run`` and ``simulate``:
 secure aggregation (``server_toolkit/secagg``, docs/privacy.md). The decorator refuses, with
 one line and before anything starts, a method secure aggregation cannot serve, an in-process
-grid and edge aggregators; it hands the command ``secagg`` = the settings as a dict, or None."""
+grid and edge groups smaller than the secure minimum (``edge/secure_group.py``: with
+``--edges`` each edge sums its group securely); it hands the command ``secagg`` = the
+settings as a dict, or None. ``fedsdk-server edge`` takes the same options (its group rounds)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ def secagg_options(f):
         from ..secagg.mqtt_grid import SecAggSettings
 
         settings = None
+        if secagg and kwargs.get("method") is None:  # fedsdk-server edge without --method
+            raise click.ClickException("--secagg needs a generic edge: give the server's --method")
         if secagg:
             try:
                 why = refusal(method_class(kwargs["method"]))
@@ -39,9 +43,14 @@ def secagg_options(f):
                 raise click.ClickException(str(exc)) from None
             if why:
                 raise click.ClickException(why)
-            if kwargs.get("grid") == "inprocess" or kwargs.get("edges"):
-                raise click.ClickException("--secagg runs over MQTT without edge aggregators "
-                                           "(--grid mqtt, --edges 0)")
+            if kwargs.get("grid") == "inprocess":
+                raise click.ClickException("--secagg runs over MQTT (--grid mqtt)")
+            if kwargs.get("edges"):  # the smallest group of simulate's round-robin deal (sim/edges.py)
+                from ..edge.secure_group import min_group_error
+
+                why = min_group_error(kwargs.get("devices", 0) // kwargs["edges"], "--secagg --edges")
+                if why:
+                    raise click.ClickException(f"{why}: use fewer edges or more --devices")
             settings = dataclasses.asdict(SecAggSettings(secagg_threshold, secagg_neighbours))
         return f(*args, secagg=settings, **kwargs)
 

@@ -64,11 +64,11 @@ from ..methods.base import MODEL, ModelRecord, TrainInstruction
 from ..methods.fedconv.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
 from ..methods.records import FEATURES
 from ..rounds.loop import LoopConfig, RoundLoop
-from ..rounds.mqtt_grid import MqttGrid
+from ..secagg.mqtt_grid import SecAggMqttGrid
 from .bundle_relay import hello_members, relay_bundle
 from .fold import SUMS
-from .layer import edge_stack
 from .partial import COVERAGE, devices_behind
+from .secure_group import SECURE_EDGE, group_grid, min_group_error, round_updates
 from .sum_relay import SumRelay
 
 log = logging.getLogger(__name__)
@@ -106,9 +106,13 @@ class EdgeConfig:
     options: EdgeOptions = field(default_factory=EdgeOptions)
     method: str | None = None  # a generic edge for this method (edge/sum_relay.py); None: FedConv's relay
     method_options: dict = field(default_factory=dict)
+    secagg: dict | None = None  # secure group rounds (edge/secure_group.py): SecAggSettings as a dict
 
     def __post_init__(self) -> None:
         check_name("edge id", self.edge_id)
+        if self.secagg is not None and (self.method is None or min_group_error(self.min_devices, "--secagg")):
+            raise ValueError(min_group_error(self.min_devices, "--secagg --min-devices")
+                             or "--secagg needs a generic edge (--method)")
         group_fleet = self.group_fleet or default_group_fleet(self.fleet, self.edge_id)
         self.group_fleet = check_name("group fleet", group_fleet)
         self.run_dir = Path(self.run_dir)
@@ -135,10 +139,11 @@ class EdgeAggregator:
                              ca_file=config.group_ca_file or config.ca_file, insecure=config.insecure)
         self.sums = SumRelay(config.method, config.method_options) if config.method else None
         self.relay = EdgeRelay(config.options)
-        self.grid = MqttGrid(self.down, self.registry)
         group_method = self.sums or self.relay
+        self.grid, stack = group_grid(self.down, self.registry, group_method, config.secagg,
+                                      config.options.seed)
         self.group = RoundLoop(group_method, self.grid, LoopConfig(rounds=0, seed=config.options.seed),
-                               run_dir=config.run_dir, aggregator=edge_stack(group_method))
+                               run_dir=config.run_dir, aggregator=stack)
         self._stop = threading.Event()
         self._announced: tuple | None = None  # (devices, samples) of the last hello
         self._awaiting: str | None = None  # task whose result waits for the server's answer
@@ -258,6 +263,8 @@ class EdgeAggregator:
         try:
             template = self._template(task, plan)
             self.sums.forward(template.spec, template.recipe, task.round)
+            if isinstance(self.grid, SecAggMqttGrid):  # the group's secure sum, in global coordinates
+                self.grid.serve(self.sums.inner, template.weights)
         except (ProtocolError, TimeoutError, ValueError) as exc:
             self._refuse(task, "bad_task", f"could not load the task: {exc}")
             return
@@ -321,7 +328,7 @@ class EdgeAggregator:
         return row
 
     def _metrics(self, row: dict, seconds: float, label_counts: bool) -> dict:
-        updates = self.registry.updates(row["round"])
+        updates = round_updates(self.grid, self.registry, row["round"])
         metrics: dict = {"samples": sum(u["num_samples"] for u in updates), "runtime": "edge",
                          "wall_time_s": seconds,  # devices behind it, through nested edges too:
                          "edge_devices": sum(devices_behind(u["metrics"]) for u in updates)}
@@ -351,6 +358,8 @@ class EdgeAggregator:
         if self.sums is not None:
             profile.update(aggregates=SUMS, method=self.sums.method_name,
                            members=hello_members(self.grid.online()))
+            if self.config.secagg is not None:
+                profile[SECURE_EDGE] = True
         if self.config.tier is not None:
             profile["tier"] = self.config.tier
         self._announced = self._group_state()

@@ -66,6 +66,12 @@ class SumRelay(Method):
         self.partial = fold(self._require(), global_weights, updates)
         return self.partial.finish(global_weights)
 
+    def adopt(self, partial: Partial, global_weights: Weights) -> Weights:
+        """Keep a group's partial summed elsewhere (a secure group round: ``edge/secure_group.py``)
+        and return the group's mean."""
+        self.partial = partial
+        return partial.finish(global_weights)
+
     def _require(self) -> Method:
         if self.inner is None:
             raise RuntimeError("forward() a server task first")

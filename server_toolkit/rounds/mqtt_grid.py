@@ -73,6 +73,9 @@ class MqttGrid(Presence, Grid):
         self._deadline = 0.0  # of the open round
         self._lock = threading.RLock()  # _accept rejects while holding it
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
+        # one pull per blob id at a time: pulls of one id share its partial file (two edges' equal
+        # coverage records); blob ids hash to one of 64 locks
+        self._blob_locks = [threading.Lock() for _ in range(64)]
         self._resolved: set[str] = set()  # devices of the open round accepted, refused or gone
         self._left: set[str] = set()  # devices of the open round gone offline with their task open
         self._away: dict[str, float] = {}  # of those, left mid-upload -> monotonic s it is awaited until
@@ -335,8 +338,9 @@ class MqttGrid(Presence, Grid):
             if not self._task_open(pending):
                 raise ProtocolError("round_closed", f"round {pending.round} closed during the pull")
             try:
-                data = self.endpoint.fetch(dev, ref, durable=True, timeout_s=self.fetch_timeout_s,
-                                           from_peer=True)  # never a blob the server has (forgery)
+                with self._blob_locks[hash(ref.id) % 64]:
+                    data = self.endpoint.fetch(dev, ref, durable=True, timeout_s=self.fetch_timeout_s,
+                                               from_peer=True)  # never a blob the server has (forgery)
             except TimeoutError as exc:
                 raise ProtocolError("timeout", str(exc)) from None
             except ProtocolError as err:

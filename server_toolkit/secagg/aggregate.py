@@ -20,6 +20,8 @@ of every single device's update (a hypernetwork input, a similarity, a personal 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from fedcore.secagg import fixed_point
@@ -95,6 +97,41 @@ def next_weights(method: Method, round_number: int, global_weights: Weights, tot
         merged = np.where(c > 0, v / np.where(c > 0, c, 1.0), previous)
         out[name] = _cast(merged, previous.dtype)
     return out
+
+
+@dataclass(frozen=True)
+class UnmaskedSum:
+    """A secure round's outcome (``Exchange.secure``): the unmasked ``total`` (uint64 fixed
+    point, ``layout.vector_length``), any one device's ``layout`` and ``instruction``, and the
+    ``template`` tensors the layouts were made from. Called as (method, round, global weights)
+    it gives the next global weights (``next_weights``); an edge instead turns it into its
+    group's partial sum (``edge/secure_group.py``)."""
+
+    total: np.ndarray
+    layout: Layout
+    instruction: TrainInstruction
+    template: Weights
+
+    def __call__(self, method: Method, round_number: int, global_weights: Weights) -> Weights:
+        return next_weights(method, round_number, global_weights, self.total, self.layout, self.instruction,
+                            self.template)
+
+    def sums(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Per global tensor the devices covered, ``(S, A)`` (float64, global shapes): the
+        weighted sum sum_i a_i x_i and the weight sum_i a_i, decoded from the fixed point."""
+        decoded = fixed_point.decode(self.total)
+        size = self.layout.size
+        values, cover = decoded[:size], decoded[size:]
+        where, _ = offsets(self.template)
+        names = self.template if self.layout.per_element else self.instruction.weights  # full: global names
+        sums, weights = {}, {}
+        for name in sorted(names):
+            shape = self.template[name].shape
+            part = slice(where[name], where[name] + self.template[name].size)
+            a = cover[part].reshape(shape) if self.layout.per_element else np.full(shape, cover[0])
+            if (a > 0).any():
+                sums[name], weights[name] = values[part].reshape(shape), a
+        return sums, weights
 
 
 def _cast(values: np.ndarray, dtype) -> np.ndarray:

@@ -22,15 +22,19 @@ import numpy as np
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.errors import ProtocolError
 
-from ..methods.base import ClientUpdate, Method, TrainInstruction, Weights
+from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..methods.records import COVERAGE
 from ..rounds.async_loop import AsyncConfig
 from ..rounds.grid import Exchange
 from ..rounds.modes import mqtt_grid_class
 from ..rounds.mqtt_grid import MqttGrid
-from .aggregate import layout_for, next_weights
+from .aggregate import UnmaskedSum, layout_for
 from .protocol import SecAggFailed, SecAggRound
 
 log = logging.getLogger(__name__)
+
+SECURE_EDGE = "secagg"  # hello profile key of an edge whose group rounds are secure (edge/secure_group.py)
+_NOBODY = DeviceInfo("", 0)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,12 @@ class SecAggMqttGrid(MqttGrid):
         self._template: Weights | None = None  # the global tensors' names and shapes (offsets)
         self._stages: dict[str, dict[str, dict]] = {}  # stage -> device -> data, of the open round
         self.last_secure: SecAggRound | None = None
+        self.last_updates: list[ClientUpdate] = []  # the last secure round's metrics-only updates
+
+    def serve(self, method: Method, template: Weights) -> None:
+        """Run the next rounds for ``method``, in the coordinates of ``template``'s tensors (an
+        edge's group round: the server's method and the global model it sent)."""
+        self.method, self._template = method, template
 
     def _handle(self, incoming) -> None:
         message = incoming.message
@@ -67,6 +77,10 @@ class SecAggMqttGrid(MqttGrid):
 
     def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
                  quorum: int) -> Exchange:
+        instructions, edges_only = self._edges(round_number, instructions)
+        if edges_only:  # each answer is already an edge group's secure sum: a plain exchange
+            return super().exchange(round_number, instructions, deadline, quorum)
+        self.last_updates = []
         if self._template is None:
             self._template = self.method.initial_weights(self.seed)
         for instruction in instructions:  # export first: the deadline is the devices' time
@@ -98,16 +112,31 @@ class SecAggMqttGrid(MqttGrid):
             rejections = dict(self._rejections)
         if metrics is None:
             return Exchange([], rejections, False)
-        total = secure.unmasked_sum()
         first = by_device[min(metrics)]
         updates = [ClientUpdate(dev, int(m["samples"]), {}, m, by_device[dev])
                    for dev, m in sorted(metrics.items())]
+        self.last_updates = updates
+        unmasked = UnmaskedSum(secure.unmasked_sum(), layouts[first.device_id], first, self._template)
+        return Exchange(updates, rejections, False, secure=unmasked)
 
-        def secure_next(method: Method, rnd: int, global_weights: Weights) -> Weights:
-            return next_weights(method, rnd, global_weights, total, layouts[first.device_id], first,
-                                self._template)
-
-        return Exchange(updates, rejections, False, secure=secure_next)
+    def _edges(self, rnd: int, instructions: list[TrainInstruction]) -> tuple[list[TrainInstruction], bool]:
+        """``(the instructions to run, whether they are all edges')``. An edge's instruction
+        (it returns a ``coverage`` record: a partial sum) runs in a round of edges only, and only
+        for an edge that sums its group securely (hello profile ``secagg: true``); any other is
+        left out of the round, with an error in the log (docs/privacy.md)."""
+        edges = {i.device_id for i in instructions if COVERAGE in i.returns}
+        if not edges:
+            return instructions, False
+        secure = {d for d in edges if (self.devices.get(d) or _NOBODY).profile.get(SECURE_EDGE) is True}
+        mixed = len(edges) < len(instructions)
+        for dev in sorted(edges):
+            if mixed or dev not in secure:
+                log.error("round %d: edge %s left out: %s", rnd, dev,
+                          "it adds its group in the clear (start it with --secagg)" if dev not in secure
+                          else "a secure round does not mix devices and edges")
+        keep = (lambda d: d not in edges) if mixed else (lambda d: d in secure)
+        kept = [i for i in instructions if keep(i.device_id)]
+        return kept, not mixed and bool(kept)
 
     def _run_stages(self, rnd: int, secure: SecAggRound, deadline: float) -> dict[str, dict]:
         """Stages 1-4; the survivors' metrics (their masked vectors are in ``secure``'s sum)."""

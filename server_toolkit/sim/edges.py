@@ -88,10 +88,11 @@ def register_group(edge_dir: Path, group: EdgeGroup, tiers: dict[str, str | None
 
 def start_edge_process(broker_url: str, fleet: str, group: EdgeGroup, edge_dir: Path, seed: int = 0,
                        python: str | None = None, method: str | None = None,
-                       method_options: dict | None = None) -> subprocess.Popen:
+                       method_options: dict | None = None, secagg: dict | None = None) -> subprocess.Popen:
     """Start ``fedsdk-server edge`` for ``group``; it waits for all its devices (120 s at
     most) before joining the server's fleet. ``method``: a generic edge for it (with
-    ``method_options``); None: FedConv's edge. Logs to ``<edge_dir>/edge.log``."""
+    ``method_options``); None: FedConv's edge. ``secagg``: its group rounds are secure
+    (``SecAggSettings`` as a dict; ``edge/secure_group.py``). Logs to ``<edge_dir>/edge.log``."""
     cmd = [python or sys.executable, "-m", "server_toolkit.cli", "-v", "edge", "--broker", broker_url,
            "--fleet", fleet, "--edge-id", group.edge_id, "--run-dir", str(edge_dir),
            "--min-devices", str(len(group.device_ids)), "--seed", str(seed)]
@@ -101,6 +102,10 @@ def start_edge_process(broker_url: str, fleet: str, group: EdgeGroup, edge_dir: 
         cmd += ["--method", method]
         for key, value in (method_options or {}).items():
             cmd += ["--method-option", f"{key}={json.dumps(value)}"]
+    if secagg is not None:
+        cmd += ["--secagg", "--secagg-threshold", str(secagg["threshold"])]
+        if secagg.get("neighbours") is not None:
+            cmd += ["--secagg-neighbours", str(secagg["neighbours"])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     edge_dir.mkdir(parents=True, exist_ok=True)
     with open(edge_dir / "edge.log", "ab") as log_file:

@@ -225,8 +225,8 @@ class Simulation:
     def start_edges(self, broker: BrokerAddress) -> None:
         for edge in self.edges:
             edge_dir = self.run_dir / "edges" / edge.edge_id
-            generic = {"method": self.config.method, "method_options": self.config.method_options} \
-                if self.generic_edges else {}
+            generic = {"method": self.config.method, "method_options": self.config.method_options,
+                       "secagg": self.config.secagg} if self.generic_edges else {}
             self.edge_procs.append(start_edge_process(broker.url, self.config.fleet, edge, edge_dir,
                                                       seed=self.config.seed, **generic))
 
