@@ -30,25 +30,25 @@ from fedcore import modelspec
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.blobs import encode_tensors
 from sdk_device.protocol.epoch import ServerEpoch, announce_window
-from sdk_device.protocol.errors import OwnDataError, ProtocolError
+from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.task_plan import plan_config
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
 from ..fleet.registry import FleetRegistry
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction
 from ..methods.tiers import resolve_tier
-from .bundle_results import is_bundle
 from .grid import Exchange, Grid, LiveRound
 from .mqtt_live import live_round
 from .mqtt_presence import Presence
-from .results import PendingTask, check_pulled, check_records, features_request, result_key
+from .result_pulls import ResultPulls
+from .results import PendingTask, check_records, features_request, result_key
 from .task_pacing import DEFAULT_WINDOW, TaskPacer
-from .task_records import ARRAYS_KEY, stored_update, task_record
+from .task_records import stored_update, task_record
 
 log = logging.getLogger(__name__)
 
 
-class MqttGrid(Presence, Grid):
+class MqttGrid(ResultPulls, Presence, Grid):
     """The devices of ``registry`` reachable through ``endpoint``.
 
     ``program_formats``: the program formats offered with each task; ``max_update_factor``:
@@ -131,11 +131,10 @@ class MqttGrid(Presence, Grid):
 
     def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
                  quorum: int) -> Exchange:
-        exporting = time.time()
-        for instruction in instructions:  # export first: the deadline is the devices' time
-            if not instruction.programs:
-                self.programs.programs(instruction.spec, instruction.recipe)
-        deadline += time.time() - exporting  # so the time spent exporting moves the deadline
+        exporting = time.time()  # export first: the deadline is the devices' time, so it moves
+        for instruction in (i for i in instructions if not i.programs):
+            self.programs.programs(instruction.spec, instruction.recipe)
+        deadline += time.time() - exporting
         earlier = [u["device_id"] for u in self.registry.updates(round_number)]
         self.registry.open_round(round_number, sorted({*earlier, *(i.device_id for i in instructions)}), "")
         asked = {i.device_id for i in instructions}
@@ -159,15 +158,6 @@ class MqttGrid(Presence, Grid):
         self._cancel_pulls(f"round {round_number} closed")
         rows = {u["task_id"]: u for u in self.registry.updates(round_number)}
         return Exchange([self._load_update(rows[t]) for t in accepted if t in rows], rejections, left)
-
-    def _cancel_pulls(self, reason: str) -> None:
-        """Stop every result pull still queued or running (they end rejected as round_closed)."""
-        with self._lock:
-            pulls = list(self._pulls.values())
-        for dev, result, future in pulls:
-            future.cancel()
-            for ref in result.arrays.values():
-                self.endpoint.cancel_fetch(dev, ref.id, reason)
 
     def close_round(self, round_number: int, row: dict) -> None:
         self.registry.close_round(round_number, row)
@@ -287,71 +277,8 @@ class MqttGrid(Presence, Grid):
         rnd = self.registry.task_round(result.task_id, dev)
         return rnd is not None and (self.registry.round_info(rnd) or {}).get("status") == "closed"
 
-    def _accept(self, dev: str, result: msgs.Result, pending: PendingTask, key: tuple,
-                comebacks: int = 0) -> None:
-        """Pull, validate and persist one result's array records, then acknowledge it (fetch thread).
-        ``comebacks``: the device's count of returns online when its result arrived."""
-        try:
-            self._pull_result(dev, result, pending)
-        except ProtocolError as err:
-            if err.code == "not_offered" and self.endpoint.comebacks.get(dev, 0) != comebacks:
-                log.info("%s restarted: its result of task %s is gone; the task is sent again", dev,
-                         result.task_id[:8])  # the offer died with the old process: not booked
-                return
-            self._reject(dev, result.task_id, err, pending.round,
-                         tell=err.code != "not_offered",  # the device never sent it: not its fault
-                         # an edge's bad member record leaves its bundle task open: the edge
-                         # may answer again without that member (docs/protocol.md §10.2)
-                         pending=pending if isinstance(err, OwnDataError)
-                         and not is_bundle(pending.instruction) else None)
-            return
-        finally:
-            with self._lock:
-                self._pulls.pop(key, None)
-        with self._lock:
-            if not self._task_open(pending):
-                self._reject(dev, result.task_id, ProtocolError("round_closed", "the round closed meanwhile"),
-                             pending.round)
-                return
-            if pending.answered:
-                log.info("task %s of %s already has an accepted result", result.task_id[:8], dev)
-                return
-            pending.answered = True  # one result per task
-            metrics = {k: v for k, v in result.metrics.items() if k != ARRAYS_KEY}  # the server's key
-            metrics[ARRAYS_KEY] = {name: ref.id for name, ref in result.arrays.items() if name != MODEL}
-            self.registry.add_update(pending.round, dev, result.task_id, result.arrays[MODEL].id,
-                                     result.metrics["samples"], metrics)
-            self._accepted.append(result.task_id)
-            self._resolved.add(dev)
-        self._acknowledge(dev, result.task_id)
-        self.endpoint.withdraw(dev)
-        log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
-                 result.metrics["samples"])
-
     def _task_open(self, pending: PendingTask) -> bool:  # its results are taken (async: mqtt_async.py)
         return pending.round == self._open_round
-
-    def _pull_result(self, dev: str, result: msgs.Result, pending: PendingTask) -> None:
-        """Pull and check every array record of ``result`` (raises ProtocolError; OwnDataError
-        when a record pulled from the device and matching its id is no valid update)."""
-        for name, ref in sorted(result.arrays.items()):
-            if not self._task_open(pending):
-                raise ProtocolError("round_closed", f"round {pending.round} closed during the pull")
-            try:
-                with self._blob_locks[hash(ref.id) % 64]:
-                    data = self.endpoint.fetch(dev, ref, durable=True, timeout_s=self.fetch_timeout_s,
-                                               from_peer=True)  # never a blob the server has (forgery)
-            except TimeoutError as exc:
-                raise ProtocolError("timeout", str(exc)) from None
-            except ProtocolError as err:
-                if err.code != "cancelled":
-                    raise
-                raise ProtocolError("round_closed", f"round {pending.round} closed during the pull") from None
-            # an edge's bundle relays its members' updates (its own `model` record is empty, the
-            # same bytes every round): the replay rule is for a device's own update
-            replay_of = None if is_bundle(pending.instruction) else self.registry.replayed(
-                dev, ref.id, result.task_id)
-            check_pulled(name, data, pending, replay_of)
 
     def _reject(self, dev: str, task_id: str | None, err: ProtocolError, rnd: int | None,
                 tell: bool = True, pending: PendingTask | None = None) -> None:
