@@ -49,7 +49,7 @@ Recipe parse_recipe(const json& j) {
   if (r.batch_size < 1) invalid("recipe.batch_size must be > 0");
   if (r.optimizer != "sgd" && r.optimizer != "adam") invalid("recipe.optimizer must be sgd or adam");
   if (r.lr <= 0) invalid("recipe.lr must be > 0");
-  if (r.loss != "ce" && r.loss != "kd" && r.loss != "recipfl_kt") invalid("recipe.loss: unknown loss " + r.loss);
+  if (r.loss != "ce" && r.loss != "kd" && r.loss != "recipfl_kt" && r.loss != "depthfl_sd") invalid("recipe.loss: unknown loss " + r.loss);
   if (r.temperature <= 0) invalid("recipe.temperature must be > 0");
   if (r.alpha < 0 || r.alpha > 1) invalid("recipe.alpha must be in 0..1");
   if (r.teacher_features < 0) invalid("recipe.teacher_features must be >= 0");
