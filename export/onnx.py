@@ -149,8 +149,9 @@ class PendingProgram:
 
 # Decision: ONNX has no stop-gradient operator (torch's detach exports as nothing), so ORT's
 # gradient builder would also differentiate through DepthFL's detached teacher outputs.
-ORT_REFUSED_LOSSES = {"depthfl_sd": "ort-training/1 cannot export loss 'depthfl_sd' (ONNX has no stop-gradient "
-                                    "for its detached exit teachers); use the executorch or torch runtime"}
+ORT_REFUSED_LOSSES = {
+    "depthfl_sd": "ort-training/1 cannot export loss 'depthfl_sd' (ONNX has no stop-gradient for its "
+                  "detached exit teachers); use the executorch or torch runtime"}
 
 
 def prepare_ort_program(spec_or_model: dict | nn.Module, loss: dict | None = None,

@@ -62,9 +62,9 @@ class Recipe:
     divergence ruins the averaged model; bounding the local steps keeps the work per round
     the same on every device (BENCHMARKS.md, "Defaults that converge").
 
-    ``temperature`` and ``alpha`` parametrise the ``kd`` and ``depthfl_sd`` losses; ``teacher_features`` is the
-    teacher's last-hidden feature size for ``recipfl_kt`` (0: no feature term; the term is
-    used only when the student's feature size is the same).
+    ``temperature`` and ``alpha`` parametrise the ``kd`` and ``depthfl_sd`` losses;
+    ``teacher_features`` is the teacher's last-hidden feature size for ``recipfl_kt`` (0: no
+    feature term; the term is used only when the student's feature size is the same).
 
     ``prox_mu``: FedProx's proximal weight mu >= 0: every optimiser step adds
     mu * (w - w_start) to each parameter's gradient (before weight decay), w_start = the

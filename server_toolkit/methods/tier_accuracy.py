@@ -60,6 +60,7 @@ class TierAccuracy:
         by_tier: dict[str | None, list[DeviceInfo]] = {}
         for device in sorted(self.devices.values(), key=lambda d: d.device_id):
             by_tier.setdefault(device.tier, []).append(device)
+        ensemble = getattr(method, "deploys_ensemble", False)  # test doubles need not be Methods
         scored: dict[str, float] = {}  # fingerprint of (spec, weights) -> accuracy
         out = {}
         for tier, devices in sorted(by_tier.items(), key=lambda item: str(item[0])):
@@ -71,14 +72,15 @@ class TierAccuracy:
                 spec, weights = found
                 key = _fingerprint(spec, weights)
                 if key not in scored:
-                    scored[key] = model_accuracy(spec, weights, x, y, ensemble=method.deploys_ensemble)
+                    scored[key] = model_accuracy(spec, weights, x, y, ensemble=ensemble)
                 values.append(scored[key])
             if values:
                 out[tier_key(tier)] = float(np.mean(values))
         return out
 
 
-def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray, ensemble: bool = False) -> float:
+def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray,
+                   ensemble: bool = False) -> float:
     """Accuracy of model ``spec`` with ``weights`` (its parameters, and its buffers unless a
     device keeps them) on (x, y) of shapes (N, C, H, W) and (N,); ``ensemble``: predicting
     with the mean softmax of all outputs, else the final one. Imports torch here, not at
@@ -89,7 +91,8 @@ def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray, e
         return _model_accuracy(torch, spec, weights, x, y, ensemble)
 
 
-def _model_accuracy(torch, spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray, ensemble: bool) -> float:
+def _model_accuracy(torch, spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray,
+                    ensemble: bool) -> float:
     from fedcore.torch_model import build_model
     from fedcore.torch_train import evaluate_model
 

@@ -28,7 +28,8 @@ def exit_accuracies(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray, y
 
 
 @torch.no_grad()
-def ensemble_model_accuracy(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> float:
+def ensemble_model_accuracy(model: torch.nn.Module, x: np.ndarray, y: np.ndarray,
+                            batch_size: int = 256) -> float:
     """Top-1 accuracy on ``x`` (N, C, H, W), ``y`` (N,) of the mean of the softmax of every
     output of ``model`` (DepthFL's ensemble inference); eval mode. One output: that output."""
     model.eval()

@@ -63,8 +63,8 @@ def test_the_teacher_side_gets_no_gradient():
 
 def test_a_single_output_is_trained_on_plain_cross_entropy():
     out = (torch.tensor(LOGITS[0], dtype=torch.float32),)
-    sd = Loss.from_dict({"kind": "depthfl_sd"})(out, torch.zeros(2, 1), torch.tensor(LABELS), torch.ones(2), {})
-    ce = Loss.from_dict({"kind": "ce"})(out, torch.zeros(2, 1), torch.tensor(LABELS), torch.ones(2), {})
+    args = (out, torch.zeros(2, 1), torch.tensor(LABELS), torch.ones(2), {})
+    sd, ce = Loss.from_dict({"kind": "depthfl_sd"})(*args), Loss.from_dict({"kind": "ce"})(*args)
     assert float(sd) == pytest.approx(float(ce))
 
 

@@ -3,10 +3,10 @@
 The matrix of the export issue: MLP, CNN + max-pool, CNN + BatchNorm (train mode),
 CNN + average / adaptive pools, a residual network, the multi-exit VGG (summed exit
 losses, dropout with shared masks), a depthwise-separable network, and the KD,
-RecipFL-KT and DepthFL self-distillation losses (the last on a tiny 2-exit model). For each: loss within 1e-5 and every gradient within
-1e-5 * max(1, max |grad|) of torch; 5 optimizer steps (SGD with momentum and weight
-decay, Adam; the last batch is short, so padding + masking is exercised) within 1e-4 of
-torch.optim; eval outputs within 1e-4.
+RecipFL-KT and DepthFL self-distillation losses (the last on a tiny 2-exit model).
+For each: loss within 1e-5 and every gradient within 1e-5 * max(1, max |grad|) of torch;
+5 optimizer steps (SGD with momentum and weight decay, Adam; the last batch is short, so
+padding + masking is exercised) within 1e-4 of torch.optim; eval outputs within 1e-4.
 
 Exporting takes seconds per program: programs are cached across runs (see pte_cache).
 """

@@ -117,7 +117,8 @@ class DepthFLOptions(MultiExitOptions):
                                      "exits (recipe loss depthfl_sd); false: the plain CE sum (ablation).")
     sd_temperature: float = option(1.0, "Softmax temperature T (> 0) of the self-distillation KL terms.",
                                    minimum=0.0)
-    sd_weight: float = option(1.0, "Weight (0..1) of the self-distillation term against the CE sum.", minimum=0.0)
+    sd_weight: float = option(1.0, "Weight (0..1) of the self-distillation term against the CE sum.",
+                              minimum=0.0)
     ensemble: bool = option(True, "Score each tier's deployable model on the mean softmax of its exits "
                             "(false: on its last exit).")
 
