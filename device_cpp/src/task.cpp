@@ -24,6 +24,8 @@ std::string string(const json& j, const std::string& key) {
   if (!j.is_string()) invalid("recipe." + key + ": expected a string");
   return j.get<std::string>();
 }
+// The losses of docs/protocol.md §14.3 that read a teacher's outputs (depthfl_sd and ce read none).
+bool reads_teacher(const std::string& loss) { return loss == "kd" || loss == "recipfl_kt"; }
 }  // namespace
 
 Recipe parse_recipe(const json& j) {
@@ -81,7 +83,7 @@ Plan parse_plan(const json& config, const std::vector<std::string>& models) {
       step.teacher = model(s["teacher"], "step.teacher");
       if (step.teacher == step.train) invalid("step.teacher: the trained model cannot be its own teacher");
     }
-    if (step.recipe.loss != "ce" && step.teacher.empty()) invalid("step: loss " + step.recipe.loss + " needs a teacher");
+    if (reads_teacher(step.recipe.loss) && step.teacher.empty()) invalid("step: loss " + step.recipe.loss + " needs a teacher");
     plan.steps.push_back(step);
   }
   if (config.contains("return")) {
@@ -146,8 +148,8 @@ nlohmann::ordered_json TaskRunner::run(const json& task, const std::function<voi
   Plan plan = parse_plan(task["config"], models);
   std::set<std::string> trained;
   for (auto& step : plan.steps) {
-    if (step.recipe.loss != "ce")
-      throw CodedError("unsupported_task", "loss " + step.recipe.loss + " reads a teacher; this client trains ce only");
+    if (reads_teacher(step.recipe.loss))
+      throw CodedError("unsupported_task", "loss " + step.recipe.loss + " reads a teacher; this client trains no teacher loss");
     trained.insert(step.train);
   }
   std::map<std::string, BlobRef> programs;
