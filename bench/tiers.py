@@ -4,9 +4,12 @@ Runs, through ``simulate``'s in-process path, a width method (HeteroFL, tiers 1.
 against AllSmall at width 0.25, and an exit method (DepthFL on ``vgg_multi_exit``, tiers
 1 / 2 / 3) against FedAvg-S (everybody trains the tier-1 prefix, the exit family's AllSmall),
 Dirichlet α, several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>``
-(``methods/tier_accuracy.py``) averaged over the last ``--last-k`` rounds.
+(``methods/tier_accuracy.py``) averaged over the last ``--last-k`` rounds. ``--families
+exit-sd`` (not in the default run): DepthFL with and without its self-distillation, and
+FedAvg-S, on LeNet-5's 2-exit variant (tiers 2 / 1).
 
     OMP_NUM_THREADS=1 python bench/tiers.py --data-dir ../shared/datasets --rounds 20 --seeds 0 1 2
+    OMP_NUM_THREADS=1 python bench/tiers.py --data-dir ../shared/datasets --families exit-sd
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ FAMILIES = {
                                                                    "strong_tiers": ["1.0"]})]),
     "exit": ("vgg_multi_exit", EXIT_TIERS, [("DepthFL", "depthfl", {}),
                                             ("AllSmall (FedAvg-S)", "fedavg-s-exit", {})]),
+    # DepthFL's self-distillation ablation on LeNet-5's 2-exit variant (small enough for this machine)
+    "exit-sd": ("lenet5_multi_exit", ["2", "1"], [("DepthFL", "depthfl", {}),
+                                                  ("DepthFL no SD", "depthfl", {"self_distillation": False}),
+                                                  ("AllSmall (FedAvg-S)", "fedavg-s-exit", {})]),
 }
 
 
@@ -44,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="fashion_mnist")
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--families", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES))
+    parser.add_argument("--families", nargs="+", default=["exit", "width"], choices=sorted(FAMILIES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--devices", type=int, default=9)
@@ -64,14 +71,14 @@ def main() -> None:
                     devices=args.devices,
                     rounds=args.rounds, alpha=args.alpha, seed=seed, tiers=tiers, method_options=options,
                     grid="inprocess", train_samples=args.train_samples, label=label, setting=family)
-                found = tier_accuracies(config, args.runs_dir / family / method / f"seed{seed}", args.last_k)
+                arm = label.lower().replace(" ", "-").replace("(", "").replace(")", "")
+                found = tier_accuracies(config, args.runs_dir / family / arm / f"seed{seed}", args.last_k)
                 for tier, value in found.items():
                     results.setdefault(label, {}).setdefault(tier, []).append(value)
-        (label, _, _), (control, _, _) = entries
         print(f"{family}: {args.dataset}, α {args.alpha}, seeds {args.seeds}, {args.rounds} rounds")
         for tier in tiers:
-            print(f"  tier {tier}: {label} {mean_std(results[label][tier])} vs {control} "
-                  f"{mean_std(results[control][tier])}")
+            print(f"  tier {tier}: " + " vs ".join(f"{label} {mean_std(results[label][tier])}"
+                                                   for label, _, _ in entries))
     print(f"wall time {time.monotonic() - started:.0f} s")
 
 

@@ -147,6 +147,13 @@ class PendingProgram:
     index: dict
 
 
+# Decision: ONNX has no stop-gradient operator (torch's detach exports as nothing), so ORT's
+# gradient builder would also differentiate through DepthFL's detached teacher outputs.
+ORT_REFUSED_LOSSES = {
+    "depthfl_sd": "ort-training/1 cannot export loss 'depthfl_sd' (ONNX has no stop-gradient for its "
+                  "detached exit teachers); use the executorch or torch runtime"}
+
+
 def prepare_ort_program(spec_or_model: dict | nn.Module, loss: dict | None = None,
                         input_shape: tuple[int, ...] | None = None,
                         num_classes: int | None = None) -> PendingProgram:
@@ -159,6 +166,8 @@ def prepare_ort_program(spec_or_model: dict | nn.Module, loss: dict | None = Non
     if input_shape is None or num_classes is None:
         raise ValueError("a torch model needs input_shape and num_classes")
     loss = Loss.from_dict(loss or {"kind": "ce"}).to_dict()
+    if loss["kind"] in ORT_REFUSED_LOSSES:
+        raise ValueError(ORT_REFUSED_LOSSES[loss["kind"]])
     training = export_training_forward(model, loss, tuple(input_shape), num_classes)
     eval_bytes = export_inference(model, tuple(input_shape))
     with torch.no_grad():

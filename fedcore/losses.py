@@ -12,6 +12,11 @@ exported program (``fedcore.losses`` re-exports this module; it imports torch).
                                                 CE-sum + CE(student, softmax(teacher
                                                 logits)) + KL(softmax(teacher features) ||
                                                 softmax(student features)).
+``{"kind": "depthfl_sd", "temperature": T,      DepthFL's mutual self-distillation between
+"alpha": w}``                                   the outputs: CE-sum + w * T^2 / (n - 1) *
+                                                sum over ordered pairs i != j of
+                                                KL(p_j,T detached || p_i,T); n outputs
+                                                (one output: CE-sum). Reads no teacher.
 ==============================================  ==========================================
 
 Decisions where the papers are silent (METHODS.md sets the weights):
@@ -26,6 +31,13 @@ Decisions where the papers are silent (METHODS.md sets the weights):
   so the student is pulled towards the teacher's distribution. As in the authors' code
   the feature term is dropped when the teacher's feature size differs from the
   student's (``features`` = the teacher's feature size, 0 or absent = no feature term).
+* DepthFL SD (Kim et al., ICLR 2023, "mutual self-distillation", after Deep Mutual
+  Learning): every output i is a student of every other output j, whose softened
+  prediction is a constant (detached: no gradient flows into the teacher side), and the
+  KL terms of output i are averaged over its n - 1 teachers. The paper's text gives no
+  temperature or weight; defaults T = 1 and w = 1 (the weight ``alpha`` caps at 1 like
+  ``kd``'s), the values of the published reproductions. T^2 keeps the gradient scale of
+  Hinton's KD at T != 1 (T = 1: no effect).
 """
 
 from __future__ import annotations
@@ -65,6 +77,21 @@ def masked_mean(per_sample: torch.Tensor, sample_mask: torch.Tensor) -> torch.Te
     return (per_sample * sample_mask).sum() / sample_mask.sum()
 
 
+def mutual_distillation(outputs: tuple[torch.Tensor, ...], sample_mask: torch.Tensor,
+                        temperature: float) -> torch.Tensor:
+    """DepthFL's self-distillation term over n (B, K) outputs: T^2 / (n - 1) * sum over
+    i != j of the masked mean of KL(softmax(o_j / T) detached || softmax(o_i / T)); 0 for n < 2."""
+    n, t = len(outputs), temperature
+    terms = [masked_mean(kl_per_sample(student / t, teacher.detach() / t), sample_mask)
+             for i, student in enumerate(outputs) for j, teacher in enumerate(outputs) if i != j]
+    if not terms:
+        return outputs[0].new_zeros(())
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total * (t * t / (n - 1))
+
+
 @dataclass(frozen=True)
 class Loss:
     """A validated loss recipe. ``extra_inputs(K, F)`` names the per-sample tensors the
@@ -79,17 +106,17 @@ class Loss:
     def from_dict(cls, loss: dict) -> Loss:
         kind = loss.get("kind", "ce")
         known = {"ce": {"kind"}, "kd": {"kind", "temperature", "alpha"},
-                 "recipfl_kt": {"kind", "features"}}
+                 "recipfl_kt": {"kind", "features"}, "depthfl_sd": {"kind", "temperature", "alpha"}}
         if kind not in known:
             raise ValueError(f"loss kind {kind!r} is not one of {KINDS}")
         unknown = sorted(set(loss) - known[kind])
         if unknown:
             raise ValueError(f"unknown keys {unknown} for loss {kind!r}")
-        if kind == "kd":
-            t, a = loss.get("temperature", 1.0), loss.get("alpha", 0.5)
+        if kind in ("kd", "depthfl_sd"):
+            t, a = loss.get("temperature", 1.0), loss.get("alpha", 0.5 if kind == "kd" else 1.0)
             if not (isinstance(t, int | float) and math.isfinite(t) and t > 0 and isinstance(a, int | float)
                     and 0 <= a <= 1):
-                raise ValueError(f"kd needs temperature > 0 and 0 <= alpha <= 1, got {t}, {a}")
+                raise ValueError(f"{kind} needs temperature > 0 and 0 <= alpha <= 1, got {t}, {a}")
             return cls(kind, float(t), float(a))
         if kind == "recipfl_kt":
             f = loss.get("features", 0) or 0
@@ -99,8 +126,8 @@ class Loss:
         return cls(kind)
 
     def to_dict(self) -> dict:
-        if self.kind == "kd":
-            return {"kind": "kd", "temperature": self.temperature, "alpha": self.alpha}
+        if self.kind in ("kd", "depthfl_sd"):
+            return {"kind": self.kind, "temperature": self.temperature, "alpha": self.alpha}
         if self.kind == "recipfl_kt":
             return {"kind": "recipfl_kt", "features": self.teacher_features}
         return {"kind": "ce"}
@@ -110,7 +137,7 @@ class Loss:
 
     def extra_inputs(self, num_classes: int, student_features: int) -> list[tuple[str, tuple[int, ...]]]:
         """[(name, per-sample shape)] of the teacher tensors this loss reads, in input order."""
-        if self.kind == "ce":
+        if self.kind in ("ce", "depthfl_sd"):
             return []
         extras = [("teacher_logits", (num_classes,))]
         if self.uses_features(student_features):
@@ -126,6 +153,8 @@ class Loss:
             ce = ce + masked_mean(cross_entropy_per_sample(out, labels), sample_mask)
         if self.kind == "ce":
             return ce
+        if self.kind == "depthfl_sd":
+            return ce + mutual_distillation(outputs, sample_mask, self.temperature) * self.alpha
         teacher = extras["teacher_logits"]
         if self.kind == "kd":
             t = self.temperature

@@ -43,6 +43,8 @@ LOSS_KINDS: dict[str, LossKind] = {kind.name: kind for kind in (
     LossKind("kd", ("teacher_logits",), "(1 - a) * CE + a * T^2 * KL(teacher || student), final output"),
     LossKind("recipfl_kt", ("teacher_logits", "teacher_features"),
              "CE + CE(student, softmax(teacher)) + KL over the last-hidden features"),
+    LossKind("depthfl_sd", (), "CE + a * T^2 / (n - 1) * sum over exit pairs i != j of KL(p_j || p_i), "
+             "p_j detached (DepthFL's mutual self-distillation)"),
 )}
 
 
@@ -60,9 +62,9 @@ class Recipe:
     divergence ruins the averaged model; bounding the local steps keeps the work per round
     the same on every device (BENCHMARKS.md, "Defaults that converge").
 
-    ``temperature`` and ``alpha`` parametrise the ``kd`` loss; ``teacher_features`` is the
-    teacher's last-hidden feature size for ``recipfl_kt`` (0: no feature term; the term is
-    used only when the student's feature size is the same).
+    ``temperature`` and ``alpha`` parametrise the ``kd`` and ``depthfl_sd`` losses;
+    ``teacher_features`` is the teacher's last-hidden feature size for ``recipfl_kt`` (0: no
+    feature term; the term is used only when the student's feature size is the same).
 
     ``prox_mu``: FedProx's proximal weight mu >= 0: every optimiser step adds
     mu * (w - w_start) to each parameter's gradient (before weight decay), w_start = the
@@ -144,8 +146,8 @@ class Recipe:
 
     def loss_dict(self) -> dict:
         """The loss as ``fedcore.losses.Loss.from_dict`` (and the exporters) take it."""
-        if self.loss == "kd":
-            return {"kind": "kd", "temperature": self.temperature, "alpha": self.alpha}
+        if self.loss in ("kd", "depthfl_sd"):
+            return {"kind": self.loss, "temperature": self.temperature, "alpha": self.alpha}
         if self.loss == "recipfl_kt":
             return {"kind": "recipfl_kt", "features": self.teacher_features}
         return {"kind": "ce"}

@@ -54,8 +54,9 @@ def loss_function(recipe: Recipe, extras: dict[str, np.ndarray] | None, n: int):
 
     loss = Loss.from_dict(recipe.loss_dict())
     extras = extras or {}
-    if "teacher_logits" not in extras:
-        raise ValueError(f"loss {recipe.loss!r} needs teacher_logits (the task's teacher model)")
+    needed = [name for name, _ in loss.extra_inputs(1, 0)]
+    if needed and needed[0] not in extras:
+        raise ValueError(f"loss {recipe.loss!r} needs {needed[0]} (the task's teacher model)")
     bad = {k: v.shape for k, v in extras.items() if len(v) != n}
     if bad:
         raise ValueError(f"teacher arrays must have one row per sample ({n}): {bad}")

@@ -24,6 +24,8 @@ std::string string(const json& j, const std::string& key) {
   if (!j.is_string()) invalid("recipe." + key + ": expected a string");
   return j.get<std::string>();
 }
+// The losses of docs/protocol.md §14.3 that read a teacher's outputs (depthfl_sd and ce read none).
+bool reads_teacher(const std::string& loss) { return loss == "kd" || loss == "recipfl_kt"; }
 }  // namespace
 
 Recipe parse_recipe(const json& j) {
@@ -49,7 +51,7 @@ Recipe parse_recipe(const json& j) {
   if (r.batch_size < 1) invalid("recipe.batch_size must be > 0");
   if (r.optimizer != "sgd" && r.optimizer != "adam") invalid("recipe.optimizer must be sgd or adam");
   if (r.lr <= 0) invalid("recipe.lr must be > 0");
-  if (r.loss != "ce" && r.loss != "kd" && r.loss != "recipfl_kt") invalid("recipe.loss: unknown loss " + r.loss);
+  if (r.loss != "ce" && r.loss != "kd" && r.loss != "recipfl_kt" && r.loss != "depthfl_sd") invalid("recipe.loss: unknown loss " + r.loss);
   if (r.temperature <= 0) invalid("recipe.temperature must be > 0");
   if (r.alpha < 0 || r.alpha > 1) invalid("recipe.alpha must be in 0..1");
   if (r.teacher_features < 0) invalid("recipe.teacher_features must be >= 0");
@@ -81,7 +83,7 @@ Plan parse_plan(const json& config, const std::vector<std::string>& models) {
       step.teacher = model(s["teacher"], "step.teacher");
       if (step.teacher == step.train) invalid("step.teacher: the trained model cannot be its own teacher");
     }
-    if (step.recipe.loss != "ce" && step.teacher.empty()) invalid("step: loss " + step.recipe.loss + " needs a teacher");
+    if (reads_teacher(step.recipe.loss) && step.teacher.empty()) invalid("step: loss " + step.recipe.loss + " needs a teacher");
     plan.steps.push_back(step);
   }
   if (config.contains("return")) {
@@ -146,8 +148,8 @@ nlohmann::ordered_json TaskRunner::run(const json& task, const std::function<voi
   Plan plan = parse_plan(task["config"], models);
   std::set<std::string> trained;
   for (auto& step : plan.steps) {
-    if (step.recipe.loss != "ce")
-      throw CodedError("unsupported_task", "loss " + step.recipe.loss + " reads a teacher; this client trains ce only");
+    if (reads_teacher(step.recipe.loss))
+      throw CodedError("unsupported_task", "loss " + step.recipe.loss + " reads a teacher; this client trains no teacher loss");
     trained.insert(step.train);
   }
   std::map<std::string, BlobRef> programs;

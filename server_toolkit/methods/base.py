@@ -169,6 +169,9 @@ class Method(ABC):
     per_device_models: bool = False
     """Each device deploys a model of its own (personalised methods): a tier's accuracy is the
     mean over its devices (``methods/tier_accuracy.py``); False: one model per tier."""
+    deploys_ensemble: bool = False
+    """The deployable model predicts with the mean of the softmax of all its outputs (exits
+    and final; DepthFL's ensemble inference), ``methods/tier_accuracy.py``; False: its final output."""
     server_data: tuple[np.ndarray, np.ndarray] | None = None
     Options: type[MethodOptions] = MethodOptions  # the method's options (a frozen dataclass)
 

@@ -8,7 +8,8 @@ can run now, as the method builds it (``Method.deployable``): the width window (
 FedRolex, FedDM), the depth prefix through the tier's last exit (DepthFL, HypeMeFed), the
 compressed model (FedConv), the small or large model (RecipFL, ExclusiveFL, AllSmall), the
 personal model (personalised methods: the mean over the tier's devices), the global model
-(FedAvg and its kin: every tier alike).
+(FedAvg and its kin: every tier alike). A method with ``deploys_ensemble`` (DepthFL) is
+scored on the mean softmax of all the outputs of that model (its exits and final output).
 
 Keys (decision): flat ``accuracy_tier_<tier>`` numbers in each ``metrics.jsonl`` row
 (``accuracy_tier_1.0``, ``accuracy_tier_strong``; devices without a tier:
@@ -59,6 +60,7 @@ class TierAccuracy:
         by_tier: dict[str | None, list[DeviceInfo]] = {}
         for device in sorted(self.devices.values(), key=lambda d: d.device_id):
             by_tier.setdefault(device.tier, []).append(device)
+        ensemble = getattr(method, "deploys_ensemble", False)  # test doubles need not be Methods
         scored: dict[str, float] = {}  # fingerprint of (spec, weights) -> accuracy
         out = {}
         for tier, devices in sorted(by_tier.items(), key=lambda item: str(item[0])):
@@ -70,24 +72,27 @@ class TierAccuracy:
                 spec, weights = found
                 key = _fingerprint(spec, weights)
                 if key not in scored:
-                    scored[key] = model_accuracy(spec, weights, x, y)
+                    scored[key] = model_accuracy(spec, weights, x, y, ensemble=ensemble)
                 values.append(scored[key])
             if values:
                 out[tier_key(tier)] = float(np.mean(values))
         return out
 
 
-def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray) -> float:
+def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray,
+                   ensemble: bool = False) -> float:
     """Accuracy of model ``spec`` with ``weights`` (its parameters, and its buffers unless a
-    device keeps them) on (x, y) of shapes (N, C, H, W) and (N,). Imports torch here, not at
+    device keeps them) on (x, y) of shapes (N, C, H, W) and (N,); ``ensemble``: predicting
+    with the mean softmax of all outputs, else the final one. Imports torch here, not at
     module level: the round loop imports this module and the CLI must start without torch."""
     import torch
 
     with torch.no_grad():
-        return _model_accuracy(torch, spec, weights, x, y)
+        return _model_accuracy(torch, spec, weights, x, y, ensemble)
 
 
-def _model_accuracy(torch, spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray) -> float:
+def _model_accuracy(torch, spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray,
+                    ensemble: bool) -> float:
     from fedcore.torch_model import build_model
     from fedcore.torch_train import evaluate_model
 
@@ -105,5 +110,9 @@ def _model_accuracy(torch, spec: dict, weights: Weights, x: np.ndarray, y: np.nd
         xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
         draw = torch.from_numpy(np.random.default_rng(0).choice(len(x), size=BN_SAMPLES))
         recalibrate_batchnorm(model, (xt[draw[s:s + 64]] for s in range(0, BN_SAMPLES, 64)))
+    if ensemble:
+        from ..models.exit_eval import ensemble_model_accuracy
+
+        return ensemble_model_accuracy(model, x, y)
     return evaluate_model(model, x, y).accuracy
 

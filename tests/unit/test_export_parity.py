@@ -2,11 +2,11 @@
 
 The matrix of the export issue: MLP, CNN + max-pool, CNN + BatchNorm (train mode),
 CNN + average / adaptive pools, a residual network, the multi-exit VGG (summed exit
-losses, dropout with shared masks), a depthwise-separable network, and the KD and
-RecipFL-KT losses. For each: loss within 1e-5 and every gradient within
-1e-5 * max(1, max |grad|) of torch; 5 optimizer steps (SGD with momentum and weight
-decay, Adam; the last batch is short, so padding + masking is exercised) within 1e-4 of
-torch.optim; eval outputs within 1e-4.
+losses, dropout with shared masks), a depthwise-separable network, and the KD,
+RecipFL-KT and DepthFL self-distillation losses (the last on a tiny 2-exit model).
+For each: loss within 1e-5 and every gradient within 1e-5 * max(1, max |grad|) of torch;
+5 optimizer steps (SGD with momentum and weight decay, Adam; the last batch is short, so
+padding + masking is exercised) within 1e-4 of torch.optim; eval outputs within 1e-4.
 
 Exporting takes seconds per program: programs are cached across runs (see pte_cache).
 """
@@ -54,9 +54,19 @@ MODELS = {
         _conv(12, 8, stride=2, groups=4, bias=False), {"op": "batchnorm2d", "c": 8}, {"op": "relu"},
         {"op": "gap"}, {"op": "flatten"}, {"op": "linear", "in": 8, "out": 5}]),
 }
+# DepthFL's self-distillation needs several outputs; a tiny 2-exit model keeps its export short.
+SD_MODELS = {
+    "two_exit": modelspec.make((1, 8, 8), 5, [
+        _conv(1, 4), {"op": "relu"}, {"op": "maxpool2d", "k": 2},
+        {"op": "exit", "head": [{"op": "flatten"}, {"op": "linear", "in": 64, "out": 5}]},
+        _conv(4, 4), {"op": "relu"}, {"op": "maxpool2d", "k": 2},
+        {"op": "flatten"}, {"op": "linear", "in": 16, "out": 5}]),
+}
+SPECS = {**MODELS, **SD_MODELS}
 KD = {"kind": "kd", "temperature": 3.0, "alpha": 0.7}
 KT = {"kind": "recipfl_kt", "features": 64}  # small_cnn's features: the 64-unit hidden layer
-CASES = [(name, CE) for name in MODELS] + [("cnn_maxpool", KD), ("cnn_maxpool", KT)]
+SD = {"kind": "depthfl_sd", "temperature": 2.0, "alpha": 0.8}  # T != 1 and w != 1 exercise both factors
+CASES = [(name, CE) for name in MODELS] + [("cnn_maxpool", KD), ("cnn_maxpool", KT), ("two_exit", SD)]
 
 
 def _case_id(case) -> str:
@@ -94,7 +104,7 @@ def _extras(loss: dict, n: int, spec: dict, seed: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_loss_and_gradients_match_torch(case, program_for):
     name, loss = case
-    spec = MODELS[name]
+    spec = SPECS[name]
     program = program_for(spec, loss, BATCH)
     x, y = _data(spec, BATCH, seed=1)
     result = gradient_parity(program, spec, _weights(spec, 2), x, y, loss, _extras(loss, BATCH, spec, 1))
@@ -107,7 +117,7 @@ def test_loss_and_gradients_match_torch(case, program_for):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_five_optimizer_steps_match_torch(case, optimizer, program_for):
     name, loss = case
-    spec = MODELS[name]
+    spec = SPECS[name]
     program = program_for(spec, loss, BATCH)
     n = 4 * BATCH + BATCH // 2  # 5 steps, the last one on half a batch (padded + masked)
     x, y = _data(spec, n, seed=3)

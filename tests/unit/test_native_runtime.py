@@ -33,6 +33,7 @@ from .test_export_parity import (
     GRAD_TOL,
     LOSS_TOL,
     MODELS,
+    SPECS,
     STEP_TOL,
     _case_id,
     _data,
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_loss_and_gradients_match_torch_autograd(case, program_for):
     name, loss = case
-    spec = MODELS[name]
+    spec = SPECS[name]
     x, y = _data(spec, BATCH, seed=1)
     result = gradient_parity(program_for(spec, loss, BATCH), spec, _weights(spec, 2), x, y, loss,
                              _extras(loss, BATCH, spec, 1), runtime_class=NativeExecutorchRuntime)

@@ -1,15 +1,29 @@
-"""Depth split without hypernetwork ("multi-exit, no HN"): the DepthFL-style baseline.
+"""DepthFL (Kim et al., ICLR 2023): depth split with mutual self-distillation and ensemble inference.
 
 Tier ``t`` trains the prefix of the multi-exit global model through exit ``t``
-(``submodels.exit_split``); the device's loss is the unweighted sum of CE over its exits.
+(``submodels.exit_split``). The device's loss (``self_distillation``, default on) is the
+recipe loss ``depthfl_sd`` (``fedcore.losses``): the sum of CE over its exits plus, for
+every ordered pair of its exits i != j, ``sd_weight`` * T^2 / (n - 1) * KL(p_j || p_i) with
+p_j detached, T = ``sd_temperature``; a tier with one exit has no pair and gets plain ``ce``
+(the same maths, and a program an ORT device can run). Decision (the paper's text gives no
+temperature or weight): T = 1 and weight 1, the published reproductions' values.
+``self_distillation=false`` is the ablation: the unweighted CE sum, HypeMeFed's "multi-exit,
+no HN" (HypeMeFed, a subclass, never distils). ONNX Runtime devices cannot train
+``depthfl_sd`` (the ORT export refuses it: ONNX has no stop-gradient).
+
+Ensemble inference (``ensemble``, default on): a tier's deployable model predicts with the
+mean of the softmax of all the exits it has (``Method.deploys_ensemble``), and
+``accuracy_tier_<t>`` scores that. Decision: the ensemble, not the tier's best exit: a
+device cannot pick its best exit without labels, and picking it on the test set would
+score the choice on the data it was chosen with. ``accuracy_ensemble`` adds the global
+model's ensemble over all exits (the paper's reported global accuracy); ``accuracy`` stays
+the final exit.
 Aggregation: every global tensor is the sample-weighted mean over the clients that trained
 it; tensors nobody trained this round keep their value (``reconstruct.present_average``).
 Exception (``classwise_heads``, default on): each exit's classifier is averaged per class,
 row ``c`` over the clients weighted by their samples of class ``c`` as their results report
 them (``label_counts``; a client that reports none counts with its sample count for every
 class), rows of classes no participant has keep their value (``methods.exit.classwise_average``).
-DepthFL's mutual self-distillation between exits is not part of this baseline: it is
-HypeMeFed's ablation "multi-exit, no hypernetwork".
 
 Decision (classifier rows, a departure from plain FedAvg; measured on digits, Dirichlet 0.1,
 27 clients, 5 per round, 30 rounds, seeds 0 / 1): the final exit is trained only by the
@@ -55,7 +69,7 @@ import numpy as np
 
 from fedcore.recipe import Recipe
 
-from ...models.exit_eval import exit_accuracies
+from ...models.exit_eval import ensemble_accuracy, exit_accuracies
 from ...reconstruct.present_average import average_present
 from ...submodels.exit_split import (
     ExitSplit,
@@ -99,6 +113,14 @@ class MultiExitOptions(ExitOptions):
 class DepthFLOptions(MultiExitOptions):
     tier_exits: dict[str, int] = option({}, "Exit count each named tier trains, {tier name: exits} (other "
                                         "tiers are exit counts themselves).")
+    self_distillation: bool = option(True, "Train with DepthFL's mutual self-distillation between a device's "
+                                     "exits (recipe loss depthfl_sd); false: the plain CE sum (ablation).")
+    sd_temperature: float = option(1.0, "Softmax temperature T (> 0) of the self-distillation KL terms.",
+                                   minimum=0.0)
+    sd_weight: float = option(1.0, "Weight (0..1) of the self-distillation term against the CE sum.",
+                              minimum=0.0)
+    ensemble: bool = option(True, "Score each tier's deployable model on the mean softmax of its exits "
+                            "(false: on its last exit).")
 
 
 def exit_split_recipe(recipe: Recipe, options: ExitOptions) -> Recipe:
@@ -123,6 +145,15 @@ class DepthFL(Method):
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)
         self.client_recipe = exit_split_recipe(recipe, self.options)
+        self.sd_recipe = self.client_recipe
+        if getattr(self.options, "self_distillation", False):  # HypeMeFed's options have none
+            o = self.options
+            if not (o.sd_temperature > 0 and o.sd_weight <= 1):
+                raise ValueError(f"depthfl needs sd_temperature > 0 and sd_weight <= 1 "
+                                 f"(got {o.sd_temperature}, {o.sd_weight})")
+            self.sd_recipe = dataclasses.replace(self.client_recipe, loss="depthfl_sd",
+                                                 temperature=o.sd_temperature, alpha=o.sd_weight)
+        self.deploys_ensemble = bool(getattr(self.options, "ensemble", False))
         self.planner = ExitSplit()
         self.classifiers = classifier_tensors(global_spec) if self.options.classwise_heads else []
         tier_exits = getattr(self.options, "tier_exits", {})  # HypeMeFed's tiers are exit counts only
@@ -142,16 +173,22 @@ class DepthFL(Method):
         for device in devices:
             exits = self.exits_of(device.tier)
             sub = self.planner.plan(self.global_spec, global_weights, exits, round_number)
-            instructions.append(TrainInstruction(device.device_id, sub.spec, sub.weights, self.client_recipe,
-                                                 {"tier": sub.index_map["tier"]}))
+            tier = sub.index_map["tier"]
+            instructions.append(TrainInstruction(device.device_id, sub.spec, sub.weights,
+                                                 self.recipe_for(tier), {"tier": tier}))
         return instructions
+
+    def recipe_for(self, exits: int) -> Recipe:
+        """The recipe of a prefix with ``exits`` outputs: self-distillation needs two or more."""
+        return self.sd_recipe if exits >= 2 else self.client_recipe
 
     def tier_plan(self, tier: str | None) -> tuple[dict, Recipe]:
         exits = parse_tier(self.exits_of(tier), self.global_spec)
-        return prefix_spec(self.global_spec, exits), self.client_recipe
+        return prefix_spec(self.global_spec, exits), self.recipe_for(exits)
 
     def deployable(self, global_weights: Weights, device: DeviceInfo) -> tuple[dict, Weights]:
-        """The depth prefix through the tier's last exit (scored at that exit)."""
+        """The depth prefix through the tier's last exit (scored on its exits' ensemble with
+        ``ensemble``, else at its last exit)."""
         sub = self.planner.plan(self.global_spec, global_weights, self.exits_of(device.tier), 0)
         return sub.spec, sub.weights
 
@@ -207,6 +244,8 @@ class DepthFL(Method):
         out = super().evaluate(global_weights, x, y)
         for i, accuracy in enumerate(exit_accuracies(self.global_spec, global_weights, x, y), start=1):
             out[f"accuracy_exit{i}"] = accuracy
+        if self.deploys_ensemble:
+            out["accuracy_ensemble"] = ensemble_accuracy(self.global_spec, global_weights, x, y)
 
         def target(device: DeviceInfo, role: str) -> tuple[dict, Weights]:
             sub = self.planner.plan(self.global_spec, global_weights, self.exits_of(device.tier), 0)
