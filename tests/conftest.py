@@ -93,10 +93,24 @@ def cpp_device() -> Path:
 # export parity matrix's programs (exported in the worker's session, ~4 min for the VGG alone).
 SAME_WORKER = {"tests/unit/test_native_runtime.py": "tests/unit/test_export_parity.py"}
 
-# The slowest files (measured with ``--durations``) start first: a worker that picks one near
-# the end of the run would finish long after the other.
+# Files of independent, long tests (1-5 min each, no module fixtures) whose tests are spread
+# over the workers one by one: as one scope, test_every_method's 20 methods took 44 min of one
+# worker (loaded machine), longer than the rest of the suite on the other.
+PER_TEST = {"tests/integration/test_every_method.py"}
+
+# The slowest files (measured with ``--durations``, summed per file) start first: a worker that
+# picks one near the end of the run would finish long after the other.
 SLOW_FIRST = [
-    "tests/unit/test_export_parity.py",
+    "tests/unit/test_export_parity.py",  # with test_native_runtime.py: every program exported
+    "tests/integration/test_every_method.py",
+    "tests/integration/test_java_device.py",
+    "tests/integration/test_byo.py",
+    "tests/integration/test_edges.py",
+    "tests/integration/test_embedded_broker.py",
+    "tests/integration/test_faults.py",
+    "tests/integration/test_runtime_choice.py",
+    "tests/integration/test_cpp_client_parity.py",
+    "tests/integration/test_pte_from_doc.py",
 ]
 
 
@@ -113,7 +127,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` with the ``SAME_WORKER`` files grouped into one scope."""
+    """``--dist loadfile`` with the ``SAME_WORKER`` files grouped into one scope and the
+    ``PER_TEST`` files' tests scheduled one by one."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -121,6 +136,6 @@ def pytest_xdist_make_scheduler(config, log):
     class GroupedFiles(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            return SAME_WORKER.get(path, path)
+            return nodeid if path in PER_TEST else SAME_WORKER.get(path, path)
 
     return GroupedFiles(config, log)

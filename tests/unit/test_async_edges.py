@@ -35,11 +35,10 @@ from server_toolkit.rounds.async_grid import Arrival
 from server_toolkit.rounds.async_loop import AsyncConfig, AsyncLoop
 from server_toolkit.rounds.loop import LoopConfig
 from server_toolkit.rounds.mqtt_async import AsyncMqttGrid
-from server_toolkit.rounds.mqtt_grid import ARRAYS_KEY
 from server_toolkit.rounds.norm_bound import bound_updates
 from server_toolkit.rounds.staleness import BufferedUpdate, staleness_stats
 from server_toolkit.rounds.staleness import fold_buffer as fold_with
-from server_toolkit.rounds.task_records import task_record
+from server_toolkit.rounds.task_records import ARRAYS_KEY, task_record
 
 from .test_async_loop import ScriptedGrid
 
