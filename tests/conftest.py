@@ -133,6 +133,10 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    # xdist would sort the scopes by their number of tests (putting every PER_TEST test last);
+    # keep the collection order, which starts with SLOW_FIRST
+    config.option.loadscopereorder = False
+
     class GroupedFiles(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
