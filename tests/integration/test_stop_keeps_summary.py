@@ -20,7 +20,10 @@ def test_ctrl_c_on_simulate_writes_the_summary_and_plot_of_the_finished_rounds(t
         [sys.executable, "-m", "server_toolkit.cli", "simulate", "--grid", "inprocess", "--devices", "3",
          "--rounds", "200", "--local-epochs", "1", "--partition", "iid", "--run-dir", str(run_dir)],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True,
+        # a test session started in the background of a script ignores SIGINT, and so would the
+        # child: Ctrl-C is what this test sends, so the child starts with SIGINT's default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
