@@ -111,8 +111,8 @@ class ProgramCache:
         started = time.monotonic()
 
         def export() -> bytes:
-            log.info("exporting the %s program of model %s (batch %d): ExecuTorch takes from "
-                     "~20 s (a small CNN) to minutes (a VGG); kept in %s for the next run",
+            log.info("exporting the %s program of model %s (batch %d): seconds to minutes "
+                     "(ExecuTorch: ~20 s for a small CNN, minutes for a VGG); kept in %s for the next run",
                      fmt, key[0][:12], recipe.batch_size, self.store.directory)
             return EXPORTERS[fmt](spec, recipe)
 

@@ -45,12 +45,7 @@ class ResultPulls:
         ``comebacks``: the device's count of returns online when its result arrived."""
         try:
             self._pull_result(dev, result, pending)
-        except Exception as exc:  # noqa: BLE001 - a fetch thread must not swallow a bug silently
-            if not isinstance(exc, ProtocolError):
-                log.exception("pulling the result of task %s from %s failed; its task stays open",
-                              result.task_id[:8], dev)
-                return
-            err = exc
+        except ProtocolError as err:
             if err.code == "not_offered" and self.endpoint.comebacks.get(dev, 0) != comebacks:
                 log.info("%s restarted: its result of task %s is gone; the task is sent again", dev,
                          result.task_id[:8])  # the offer died with the old process: not booked
@@ -61,6 +56,10 @@ class ResultPulls:
                          # may answer again without that member (docs/protocol.md §10.2)
                          pending=pending if isinstance(err, OwnDataError)
                          and not is_bundle(pending.instruction) else None)
+            return
+        except Exception:  # a fetch thread's Future would swallow a bug silently
+            log.exception("pulling the result of task %s from %s failed; its task stays open",
+                          result.task_id[:8], dev)
             return
         finally:
             with self._lock:
