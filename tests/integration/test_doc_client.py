@@ -89,7 +89,9 @@ def test_doc_client_gets_the_documented_errors(mosquitto, tmp_path, one_torch_th
     client = DocClient(host, port, fleet.fleet, DEVICE)
     client.misbehave = {1: "missing_record", 2: "unexpected_record", 3: "refuse"}
     client.start()
-    loop = fleet.server(rounds=3, round_timeout_s=60)
+    # rounds 1 and 2 last their deadline: a rejection of the result message alone leaves the
+    # task open (protocol §10.2); the client answers within a second, so 20 s is plenty
+    loop = fleet.server(rounds=3, round_timeout_s=20)
     loop.start()
     initial = {k: v.copy() for k, v in loop.global_weights.items()}
     try:
