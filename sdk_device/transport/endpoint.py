@@ -248,8 +248,9 @@ class Endpoint:
             peer, request = item
             try:
                 self._serve(peer, request)
-            except ProtocolError as err:  # a blob never offered to anyone: garbage, rate-limited
-                if self.store.has(request.blob) or self.rejections.admit(peer, err.code):
+            except ProtocolError as err:  # server: a blob it never had is garbage, rate-limited
+                if (self.device_id is not None or self.store.has(request.blob)
+                        or self.rejections.admit(peer, err.code)):
                     log.warning("blob request from %s refused: %s", peer, err)
                     self._reply_error(peer, err, ref=request.blob)
             except Exception:
