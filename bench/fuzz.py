@@ -6,7 +6,8 @@ Hypothesis draws ~15 ms a message on a busy 2-core machine, so ``--unique`` dist
 are generated and the rest of the ``--messages`` repeat them in a seeded random order.
 Rounds run until the fuzzer is done, then one more. Prints: messages sent, server exceptions
 (log records carrying a traceback, exceptions that ended a thread), rounds completed, honest
-updates lost (asked of an honest device and not accepted), registry rows and size.
+updates lost (asked of an honest device and not accepted), registry rows and size, and what the
+server only counted (garbage beyond its rate limits, chunk frames answering no pull).
 
 Run from the repository root::
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import tempfile
 import threading
@@ -42,7 +44,7 @@ def main() -> None:
                         help="distinct hypothesis examples; the rest repeat them in a seeded random order")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    started = time.monotonic()
+    started, load_start = time.monotonic(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp, MosquittoBroker(workdir=Path(tmp) / "mosquitto") as broker:
         fleet = Fleet(broker.address, Path(tmp))
         honest = ["good0", "good1"]
@@ -86,7 +88,13 @@ def main() -> None:
               f"mean {sum(r['seconds'] for r in rows) / len(rows):.1f}")
         print(f"registry: {rejections} rejection rows, {len(fleet.registry.devices())} devices, "
               f"{size / 1e6:.1f} MB")
+        endpoint = loop.grid.endpoint
+        print(f"only counted (rate limit): {endpoint.rejections.dropped} rejections of registered ids, "
+              f"{endpoint.strangers.total} messages of unknown ids; {endpoint.stray_chunks} chunk frames "
+              f"answering no pull dropped unread")
         print(f"wall time: {time.monotonic() - started:.0f} s")
+        print(f"load average (1 min) at start {load_start:.1f}, at end {os.getloadavg()[0]:.1f} "
+              f"(the machine is shared)")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ one whose only peer is ``"server"``. The endpoint
 * routes incoming traffic: control messages go to ``inbox`` (already validated; results
   first, see ``inbox.py``), chunk
   frames go to the transfer waiting for them, blob requests go to a serving thread;
-* answers every malformed or refused message with an ``Error`` to its sender and logs it;
+* answers a malformed or refused message with an ``Error`` to its sender and logs it; garbage
+  on a known peer's topics (one it could not tell from the peer's own) at most once per (peer,
+  code) a minute, the rest only counted (``inbox.RejectionLimit``); chunk frames while no
+  pull from their peer runs are dropped unread (``stray_chunks``);
 * moves blobs by *pull*: the receiver asks for a window of chunks (``BlobRequest``), the
   holder publishes them, the receiver writes each verified chunk to disk, asks for more,
   and checks the whole blob's sha256 at the end; bad chunks are named and fetched again
@@ -45,7 +48,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.pair_topics import PairTopics
 from ..protocol.topics import FleetTopics
 from .blob_store import BlobStore
-from .inbox import Inbox, Strangers
+from .inbox import Inbox, RejectionLimit, Strangers
 from .mqtt_link import BrokerAddress, MqttLink
 from .pull import BlobPull
 from .routes import SERVER, Routes
@@ -102,6 +105,8 @@ class Endpoint:
         self.max_blob_bytes = max_blob_bytes
         self.inbox: Inbox = Inbox()  # results first (inbox.py)
         self.strangers = Strangers()  # traffic from ids outside the fleet: counted, rate-limited
+        self.rejections = RejectionLimit()  # known peers' garbage: one booked per (peer, code) a minute
+        self.stray_chunks = 0  # chunk frames that arrived while no pull from their peer ran
         self.bytes_sent = 0
         self.bytes_received = 0
         self.corrupt_chunks = 0  # chunk frames not what they declared (damaged), asked for again
@@ -243,9 +248,11 @@ class Endpoint:
             peer, request = item
             try:
                 self._serve(peer, request)
-            except ProtocolError as err:
-                log.warning("blob request from %s refused: %s", peer, err)
-                self._reply_error(peer, err, ref=request.blob)
+            except ProtocolError as err:  # server: a blob it never had is garbage, rate-limited
+                if (self.device_id is not None or self.store.has(request.blob)
+                        or self.rejections.admit(peer, err.code)):
+                    log.warning("blob request from %s refused: %s", peer, err)
+                    self._reply_error(peer, err, ref=request.blob)
             except Exception:
                 log.exception("serving blob %s to %s failed", request.blob[:12], peer)
 
@@ -320,6 +327,8 @@ class Endpoint:
         try:
             message = msgs.decode(payload)
         except ProtocolError as err:
+            if not self.rejections.admit(peer, err.code):  # only counted (inbox.RejectionLimit)
+                return
             log.warning("rejected message from %s: %s", peer, err)
             if not msgs.says_error(payload):  # never answer an error with an error: two peers could loop
                 self._reply_error(peer, err)
@@ -338,10 +347,16 @@ class Endpoint:
         self.inbox.put(Incoming(peer, message=message))
 
     def _on_chunk(self, peer: str, payload: bytes) -> None:
+        with self._lock:
+            awaited = any(holder == peer for holder, _ in self._transfers)
+        if not awaited:  # nobody pulls from this peer now: dropped unread
+            self.stray_chunks += 1
+            return
         try:
             chunk = decode_chunk(payload)
         except ProtocolError as err:
-            log.warning("rejected chunk frame from %s: %s", peer, err)
+            if self.rejections.admit(peer, f"chunk:{err.code}"):
+                log.warning("rejected chunk frame from %s: %s", peer, err)
             return
         with self._lock:
             arrivals = self._transfers.get((peer, chunk.blob))

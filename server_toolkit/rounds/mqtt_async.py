@@ -6,7 +6,10 @@ version it was made from. A task made from version ``v`` is persisted under regi
 ``v + 1`` (the version it would make were it fresh), so after a restart the updates the
 registry holds say which version they were trained on (``recovered``). A task expires
 ``timeout_s`` after it was sent: its device counts as idle again, and a late result is
-refused as ``round_closed`` (never accepted, so never lost).
+refused as ``round_closed`` (never accepted, so never lost). A task whose result is rejected for
+the device's own data (NaN, wrong shape, a replay: ``results.check_pulled``) closes at once, as
+a round resolves such a device: its device is idle again and may get the next task, so the
+buffer keeps filling; a repeat of that result gets the same error.
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ class AsyncMqttGrid(MqttGrid, AsyncGrid):
             pending = self._pending.get(task_id or "")
             if code.startswith("device:") and pending is not None and pending.instruction.device_id == dev:
                 self._expires[task_id] = 0.0  # it refused its task: free it for a new one now
+
+    def _reject(self, dev, task_id, err, rnd, tell=True, pending=None) -> None:  # (MqttGrid's)
+        super()._reject(dev, task_id, err, rnd, tell, pending)
+        with self._lock:  # refused for its own data: the task is over, its device idle now
+            if pending is not None and pending.refused and pending.task_id in self._expires:
+                del self._expires[pending.task_id]
+                self._pending.pop(pending.task_id, None)
+                self._closed_tasks[pending.task_id] = pending.round
 
     def _accept(self, *args) -> None:  # (dev, result, pending, key), on a fetch thread
         super()._accept(*args)

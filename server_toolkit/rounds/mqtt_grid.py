@@ -3,18 +3,23 @@
 An exchange: export each task's programs (before the deadline starts counting against the
 devices) -> persist the task record -> offer its blobs and send the task, with at most
 ``task_window`` devices pulling at once and traffic handled meanwhile (``task_pacing.py``) ->
-handle incoming traffic until quorum, every device asked resolved, or the deadline -> pull each result,
-validate it, persist it, and only then acknowledge it. Invalid input (bad messages,
+handle incoming traffic until quorum, every device asked resolved, or the deadline -> pull each
+result, validate it, persist it, and only then acknowledge it. Invalid input (bad messages,
 unknown devices or tasks, wrong shapes, NaN, oversized or corrupt blobs, late results) is
 rejected, recorded in the registry under its task's round, logged and answered with an
-``error``; the round goes on. A rejection of the device's own data (a record pulled from it that
-hashes to its id but is no valid update, or a replay) resolves the device for the round, so the
-round closes when the others are in; any other rejection leaves the task open: only an accepted
-result, such a rejection, a refusal or the device going offline (mid-upload: after a grace)
-resolves it (``rounds/results.py``); it is sent again when its device may have missed it
-(``mqtt_presence.py``). When the exchange ends, its result pulls still running are cancelled.
-The registry (devices, tiers, revocations, tasks, updates) survives server restarts:
-``accepted_before`` returns a restarted round's updates with the instructions they answered.
+``error``; the round goes on. Garbage on a device's topics that names nothing of its own (an
+envelope error, a result for a task it does not have, a ``hello`` naming another device, an
+``error`` about no task of its own) is booked so at most once per (device, code) a minute, the
+rest only counted (``_books``; the endpoint's ``RejectionLimit``): a flood costs a few counter
+updates a message, not a committed registry row each. A rejection of the device's own data (a
+record pulled from it that hashes to its id but is no valid update, or a replay) resolves the
+device for the round, so the round closes when the others are in; any other rejection leaves the
+task open: only an accepted result, such a rejection, a refusal or the device going offline
+(mid-upload: after a grace) resolves it (``rounds/results.py``); it is sent again when its
+device may have missed it (``mqtt_presence.py``). When the exchange ends, its result pulls still
+running are cancelled. The registry (devices, tiers, revocations, tasks, updates) survives
+server restarts: ``accepted_before`` returns a restarted round's updates with the instructions
+they answered.
 """
 
 from __future__ import annotations
@@ -229,6 +234,11 @@ class MqttGrid(ResultPulls, Presence, Grid):
         known = self.registry.task_round(task_id, dev) if task_id else None
         return known if known is not None else self._open_round
 
+    def _books(self, dev: str, code: str) -> bool:
+        """Whether a rejection of ``dev``'s message naming nothing of its own is booked (logged,
+        answered, recorded): once per (device, code) a minute (``inbox.RejectionLimit``)."""
+        return self.endpoint.rejections.admit(dev, code)
+
     def _record_rejection(self, rnd: int | None, dev: str, task_id: str | None, code: str,
                           detail: str) -> None:
         self.registry.add_rejection(rnd, dev, task_id, code, detail)
@@ -250,7 +260,7 @@ class MqttGrid(ResultPulls, Presence, Grid):
             if pending is None and (result.task_id in self._closed_tasks or self._closed_before(result, dev)):
                 rnd = self._round_of(dev, result.task_id)
                 self._reject(dev, result.task_id, ProtocolError("round_closed", f"round {rnd} is over"), rnd)
-            else:
+            elif self._books(dev, "unknown_task"):
                 err = ProtocolError("unknown_task", "no such task for this device")
                 self._reject(dev, result.task_id, err, open_round)
             return

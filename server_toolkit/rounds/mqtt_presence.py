@@ -110,8 +110,9 @@ class Presence:
 
     def _on_hello(self, dev: str, hello: msgs.Hello) -> None:
         if hello.device_id != dev:
-            err = ProtocolError("invalid_field", "hello names another device")
-            self._reject(dev, None, err, self._open_round)
+            if self._books(dev, "invalid_field"):  # garbage anyone on its topic could send: rate-limited
+                err = ProtocolError("invalid_field", "hello names another device")
+                self._reject(dev, None, err, self._open_round)
             return
         self.registry.record_hello(dev, hello.profile, hello.runtimes, hello.num_samples)
         tier = resolve_tier(self.registry.tier_of(dev), hello.profile)  # in memory: no query
@@ -128,6 +129,8 @@ class Presence:
             what = "blob" if is_blob_id(error.ref) else "a copy of task"
             log.info("device %s refused %s %s: %s (not booked)", dev, what, error.ref[:12], error.code)
             return
+        if not own and not self._books(dev, "device:"):  # one key: a flood may make up any code
+            return  # about no task of its own: garbage anyone on its topic could send, rate-limited
         log.warning("device %s reports %s: %s", dev, error.code, error.detail)
         if own:
             self._resolved.add(dev)  # it refused its task
