@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fedcore import modelspec
 from fedcore.recipe import Recipe
+from sdk_device.runtimes.pte_contract import FORMAT as PTE_FORMAT
 
 from .program_store import ProgramStore
 
@@ -55,7 +56,7 @@ def _onnx_eval(spec: dict, recipe: Recipe) -> bytes:
 
 EXPORTERS: dict[str, Exporter] = {
     modelspec.FORMAT: _torchspec,
-    "pte/1": _pte,
+    PTE_FORMAT: _pte,
     "ort-training/1": _ort_training,
     "onnx/1": _onnx_eval,
 }

@@ -51,7 +51,7 @@ LOSS_KINDS: dict[str, LossKind] = {kind.name: kind for kind in (
 @dataclass(frozen=True)
 class Recipe:
     """Local training settings. ``lr`` per step; ``epochs`` full passes over local data. The
-    commands' defaults are ``server_toolkit.sim.simulate.DEFAULT_RECIPE`` (lr ``DEFAULT_LR``
+    commands' defaults are ``server_toolkit.server_config.DEFAULT_RECIPE`` (lr ``DEFAULT_LR``
     0.02: at 0.05 a device with many local steps now and then diverged mid-run, see above).
 
     ``max_steps``: at most this many optimiser steps per training step (task step), whatever

@@ -9,6 +9,8 @@ from rich.console import Console
 
 from fedcore.recipe import DEFAULT_LR, DEFAULT_MAX_STEPS
 
+from .method_choice import MethodOption
+
 console = Console()
 
 # One default for `run` and `simulate`: a round of a real fleet's slow devices (a Pi training a
@@ -34,6 +36,36 @@ def recipe_options(f):
     ):
         f = opt(f)
     return f
+
+
+def stacked(*decorators):
+    """One decorator applying ``decorators`` so that their options show in the given order."""
+    def apply(f):
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+# The options `run` and `simulate` spell alike (each command lists them in its own order).
+method_choice = click.option("--method", default="fedavg", show_default=True, cls=MethodOption,
+                             help="Federated method.")
+rounds_option = click.option("--rounds", default=20, show_default=True,
+                             help="Rounds in all (--resume: up to this round).")
+norm_bound_option = click.option(
+    "--norm-bound", default=10.0, show_default=True,
+    help="Clip an update's change per weight (RMS) to this many times the round's median (0: off).")
+round_timeout_option = click.option("--round-timeout", default=ROUND_TIMEOUT_S, show_default=True,
+                                    help="Round time limit, s.")
+programs_option = click.option(
+    "--programs", "program_formats", default="torchspec/1", show_default=True,
+    help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...).")
+selection_options = stacked(
+    click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all)."),
+    click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices."),
+    click.option("--over-select", default=0.0, show_default=True, help="Extra fraction of devices asked."),
+)
 
 
 def parse_options(pairs: tuple[str, ...]) -> dict:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .fleet_options import fleet_options, open_fleet
+from .options import programs_option
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -48,13 +49,7 @@ def pairing_options(f):
                 help="Tiers new devices are assigned from (by measured memory and step time), e.g. "
                 "1.0,0.5,0.25 (width methods) or 1,2,3 (exit methods). Default: no tiers.",
             ),
-            click.option(
-                "--programs",
-                "program_formats",
-                default="torchspec/1",
-                show_default=True,
-                help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...).",
-            ),
+            programs_option,
             click.option(
                 "--device-url",
                 default=None,

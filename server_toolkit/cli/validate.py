@@ -20,8 +20,6 @@ from collections.abc import Callable
 import click
 from click.core import ParameterSource
 
-from .warning import warn  # noqa: F401 - its home is cli/warning.py; still importable from here
-
 Validator = Callable[[dict], None]
 GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
 

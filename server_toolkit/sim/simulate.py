@@ -19,17 +19,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from fedcore.recipe import DEFAULT_LR, DEFAULT_MAX_STEPS, Recipe
 from sdk_device.data.npz import save_npz
 from sdk_device.protocol.topics import FleetTopics
 from sdk_device.transport.blob_store import BlobStore
 from sdk_device.transport.endpoint import Endpoint
 from sdk_device.transport.mqtt_link import BrokerAddress
 
-from ..assembly import aggregation_stack, assemble
+from ..assembly import assemble
 from ..broker.embedded import EmbeddedBroker
 from ..data.datasets import Dataset
 from ..data.server_slice import take_server_slice
@@ -39,17 +38,14 @@ from ..methods.abilities import wants_server_data
 from ..methods.base import DeviceInfo
 from ..observe.observers import RunObservers
 from ..privacy.round_privacy import privacy_summary
-from ..privacy.settings import PrivacySettings
 from ..report.run_report import RunReport
-from ..rounds.aggregator import Aggregator
-from ..rounds.async_loop import AsyncConfig
 from ..rounds.grid import Grid
 from ..rounds.inprocess_grid import InProcessGrid
 from ..rounds.local_device import LocalDevice
 from ..rounds.loop import LoopConfig, RoundLoop
-from ..rounds.modes import async_config, make_loop
+from ..rounds.modes import make_loop
 from ..rounds.quality_guard import guard_summary
-from ..secagg.mqtt_grid import secagg_grid
+from ..server_config import DEFAULT_RECIPE, ServerConfig  # noqa: F401 - DEFAULT_RECIPE: still importable here
 from ..torch_utils import one_torch_thread
 from .edges import deal_edges, plan_edges, register_group, start_edge_process
 from .partition import partition
@@ -58,63 +54,28 @@ log = logging.getLogger(__name__)
 
 GRIDS = ("mqtt", "inprocess")
 
-# Chosen on digits with small_cnn, IID, 5 devices, 3 rounds: final accuracy 0.947-0.964
-# over seeds 0-3 (adam lr 3e-3 gave 0.894-0.922; sgd lr 0.1 x 3 epochs 0.763-0.900).
-# lr and max_steps: fedcore.recipe.DEFAULT_LR (0.02, chosen over the issue-26 convergence grid)
-# and DEFAULT_MAX_STEPS (a device with much data stops part-way).
-DEFAULT_RECIPE = Recipe(epochs=5, batch_size=16, optimizer="sgd", lr=DEFAULT_LR, momentum=0.9,
-                        max_steps=DEFAULT_MAX_STEPS)
-
-
 @dataclass
-class SimulationConfig:
-    """Everything that defines a simulated run (saved as ``config.json``)."""
+class SimulationConfig(ServerConfig):
+    """Everything that defines a simulated run (saved as ``config.json``): the server's
+    configuration (``server_config.py``: task, rounds, features, fleet) and the simulated devices."""
 
-    method: str = "fedavg"
-    dataset: str = "digits"
-    data_dir: str | None = None
     train_samples: int | None = None  # a stratified subset of the training split (None: all of it)
     test_samples: int | None = None  # a stratified subset of the test split (None: all of it)
-    model: str = "small_cnn"
     devices: int = 8
-    rounds: int = 20
-    clients_per_round: int | None = None
-    fraction: float | None = None
-    over_select: float = 0.0
     partition: str = "dirichlet"
     alpha: float = 0.5
     min_size: int = 10
     classes_per_client: int = 2
     num_strong: int = 1
     strong_share: float = 0.5
-    recipe: dict = field(default_factory=lambda: DEFAULT_RECIPE.to_dict())
-    seed: int = 0
-    round_timeout_s: float = 120.0
-    min_devices: int = 1  # devices online before a round starts (the fleet's start waits for all)
-    fleet_timeout_s: float = 180.0  # how long a round waits for min_devices before the run fails
-    norm_bound: float | None = 10.0  # clip update changes to this x the round's median (None: off)
-    broker_url: str | None = None
-    fleet: str = ""
-    tiers: list[str] | None = None  # tier names given to devices round-robin (dev000 -> tiers[0], ...)
-    method_options: dict = field(default_factory=dict)  # extra keyword arguments of the method
-    program_formats: list[str] = field(default_factory=lambda: ["torchspec/1"])  # offered per task
     device_runtime: str | None = None  # make every device use this runtime (default: its best)
     device_python: str | None = None  # interpreter of the device processes (e.g. .venv-ort/bin/python)
     edges: int = 0  # edge aggregator processes between the server and the devices (see sim/edges.py)
     grid: str = "mqtt"  # "mqtt": device processes over a broker; "inprocess": devices trained here
     label: str | None = None  # a name for this run in reports (benchmarks set it, e.g. "FedAvg-S")
     setting: str | None = None  # what runs compare within, in reports (benchmarks set it)
-    secagg: dict | None = None  # secure aggregation settings (cli/secagg_options.py); None: off
-    mode: str = "sync"  # "async": buffered asynchronous aggregation (rounds/async_loop.py)
-    buffer: int | None = None  # async: K, updates per version
-    max_staleness: int | None = None  # async: S, versions an update may lag
-    concurrency: int | None = None  # async: devices training at once (None: all)
-    server_lr: float | None = None  # async: step on the folded delta (None: 1.0)
-    eval_every: int | None = None  # async: evaluate every N-th version and the last (None: 1)
     slow_devices: float = 0.0  # simulation knob: this share of the devices are stragglers (by seed)
     slowdown: float = 10.0  # ... each sleeping (slowdown - 1) x its training time after training
-    privacy: dict | None = None  # PrivacySettings as a dict (--dp-*, --label-noise-epsilon, --robust)
-    on_divergence: str = "rollback"  # --on-divergence: rollback, stop or continue (rounds/quality_guard.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -264,18 +225,8 @@ class Simulation:
         self.device_procs, self.edge_procs = [], []
 
     def loop_config(self, tier_map: dict[str, str]) -> LoopConfig:
-        c = self.config
-        return LoopConfig(rounds=c.rounds, clients_per_round=c.clients_per_round, fraction=c.fraction,
-                          over_select=c.over_select, round_timeout_s=c.round_timeout_s, seed=c.seed,
-                          tier_map=tier_map, fleet_timeout_s=c.fleet_timeout_s,
-                          norm_bound=None if c.secagg else c.norm_bound,  # secagg: no update in the clear
-                          on_divergence=c.on_divergence)
-
-    def stack(self, method, settings: AsyncConfig | None = None) -> Aggregator:
-        """The run's aggregation stack (``assembly.py:aggregation_stack``)."""
-        c = self.config
-        return aggregation_stack(method, c.norm_bound, PrivacySettings.from_dict(c.privacy), bool(c.secagg),
-                                 settings)
+        """The shared ``LoopConfig``; ``min_devices`` 1 until the whole fleet is online (below)."""
+        return replace(self.config.loop_config(tier_map), min_devices=1)
 
     def run(self) -> RunReport:
         c = self.config
@@ -285,7 +236,7 @@ class Simulation:
             raise ValueError("edge aggregators and --mode async need device processes: --grid mqtt")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(c.to_json())
-        setup = assemble(c.method, c.model, c.dataset, c.data_dir, Recipe.from_dict(c.recipe),
+        setup = assemble(c.method, c.model, c.dataset, c.data_dir, c.device_recipe(),
                          c.method_options, c.seed, c.train_samples, c.test_samples)
         data, method = setup.data, setup.method
         share = method.server_fraction if wants_server_data(method) else 0.0
@@ -319,7 +270,7 @@ class Simulation:
             self.observers.watch_inprocess(grid)
             loop = self.loop = RoundLoop(method, grid, self.loop_config(setup.tier_map),
                              run_dir=self.run_dir, test_data=test_data, on_round=on_round,
-                             aggregator=self.stack(method))
+                             aggregator=c.aggregation(method))
             loop.start(resume=self.resume)
             self.on_event("devices", {"online": len(devices), "expected": len(devices)})
             loop.run()
@@ -347,10 +298,8 @@ class Simulation:
         self.on_event("broker", {"url": address.url, "embedded": broker is not None})
         endpoint = Endpoint(address, FleetTopics(c.fleet), BlobStore(self.run_dir / "blobs"),
                             is_known_peer=registry.is_known)
-        settings = async_config(c.mode, c.buffer, c.max_staleness, c.concurrency, c.server_lr,
-                                c.eval_every)
-        grid = secagg_grid(endpoint, registry, method, c.secagg, c.seed, settings,
-                           program_formats=c.program_formats, fetch_timeout_s=c.round_timeout_s)
+        settings = c.async_settings()
+        grid = c.mqtt_grid(endpoint, registry, method, settings)
         self.observers.watch_registry(registry, self.run_dir / "registry.sqlite", grid, "--tiers")
         try:
             endpoint.start()
@@ -358,7 +307,7 @@ class Simulation:
             self.start_devices(address)
             loop = self.loop = make_loop(method, grid, loop_config, settings, run_dir=self.run_dir,
                                          test_data=test_data, on_round=on_round,
-                                         aggregator=self.stack(method, settings))
+                                         aggregator=c.aggregation(method, settings))
             loop.start(resume=self.resume)
             expected = len(self.direct_devices) + len(self.edges)
             # the start waits for the whole fleet; a round then goes on with whoever is online
