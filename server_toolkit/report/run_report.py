@@ -104,11 +104,16 @@ class RunReport:
         numbers). Raises ValueError otherwise, including for NaN or infinite numbers.
         """
         clean = _validate_row(row)
-        with self.jsonl_path.open("a", encoding="utf-8") as f:
-            f.write(_jsonl_line(clean))
-            f.flush()
-            os.fsync(f.fileno())
-        self._rows.append(clean)
+        handed = False  # a Ctrl-C during fsync must not leave the line on disk but out of the summary
+        try:
+            with self.jsonl_path.open("a", encoding="utf-8") as f:
+                f.write(_jsonl_line(clean))
+                handed = True
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            if handed:
+                self._rows.append(clean)
         self._write_csv()
 
     def _write_csv(self) -> None:
