@@ -6,7 +6,7 @@ tier's devices train that tier's model among themselves), Dirichlet α (each ``-
 several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>``
 (``methods/tier_accuracy.py``) averaged over the last ``--last-k`` rounds. Families:
 
-* ``width``: HeteroFL on small_cnn, tiers 1.0 / 0.5 / 0.25; AllSmall at width 0.25;
+* ``width``: HeteroFL on lenet5, tiers 1.0 / 0.5 / 0.25; AllSmall at width 0.25;
 * ``exit``: DepthFL on lenet5_multi_exit, tiers 2 / 1; AllSmall = FedAvg-S (the tier-1 prefix);
 * ``exit-vgg``: the same on vgg_multi_exit, tiers 3 / 2 / 1 (heavy);
 * ``exit-sd``: DepthFL with and without its self-distillation, lenet5_multi_exit;
@@ -37,7 +37,7 @@ RESOURCE = {"small_model": "width:0.3"}
 # family -> (model, tiers, [(label, method, options)], other SimulationConfig fields): the method
 # first, its controls after it
 FAMILIES = {
-    "width": ("small_cnn", WIDTH_TIERS, [("HeteroFL", "heterofl", {}),
+    "width": ("lenet5", WIDTH_TIERS, [("HeteroFL", "heterofl", {}),
                                          ("AllSmall", "allsmall", ALL_SMALL_WIDTH),
                                          ("Alone", "alone", {"of": "heterofl"})], {}),
     "exit": ("lenet5_multi_exit", ["2", "1"], [("DepthFL", "depthfl", {}),
