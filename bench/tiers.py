@@ -12,7 +12,8 @@ several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>
 * ``exit-sd``: DepthFL with and without its self-distillation, lenet5_multi_exit;
 * ``resource-skew``: RecipFL on lenet5, 1 strong device holding half the data (quantity skew)
   and 5 weak ones, small model width 0.3; AllSmall at width 0.3; Alone = ExclusiveFL;
-* ``conv``: FedConv on small_cnn, tiers 1.0 / 0.5 / 0.25; AllSmall at width 0.25.
+* ``conv``: FedConv on small_cnn, tiers 1.0 / 0.5 / 0.25; AllSmall at width 0.25; Alone trains
+  the width sub-models (FedConv's tier shapes) without FedConv's 5 % server data.
 
 A run whose ``metrics.jsonl`` under ``--runs-dir`` is complete for the same configuration is
 read back instead of run again (a long bench can be stopped and restarted).
@@ -55,7 +56,7 @@ FAMILIES = {
                       {"devices": 6, "partition": "quantity-skew", "num_strong": 1}),
     "conv": ("small_cnn", WIDTH_TIERS, [("FedConv", "fedconv", {}),
                                         ("AllSmall", "allsmall", ALL_SMALL_WIDTH),
-                                        ("Alone", "alone", {"of": "fedconv"})], {}),
+                                        ("Alone", "alone", {"of": "heterofl"})], {}),
 }
 
 

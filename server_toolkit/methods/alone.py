@@ -9,7 +9,9 @@ width window, DepthFL's exit prefix, RecipFL's small or large model), started fr
 initial weights cut to that model, by ``of``'s recipe for the tier (``tier_plan``: DepthFL's
 self-distillation included). So "tier t: X vs alone Z" differs only in who trains with
 whom, and ``accuracy_tier_<t>`` scores the tier as ``of`` scores it (DepthFL's ensemble over
-exits included). With ``of=recipfl`` (strong / weak) it is ExclusiveFL.
+exits included). With ``of=recipfl`` (strong / weak) it is ExclusiveFL. A method that trains
+on server data (FedConv) is refused: the tiers alone have none; FedConv's tier models have
+the width sub-models' shapes, so ``of=heterofl`` gives its control.
 
 Decisions: a tier's model joins the global weights the first round one of its devices is
 selected (the method learns the fleet's tiers from the devices, as the others do), its
@@ -27,6 +29,7 @@ import numpy as np
 from fedcore.recipe import Recipe
 
 from ..reconstruct.average import weighted_average
+from .abilities import wants_server_data
 from .base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from .options import MethodOptions, option
 from .tier_accuracy import DEFAULT_TIER, model_accuracy
@@ -68,6 +71,9 @@ class Alone(Method):
         if self.options.of == self.name:
             raise ValueError("method 'alone': option of= names the method whose tiers train alone, not 'alone'")
         self.of = method_class(self.options.of)(global_spec, recipe, **self.options.of_options)
+        if wants_server_data(self.of):
+            raise ValueError(f"method 'alone': {self.options.of} trains on server data the tiers alone "
+                             "would not have; its tier models are width sub-models: use of=heterofl")
         self.deploys_ensemble = bool(getattr(self.of, "deploys_ensemble", False))
         self.seed = 0
         self.specs: dict[str, dict] = {}  # tier -> its model's spec, once its devices were seen
