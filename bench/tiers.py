@@ -94,8 +94,8 @@ def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str,
     """{label: {tier or "global": [value per seed]}} of one family at Dirichlet ``alpha``."""
     model, tiers, entries, extra = FAMILIES[family]
     results: dict[str, dict[str, list[float]]] = {}
-    for label, method, options in entries:
-        for seed in args.seeds:
+    for seed in args.seeds:  # seeds outermost: a bench stopped early has every arm of its first seeds
+        for label, method, options in entries:
             config = SimulationConfig(**{
                 "method": method, "dataset": args.dataset, "data_dir": args.data_dir, "model": model,
                 "devices": args.devices, "rounds": args.rounds, "alpha": alpha, "seed": seed,
