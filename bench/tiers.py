@@ -19,7 +19,7 @@ A run whose ``metrics.jsonl`` under ``--runs-dir`` is complete for the same conf
 read back instead of run again (a long bench can be stopped and restarted).
 
     OMP_NUM_THREADS=1 python bench/tiers.py --data-dir ../shared/datasets --train-samples 6000 \\
-        --rounds 15 --seeds 0 1 2 --alphas 0.1 0.5 --families exit width
+        --test-samples 2000 --rounds 15 --seeds 0 1 2 --alphas 0.1 0.5 --families exit width
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str,
                 "method": method, "dataset": args.dataset, "data_dir": args.data_dir, "model": model,
                 "devices": args.devices, "rounds": args.rounds, "alpha": alpha, "seed": seed,
                 "tiers": tiers, "method_options": options, "grid": "inprocess",
-                "train_samples": args.train_samples, "label": label, "setting": family, **extra})
+                "train_samples": args.train_samples, "test_samples": args.test_samples, "label": label, "setting": family, **extra})
             arm = label.lower().replace(" ", "-").replace("(", "").replace(")", "")
             run_dir = args.runs_dir / family / f"alpha{alpha}" / arm / f"seed{seed}"
             for key, value in tier_accuracies(config, run_dir, args.last_k).items():
@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=9, help="Devices (resource-skew: always 6).")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.5], help="Dirichlet α, one bench each.")
     parser.add_argument("--train-samples", type=int, default=None, help="A stratified subset (default: all).")
+    parser.add_argument("--test-samples", type=int, default=None,
+                        help="A stratified subset of the test split (default: all of it).")
     parser.add_argument("--last-k", type=int, default=3, help="Rounds averaged at the end of each run.")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/tiers"))
     args = parser.parse_args()
