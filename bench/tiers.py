@@ -100,7 +100,8 @@ def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str,
                 "method": method, "dataset": args.dataset, "data_dir": args.data_dir, "model": model,
                 "devices": args.devices, "rounds": args.rounds, "alpha": alpha, "seed": seed,
                 "tiers": tiers, "method_options": options, "grid": "inprocess",
-                "train_samples": args.train_samples, "test_samples": args.test_samples, "label": label, "setting": family, **extra})
+                "train_samples": args.train_samples, "test_samples": args.test_samples, "label": label,
+                "setting": family, **extra})
             arm = label.lower().replace(" ", "-").replace("(", "").replace(")", "")
             run_dir = args.runs_dir / family / f"alpha{alpha}" / arm / f"seed{seed}"
             for key, value in tier_accuracies(config, run_dir, args.last_k).items():
@@ -128,7 +129,8 @@ def main() -> None:
         tiers, entries = FAMILIES[family][1], FAMILIES[family][2]
         for alpha in args.alphas:
             results = run_family(family, alpha, args)
-            print(f"{family}: {args.dataset}, α {alpha}, seeds {args.seeds}, {args.rounds} rounds", flush=True)
+            print(f"{family}: {args.dataset}, α {alpha}, seeds {args.seeds}, {args.rounds} rounds",
+                  flush=True)
             for tier in [*dict.fromkeys(tiers), "global"]:
                 name = "global model (accuracy)" if tier == "global" else f"tier {tier}"
                 print(f"  {name}: " + " vs ".join(f"{label} {mean_std(results[label][tier])}"

@@ -69,7 +69,8 @@ class Alone(Method):
 
         super().__init__(global_spec, recipe, **options)
         if self.options.of == self.name:
-            raise ValueError("method 'alone': option of= names the method whose tiers train alone, not 'alone'")
+            raise ValueError("method 'alone': option of= names the method whose tiers train alone, "
+                             "not 'alone'")
         self.of = method_class(self.options.of)(global_spec, recipe, **self.options.of_options)
         if wants_server_data(self.of):
             raise ValueError(f"method 'alone': {self.options.of} trains on server data the tiers alone "
