@@ -79,10 +79,13 @@ def run_rows(config: SimulationConfig, run_dir: Path) -> list[dict]:
 
 def tier_accuracies(config: SimulationConfig, run_dir: Path, last_k: int) -> dict[str, float]:
     """{tier: its deployable accuracy averaged over the last ``last_k`` rounds} of one run,
-    and the global model's ``accuracy`` under "global"."""
+    the global model's ``accuracy`` under "global" and a multi-exit model's ``accuracy_exit<k>``
+    and ``accuracy_ensemble`` under "exit<k>" and "ensemble"."""
     rows = run_rows(config, run_dir)[-last_k:]
     found = {t: statistics.fmean(r[f"accuracy_tier_{t}"] for r in rows) for t in dict.fromkeys(config.tiers)}
-    return {**found, "global": statistics.fmean(r["accuracy"] for r in rows)}
+    exits = [k for k in rows[-1] if k.startswith("accuracy_exit") or k == "accuracy_ensemble"]
+    return {**found, "global": statistics.fmean(r["accuracy"] for r in rows),
+            **{k.removeprefix("accuracy_"): statistics.fmean(r[k] for r in rows) for k in exits}}
 
 
 def mean_std(values: list[float]) -> str:
@@ -135,6 +138,11 @@ def main() -> None:
                 name = "global model (accuracy)" if tier == "global" else f"tier {tier}"
                 print(f"  {name}: " + " vs ".join(f"{label} {mean_std(results[label][tier])}"
                                                   for label, _, _ in entries), flush=True)
+            for label, _, _ in entries:  # a multi-exit global model's exits, for the reasons
+                exits = sorted(k for k in results[label] if k.startswith("exit") or k == "ensemble")
+                if exits:
+                    print(f"  {label}'s global model: " + ", ".join(
+                        f"{k} {mean_std(results[label][k])}" for k in exits), flush=True)
     print(f"wall time {time.monotonic() - started:.0f} s")
 
 
