@@ -71,7 +71,11 @@ class Alone(Method):
         if self.options.of == self.name:
             raise ValueError("method 'alone': option of= names the method whose tiers train alone, "
                              "not 'alone'")
-        self.of = method_class(self.options.of)(global_spec, recipe, **self.options.of_options)
+        try:
+            of = method_class(self.options.of)
+        except ValueError as exc:
+            raise ValueError(f"method 'alone', option of: {exc}") from None
+        self.of = of(global_spec, recipe, **self.options.of_options)
         if wants_server_data(self.of):
             raise ValueError(f"method 'alone': {self.options.of} trains on server data the tiers alone "
                              "would not have; its tier models are width sub-models: use of=heterofl")
