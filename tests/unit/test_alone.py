@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fedcore.recipe import Recipe
+from fedcore.torch_model import build_model, state_numpy
 from server_toolkit.methods import method_class
 from server_toolkit.methods.base import ClientUpdate, DeviceInfo
 from server_toolkit.models.zoo import model_spec
@@ -26,9 +27,11 @@ def test_each_tier_trains_the_model_it_deploys_under_the_heterogeneous_method():
     weights = alone.initial_weights(0)
     instructions = {i.device_id: i for i in alone.configure_train(1, weights, [BIG, SMALL])}
     for device in (BIG, SMALL):
-        spec, start = heterofl.deployable(heterofl.initial_weights(0), device)
-        assert instructions[device.device_id].spec == spec
-        assert all(np.array_equal(start[k], v) for k, v in instructions[device.device_id].weights.items())
+        spec, window = heterofl.deployable(heterofl.initial_weights(0), device)
+        sent = instructions[device.device_id]
+        assert sent.spec == spec and set(sent.weights) == set(window)
+        fresh = state_numpy(build_model(spec, seed=0))  # its own model's initial scale, not the window's
+        assert all(np.array_equal(fresh[k], v) for k, v in sent.weights.items())
     assert sum(v.size for v in instructions["b"].weights.values()) < \
         sum(v.size for v in instructions["a"].weights.values())
 
