@@ -16,9 +16,9 @@ the width sub-models' shapes, so ``of=heterofl`` gives its control.
 Decisions: a fresh initialisation, not ``of``'s initial weights cut to the tier's model: a
 width window cut from the full model keeps the full fan-in's initial scale, sqrt(r) of a
 fresh init's (lenet5's 0.25 window: weight std 0.5x beyond the first layer, logit std 0.05
-against 0.11); trained alone from it, that window stayed at chance
-for all 15 rounds on Fashion-MNIST, α 0.5, seed 0; AllSmall's fresh model of the same shape
-was at 0.39 after round 2). A tier's model joins the global weights the first round one of its devices is
+against 0.11); trained alone from it, that window stayed at chance for all 15 rounds on
+Fashion-MNIST (α 0.5, seed 0), while AllSmall's fresh model of the same shape was at 0.39
+after round 2. A tier's model joins the global weights the first round one of its devices is
 selected (the method learns the fleet's tiers from the devices, as the others do), its
 tensor names prefixed ``<tier>|`` (``default|`` for devices without a tier); a tier that
 sends nothing in a round keeps its weights. ``accuracy`` / ``loss`` are those of the largest
