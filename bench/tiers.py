@@ -1,50 +1,115 @@
-"""Each tier's deployable model against AllSmall (issue 32): "tier t: X vs AllSmall Y".
+"""Each tier's deployable model against its controls (issue 32): "tier t: X vs AllSmall Y vs alone Z".
 
-Runs, through ``simulate``'s in-process path, a width method (HeteroFL, tiers 1.0 / 0.5 / 0.25)
-against AllSmall at width 0.25, and an exit method (DepthFL on ``vgg_multi_exit``, tiers
-1 / 2 / 3) against FedAvg-S (everybody trains the tier-1 prefix, the exit family's AllSmall),
-Dirichlet α, several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>``
-(``methods/tier_accuracy.py``) averaged over the last ``--last-k`` rounds. ``--families
-exit-sd`` (not in the default run): DepthFL with and without its self-distillation, and
-FedAvg-S, on LeNet-5's 2-exit variant (tiers 2 / 1).
+Runs, through ``simulate``'s in-process path, one heterogeneous method per family against
+AllSmall (every device trains the smallest tier's model) and Alone (``--method alone``: each
+tier's devices train that tier's model among themselves), Dirichlet α (each ``--alphas``),
+several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>``
+(``methods/tier_accuracy.py``) averaged over the last ``--last-k`` rounds. Families:
 
-    OMP_NUM_THREADS=1 python bench/tiers.py --data-dir ../shared/datasets --rounds 20 --seeds 0 1 2
-    OMP_NUM_THREADS=1 python bench/tiers.py --data-dir ../shared/datasets --families exit-sd
+* ``width``: HeteroFL on lenet5, tiers 1.0 / 0.5 / 0.25; AllSmall at width 0.25;
+* ``exit``: DepthFL on lenet5_multi_exit, tiers 2 / 1; AllSmall = FedAvg-S (the tier-1 prefix);
+* ``exit-vgg``: the same on vgg_multi_exit, tiers 3 / 2 / 1 (heavy);
+* ``exit-sd``: DepthFL with and without its self-distillation, lenet5_multi_exit;
+* ``resource-skew``: RecipFL on lenet5, 1 strong device holding half the data (quantity skew)
+  and 5 weak ones, small model width 0.3; AllSmall at width 0.3; Alone = ExclusiveFL;
+* ``conv``: FedConv on small_cnn, tiers 1.0 / 0.5 / 0.25; AllSmall at width 0.25; Alone trains
+  the width sub-models (FedConv's tier shapes) without FedConv's 5 % server data.
+
+A run whose ``metrics.jsonl`` under ``--runs-dir`` is complete for the same configuration is
+read back instead of run again (a long bench can be stopped and restarted).
+
+    OMP_NUM_THREADS=1 python bench/tiers.py --data-dir ../shared/datasets --train-samples 6000 \\
+        --test-samples 2000 --rounds 15 --seeds 0 1 2 --alphas 0.1 0.5 --families exit width
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
 
 from server_toolkit.sim.simulate import Simulation, SimulationConfig
 
-WIDTH_TIERS, EXIT_TIERS = ["1.0", "0.5", "0.25"], ["3", "2", "1"]
-# family -> (model, tiers, [(label, method, options)]): the method first, its control second
+WIDTH_TIERS = ["1.0", "0.5", "0.25"]
+ALL_SMALL_WIDTH = {"small_model": "width:0.25", "strong_tiers": ["1.0"]}
+RESOURCE = {"small_model": "width:0.3"}
+# family -> (model, tiers, [(label, method, options)], other SimulationConfig fields): the method
+# first, its controls after it
 FAMILIES = {
-    "width": ("small_cnn", WIDTH_TIERS, [("HeteroFL", "heterofl", {}),
-                                         ("AllSmall", "allsmall", {"small_model": "width:0.25",
-                                                                   "strong_tiers": ["1.0"]})]),
-    "exit": ("vgg_multi_exit", EXIT_TIERS, [("DepthFL", "depthfl", {}),
-                                            ("AllSmall (FedAvg-S)", "fedavg-s-exit", {})]),
-    # DepthFL's self-distillation ablation on LeNet-5's 2-exit variant (small enough for this machine)
+    "width": ("lenet5", WIDTH_TIERS, [("HeteroFL", "heterofl", {}),
+                                         ("AllSmall", "allsmall", ALL_SMALL_WIDTH),
+                                         ("Alone", "alone", {"of": "heterofl"})], {}),
+    "exit": ("lenet5_multi_exit", ["2", "1"], [("DepthFL", "depthfl", {}),
+                                               ("AllSmall (FedAvg-S)", "fedavg-s-exit", {}),
+                                               ("Alone", "alone", {"of": "depthfl"})], {}),
+    "exit-vgg": ("vgg_multi_exit", ["3", "2", "1"], [("DepthFL", "depthfl", {}),
+                                                     ("AllSmall (FedAvg-S)", "fedavg-s-exit", {}),
+                                                     ("Alone", "alone", {"of": "depthfl"})], {}),
     "exit-sd": ("lenet5_multi_exit", ["2", "1"], [("DepthFL", "depthfl", {}),
                                                   ("DepthFL no SD", "depthfl", {"self_distillation": False}),
-                                                  ("AllSmall (FedAvg-S)", "fedavg-s-exit", {})]),
+                                                  ("AllSmall (FedAvg-S)", "fedavg-s-exit", {})], {}),
+    "resource-skew": ("lenet5", ["strong"] + ["weak"] * 5,
+                      [("RecipFL", "recipfl", RESOURCE), ("AllSmall", "allsmall", RESOURCE),
+                       ("Alone (ExclusiveFL)", "alone", {"of": "recipfl", "of_options": RESOURCE})],
+                      {"devices": 6, "partition": "quantity-skew", "num_strong": 1}),
+    "conv": ("small_cnn", WIDTH_TIERS, [("FedConv", "fedconv", {}),
+                                        ("AllSmall", "allsmall", ALL_SMALL_WIDTH),
+                                        ("Alone", "alone", {"of": "heterofl"})], {}),
 }
 
 
+def finished_rows(sim: Simulation) -> list[dict] | None:
+    """The rows of a complete earlier run of the same configuration in ``sim``'s run dir, else None."""
+    config, metrics = sim.run_dir / "config.json", sim.run_dir / "metrics.jsonl"
+    if not (config.exists() and metrics.exists()):
+        return None
+    if json.loads(config.read_text()) != json.loads(sim.config.to_json()):
+        return None
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return rows if len(rows) >= sim.config.rounds else None
+
+
+def run_rows(config: SimulationConfig, run_dir: Path) -> list[dict]:
+    """The metrics rows of one run (read back when it already ran to the end)."""
+    sim = Simulation(config, run_dir)
+    return finished_rows(sim) or sim.run().rows
+
+
 def tier_accuracies(config: SimulationConfig, run_dir: Path, last_k: int) -> dict[str, float]:
-    """{tier: its deployable accuracy averaged over the last ``last_k`` rounds} of one run."""
-    rows = Simulation(config, run_dir).run().rows[-last_k:]
-    return {t: statistics.fmean(r[f"accuracy_tier_{t}"] for r in rows) for t in config.tiers}
+    """{tier: its deployable accuracy averaged over the last ``last_k`` rounds} of one run,
+    the global model's ``accuracy`` under "global" and a multi-exit model's ``accuracy_exit<k>``
+    and ``accuracy_ensemble`` under "exit<k>" and "ensemble"."""
+    rows = run_rows(config, run_dir)[-last_k:]
+    found = {t: statistics.fmean(r[f"accuracy_tier_{t}"] for r in rows) for t in dict.fromkeys(config.tiers)}
+    exits = [k for k in rows[-1] if k.startswith("accuracy_exit") or k == "accuracy_ensemble"]
+    return {**found, "global": statistics.fmean(r["accuracy"] for r in rows),
+            **{k.removeprefix("accuracy_"): statistics.fmean(r[k] for r in rows) for k in exits}}
 
 
 def mean_std(values: list[float]) -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.fmean(values):.3f} ± {std:.3f}"
+
+
+def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """{label: {tier or "global": [value per seed]}} of one family at Dirichlet ``alpha``."""
+    model, tiers, entries, extra = FAMILIES[family]
+    results: dict[str, dict[str, list[float]]] = {}
+    for seed in args.seeds:  # seeds outermost: a bench stopped early has every arm of its first seeds
+        for label, method, options in entries:
+            config = SimulationConfig(**{
+                "method": method, "dataset": args.dataset, "data_dir": args.data_dir, "model": model,
+                "devices": args.devices, "rounds": args.rounds, "alpha": alpha, "seed": seed,
+                "tiers": tiers, "method_options": options, "grid": "inprocess",
+                "train_samples": args.train_samples, "test_samples": args.test_samples, "label": label,
+                "setting": family, **extra})
+            arm = label.lower().replace(" ", "-").replace("(", "").replace(")", "")
+            run_dir = args.runs_dir / family / f"alpha{alpha}" / arm / f"seed{seed}"
+            for key, value in tier_accuracies(config, run_dir, args.last_k).items():
+                results.setdefault(label, {}).setdefault(key, []).append(value)
+    return results
 
 
 def main() -> None:
@@ -53,32 +118,31 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--families", nargs="+", default=["exit", "width"], choices=sorted(FAMILIES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--devices", type=int, default=9)
-    parser.add_argument("--alpha", type=float, default=0.5)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--devices", type=int, default=9, help="Devices (resource-skew: always 6).")
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.5], help="Dirichlet α, one bench each.")
     parser.add_argument("--train-samples", type=int, default=None, help="A stratified subset (default: all).")
+    parser.add_argument("--test-samples", type=int, default=None,
+                        help="A stratified subset of the test split (default: all of it).")
     parser.add_argument("--last-k", type=int, default=3, help="Rounds averaged at the end of each run.")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/tiers"))
     args = parser.parse_args()
     started = time.monotonic()
     for family in args.families:
-        model, tiers, entries = FAMILIES[family]
-        results: dict[str, dict[str, list[float]]] = {}
-        for label, method, options in entries:
-            for seed in args.seeds:
-                config = SimulationConfig(
-                    method=method, dataset=args.dataset, data_dir=args.data_dir, model=model,
-                    devices=args.devices,
-                    rounds=args.rounds, alpha=args.alpha, seed=seed, tiers=tiers, method_options=options,
-                    grid="inprocess", train_samples=args.train_samples, label=label, setting=family)
-                arm = label.lower().replace(" ", "-").replace("(", "").replace(")", "")
-                found = tier_accuracies(config, args.runs_dir / family / arm / f"seed{seed}", args.last_k)
-                for tier, value in found.items():
-                    results.setdefault(label, {}).setdefault(tier, []).append(value)
-        print(f"{family}: {args.dataset}, α {args.alpha}, seeds {args.seeds}, {args.rounds} rounds")
-        for tier in tiers:
-            print(f"  tier {tier}: " + " vs ".join(f"{label} {mean_std(results[label][tier])}"
-                                                   for label, _, _ in entries))
+        tiers, entries = FAMILIES[family][1], FAMILIES[family][2]
+        for alpha in args.alphas:
+            results = run_family(family, alpha, args)
+            print(f"{family}: {args.dataset}, α {alpha}, seeds {args.seeds}, {args.rounds} rounds",
+                  flush=True)
+            for tier in [*dict.fromkeys(tiers), "global"]:
+                name = "global model (accuracy)" if tier == "global" else f"tier {tier}"
+                print(f"  {name}: " + " vs ".join(f"{label} {mean_std(results[label][tier])}"
+                                                  for label, _, _ in entries), flush=True)
+            for label, _, _ in entries:  # a multi-exit global model's exits, for the reasons
+                exits = sorted(k for k in results[label] if k.startswith("exit") or k == "ensemble")
+                if exits:
+                    print(f"  {label}'s global model: " + ", ".join(
+                        f"{k} {mean_std(results[label][k])}" for k in exits), flush=True)
     print(f"wall time {time.monotonic() - started:.0f} s")
 
 
