@@ -31,8 +31,8 @@ from server_toolkit.privacy.round_privacy import RoundPrivacy
 from server_toolkit.privacy.settings import PrivacySettings
 from server_toolkit.rounds.aggregator import MethodAggregate, RoundInput
 from server_toolkit.rounds.async_loop import AsyncConfig, AsyncLoop
-from server_toolkit.rounds.grid import Exchange
-from server_toolkit.rounds.loop import LoopConfig
+from server_toolkit.rounds.grid import Exchange, Grid
+from server_toolkit.rounds.loop import LoopConfig, RoundLoop
 from server_toolkit.secagg.aggregate import UnmaskedSum, layout_for
 from server_toolkit.secagg.inprocess import run_secure_round
 from server_toolkit.secagg.mqtt_grid import SECURE_EDGE
@@ -169,30 +169,56 @@ def test_behind_secure_edges_the_server_noises_the_fold_once_as_central_dp_would
     assert row["dp_epsilon"] == want_row["dp_epsilon"] == epsilon("central", Z, [1.0], 1e-5)
 
 
+SECURE = {"role": "edge", "aggregates": "sums", "method": "fedavg", SECURE_EDGE: True}
+
+
+def _partial(update: ClientUpdate) -> ClientUpdate:
+    """A secure edge's answer to ``update``'s task: three devices' clipped deltas of norm C,
+    summed with weight 1 and sent up as a partial (``model`` = sent + mean delta, ``coverage`` 3)."""
+    sent = update.instruction.weights
+    size = sum(v.size for v in sent.values())
+    mean = {k: v + (np.float32(CLIP / np.sqrt(size)) if v.dtype.kind == "f" else 0) for k, v in sent.items()}
+    three = {k: np.full(v.shape, 3.0, np.float32) for k, v in mean.items()}
+    return dataclasses.replace(update, num_samples=30, weights=mean, metrics={"edge_devices": 3},
+                               others={COVERAGE: three})
+
+
+class SecureEdgeRounds(Grid):
+    """Two secure edges; each asked edge answers its round at once."""
+
+    def online(self) -> list[DeviceInfo]:
+        return [DeviceInfo(e, 30, profile=SECURE) for e in ("edge-1", "edge-2")]
+
+    def exchange(self, round_number: int, instructions: list[TrainInstruction], deadline: float,
+                 quorum: int) -> Exchange:
+        assert all(i.recipe.dp_secure_clip == CLIP and COVERAGE in i.returns for i in instructions)
+        return Exchange([_partial(ClientUpdate(i.device_id, 30, {}, {}, i)) for i in instructions])
+
+
+def test_behind_secure_edges_sync_rounds_report_the_accountants_epsilon_for_their_sampling_rate():
+    m = method_class("fedavg")(SPEC, Recipe())
+    config = LoopConfig(rounds=2, clients_per_round=1, seed=0, norm_bound=None)
+    loop = RoundLoop(m, SecureEdgeRounds(), config,
+                     aggregator=aggregation_stack(m, None, PRIVACY, secure=True))
+    loop.start()
+    rows = loop.run()
+    want = [epsilon("central", Z, [0.5] * i, 1e-5) for i in (1, 2)]  # one edge of two per round
+    assert [r["dp_epsilon"] for r in rows] == pytest.approx(want, rel=1e-12)
+
+
 class SecureEdgeGrid(ScriptedGrid):
     """Two secure edges of three devices (answering with a partial of clipped deltas of 1.0
     everywhere, weighted 1) and one direct device, which must get no task."""
 
     def online(self) -> list[DeviceInfo]:
-        edge = {"role": "edge", "aggregates": "sums", "method": "fedavg", SECURE_EDGE: True}
-        return [DeviceInfo("direct", 10)] + [DeviceInfo(e, 30, profile=edge) for e in ("edge-1", "edge-2")]
+        return [DeviceInfo("direct", 10)] + [DeviceInfo(e, 30, profile=SECURE) for e in ("edge-1", "edge-2")]
 
     def submit(self, version: int, instructions: list[TrainInstruction], timeout_s: float) -> None:
         assert all(i.recipe.dp_secure_clip == CLIP and COVERAGE in i.returns for i in instructions)
         super().submit(version, instructions, timeout_s)
 
     def arrivals(self, timeout_s: float):
-        out = []
-        for arrival in super().arrivals(timeout_s):
-            u = arrival.update
-            size = sum(v.size for v in u.instruction.weights.values())
-            mean = {k: v + (np.float32(CLIP / np.sqrt(size)) if v.dtype.kind == "f" else 0)
-                    for k, v in u.instruction.weights.items()}  # three devices' deltas of norm C
-            three = {k: np.full(v.shape, 3.0, np.float32) for k, v in mean.items()}
-            partial = dataclasses.replace(u, num_samples=30, weights=mean, metrics={"edge_devices": 3},
-                                          others={COVERAGE: three})
-            out.append(dataclasses.replace(arrival, update=partial))
-        return out
+        return [dataclasses.replace(a, update=_partial(a.update)) for a in super().arrivals(timeout_s)]
 
 
 def test_async_behind_secure_edges_charges_one_release_per_version_at_q_1_and_skips_direct_devices():
