@@ -74,7 +74,12 @@ class Recipe:
     ``dp_clip`` and ``dp_noise`` (local differential privacy, ``server_toolkit/privacy``):
     with ``dp_clip`` > 0 the device clips the trained model's update delta to L2 norm
     ``dp_clip`` and adds Gaussian noise of standard deviation ``dp_noise`` to every float
-    element before sending it (``sdk_device.privacy.noised_delta``); 0: off, key left out."""
+    element before sending it (``sdk_device.privacy.noised_delta``); 0: off, key left out.
+
+    ``dp_secure_clip`` (central DP under secure aggregation, ``docs/privacy.md``): in a secure
+    round the device clips its update delta to L2 norm ``dp_secure_clip`` and masks the clipped
+    delta with weight 1 instead of its weights with its sample count; the server noises the
+    unmasked sum (``sdk_device/secagg_sessions.py``). 0: off, key left out. Not with ``dp_clip``."""
 
     epochs: int = 1
     batch_size: int = 32
@@ -91,13 +96,14 @@ class Recipe:
     dp_clip: float = 0.0
     dp_noise: float = 0.0
     max_steps: int = 0
+    dp_secure_clip: float = 0.0
 
     def __post_init__(self) -> None:
         for name, kind in (("epochs", int), ("batch_size", int), ("seed", int), ("optimizer", str),
                            ("loss", str), ("lr", float), ("momentum", float), ("weight_decay", float),
                            ("temperature", float), ("alpha", float), ("teacher_features", int),
                            ("prox_mu", float), ("dp_clip", float), ("dp_noise", float),
-                           ("max_steps", int)):
+                           ("max_steps", int), ("dp_secure_clip", float)):
             value = getattr(self, name)
             ok = (type(value) is int) if kind is int else isinstance(value, str) if kind is str else (
                 isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value))
@@ -118,6 +124,9 @@ class Recipe:
         if self.dp_clip < 0 or self.dp_noise < 0 or (self.dp_noise > 0 and not self.dp_clip > 0):
             raise ValueError(f"need dp_clip >= 0, dp_noise >= 0, and dp_clip > 0 when dp_noise > 0 "
                              f"(got {self.dp_clip}, {self.dp_noise})")
+        if self.dp_secure_clip < 0 or (self.dp_secure_clip > 0 and self.dp_clip > 0):
+            raise ValueError(f"need dp_secure_clip >= 0, and not with dp_clip (got {self.dp_secure_clip}, "
+                             f"{self.dp_clip})")
         if not (self.temperature > 0 and 0 <= self.alpha <= 1 and self.teacher_features >= 0):
             raise ValueError("need temperature > 0, 0 <= alpha <= 1 and teacher_features >= 0 (got "
                              f"{self.temperature}, {self.alpha}, {self.teacher_features})")
@@ -165,10 +174,10 @@ class Recipe:
             raise ValueError(f"bad recipe: {exc}") from None
 
     def to_dict(self) -> dict:
-        """The task's recipe dict; ``prox_mu``, ``dp_clip``, ``dp_noise``, ``max_steps`` only
-        when not 0."""
+        """The task's recipe dict; ``prox_mu``, ``dp_clip``, ``dp_noise``, ``max_steps``,
+        ``dp_secure_clip`` only when not 0."""
         out = asdict(self)
-        for key in ("prox_mu", "dp_clip", "dp_noise", "max_steps"):
+        for key in ("prox_mu", "dp_clip", "dp_noise", "max_steps", "dp_secure_clip"):
             if not out[key]:
                 del out[key]
         return out

@@ -202,6 +202,10 @@ class DeviceAgent:
         except ValueError as exc:
             self._refuse(task, "unsupported_task", str(exc))
             return
+        if plan.steps[-1].recipe.dp_secure_clip > 0 and not self.secagg.expects(task.round):
+            self._refuse(task, "unsupported_task", "dp_secure_clip: the clipped delta goes masked, and no "
+                         "secure round was set up for this task")
+            return
         main = plan.steps[-1].model
         log.info("round %d: task %s, %s with %s (%s)", task.round, task.task_id[:8], main, *placement[main])
         try:
@@ -228,7 +232,8 @@ class DeviceAgent:
         metrics = {**output.metrics, "wall_time_s": train_s, "fetch_s": fetch_s, "peak_rss_mb": peak_rss_mb(),
                    "runtime": placement[main][0]}
         if self.secagg.expects(task.round):  # a secure round: the update leaves masked (secagg_client.py)
-            self.secagg.start(task.round, output.arrays[main], metrics["samples"], self.y, metrics)
+            self.secagg.start(task.round, output.arrays[main], metrics["samples"], self.y, metrics,
+                              loaded[main].sent, plan.steps[-1].recipe.dp_secure_clip)
             return
         refs = {name: self.endpoint.offer(SERVER, encode_tensors(tensors), "weights", "safetensors")
                 for name, tensors in output.arrays.items()}

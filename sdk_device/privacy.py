@@ -6,6 +6,9 @@
   as sent: they could carry information the clipping does not bound.
 * ``noised_delta``: ``clip_delta`` plus independent Gaussian noise of standard deviation
   ``std`` on every float element (local DP: the recipe's ``dp_clip`` and ``dp_noise``).
+* ``secure_delta``: the update delta over every tensor returned, its float part scaled to L2
+  norm <= ``clip`` (float64; integer tensors 0): what a device masks in a secure round of a run
+  with central DP (recipe ``dp_secure_clip``, weight 1; ``secagg_sessions.py``).
 * ``noised_label_counts``: a label histogram over ``classes`` labels with Laplace noise of
   scale 1/epsilon per count, rounded and floored at 0 (post-processing). Adding or removing
   one sample changes one count by 1 (L1 sensitivity 1), so one report is epsilon-DP for
@@ -57,6 +60,17 @@ def clip_delta(sent: Weights, returned: Weights, clip: float) -> tuple[Weights, 
     for k in float_names(sent, returned):
         base = np.asarray(sent[k], np.float64)
         out[k] = (base + scale * (np.asarray(returned[k], np.float64) - base)).astype(out[k].dtype)
+    return out, norm
+
+
+def secure_delta(sent: Weights, returned: Weights, clip: float) -> tuple[Weights, float]:
+    """(per tensor of ``returned``: the float delta times ``clip_factor``, zeros for integer
+    tensors and for tensors ``sent`` lacks, all float64; the delta's L2 norm before clipping)."""
+    norm = delta_l2(sent, returned)
+    scale = clip_factor(norm, clip)
+    floats = set(float_names(sent, returned))
+    out = {k: scale * (np.asarray(v, np.float64) - np.asarray(sent[k], np.float64)) if k in floats
+           else np.zeros(np.shape(v), np.float64) for k, v in returned.items()}
     return out, norm
 
 

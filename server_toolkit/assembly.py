@@ -100,19 +100,22 @@ def aggregation_stack(method: Method, norm_bound: float | None = DEFAULT_FACTOR,
     aggregation, where no update is in the clear, nor with central DP, whose clipping bounds
     every update alone), ``PrivateAggregate`` (active ``privacy``), ``StalenessFold``
     (``async_settings``; a ``PrivateAggregate`` goes under it, on the scaled deltas),
-    ``EdgeFold`` (edges forward each member's update when privacy is on), ``MethodAggregate``.
+    ``EdgeFold`` (edges forward each member's update when privacy is on, unless ``secure``: then
+    the devices clip their own deltas and the edges sum them securely), ``MethodAggregate``.
+    ``secure`` with ``async_settings``: only secure edges get tasks (``secagg/layer.py``).
     Which combinations may be asked is decided before (``cli/combination_checks.py``)."""
     private = privacy is not None and privacy.active
-    stack: Aggregator = EdgeFold(MethodAggregate(method), forward=private)  # DP, robust: each device's
+    # DP, robust: each device's update (secure: none in the clear; the devices clip, edges sum)
+    stack: Aggregator = EdgeFold(MethodAggregate(method), forward=private and not secure)
     if private and async_settings is not None:  # under the buffer: noise and accounting per version
-        stack = PrivateAggregate(stack, privacy, on_deltas=True)
+        stack = PrivateAggregate(stack, privacy, on_deltas=True, secure=secure)
     if async_settings is not None:
         stack = StalenessFold(stack, async_settings.server_lr)
     if private and async_settings is None:
-        stack = PrivateAggregate(stack, privacy)
+        stack = PrivateAggregate(stack, privacy, secure=secure)
     central_dp = private and privacy.dp and privacy.mode == "central"
     if norm_bound is not None and method.bounds_updates and not secure and not central_dp:
         stack = NormBound(stack, norm_bound)
     if secure:
-        stack = SecureSum(stack)
+        stack = SecureSum(stack, edges_only=async_settings is not None)
     return stack

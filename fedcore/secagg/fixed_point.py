@@ -9,6 +9,8 @@ i.e. fewer than ``max_total_weight()`` (= 8.8e9) samples per round.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 SCALE = 2.0**20  # resolution 9.5e-7 per weighted value
@@ -35,6 +37,12 @@ def max_total_weight(clip: float = CLIP) -> float:
     """The largest sum of weights (sample counts) a round may have without the weighted sum
     wrapping: ``2**63 / (clip * SCALE)``."""
     return HALF / (clip * SCALE)
+
+
+def rounding_norm(elements: int) -> float:
+    """The largest L2 norm of the rounding error of ``elements`` encoded values (each
+    ``<= 0.5 / SCALE``): a vector clipped to ``C - rounding_norm(n)`` encodes to norm ``<= C``."""
+    return math.sqrt(max(elements, 0)) * 0.5 / SCALE
 
 
 def tolerance(total_weight: float, devices: int) -> float:

@@ -16,6 +16,21 @@ privacy layer sits under the staleness fold and noises each version's sum once
 (``privacy/layer.py``); async behind edges folds the edges' partials into the buffer; under
 secure aggregation each edge runs its group's rounds as secure aggregations and sends up its
 group's unmasked sum only (``edge/secure_group.py``).
+
+Secure aggregation with central DP (distributed clipping, central noise): no update is in the
+clear, so the server cannot clip; each device clips its own delta to C and masks it with weight
+1 (the recipe's ``dp_secure_clip``), the server (or each secure edge) unmasks the sum, and the
+server adds N(0, (zC)^2) once and divides by the coverage, exactly as central DP does with the
+deltas it clipped itself; the accountant charges one release per round (per version in async
+mode) at the same rate. The norm bound is off (the device's clip bounds every update, the bound
+would need updates in the clear); adaptive clipping is refused (``privacy/round_privacy.py:ADAPTIVE``).
+
+Async with secure aggregation (``NEEDS_EDGES``): the masks cancel only over a cohort that agreed
+keys before training, and a buffer fills with whoever arrives, so the server runs no secure
+round itself; behind edges each edge's group is such a cohort (a synchronous secure round per
+task) and the async server folds each edge's sum into the buffer with its staleness. Flat async
++ SecAgg (``simulate`` without ``--edges``) is refused; ``run`` (whose edges say hello
+themselves) gives tasks to secure edges only (``secagg/layer.py``).
 """
 
 from __future__ import annotations
@@ -28,11 +43,11 @@ FEATURES = (EDGES, ASYNC, SECAGG, CENTRAL_DP, LOCAL_DP, LABEL_NOISE, ROBUST)
 OPTIONS = {EDGES: "--edges", ASYNC: "--mode async", SECAGG: "--secagg", CENTRAL_DP: "--dp-clip (central)",
            LOCAL_DP: "--dp-mode local", LABEL_NOISE: "--label-noise-epsilon", ROBUST: "--robust"}
 
+NEEDS_EDGES: dict[frozenset[str], str] = {
+    frozenset({SECAGG, ASYNC}): "the masks cancel only over a cohort that agreed keys before training, and "
+                                "a buffer fills with whoever arrives; behind edges each group is one",
+}
 REFUSED: dict[frozenset[str], str] = {
-    frozenset({SECAGG, ASYNC}): "the masks cancel only over the cohort that agreed keys before training, and "
-                                "a buffer fills with whoever arrives; a secure sum per buffer is not built",
-    frozenset({SECAGG, CENTRAL_DP}): "central DP clips each update at the server, and the server sees only "
-                                     "the masked sum; clipping on the device under masks is not built",
     frozenset({SECAGG, LOCAL_DP}): "local DP averages devices unweighted and secure aggregation sums "
                                    "sample-weighted vectors; not built together",
     frozenset({SECAGG, ROBUST}): "a median or trimmed mean cannot be computed from a masked sum",
@@ -61,18 +76,28 @@ def features(params: dict) -> list[str]:
     return [name for name in FEATURES if on[name]]
 
 
-def refusal(on: list[str]) -> str | None:
-    """The one-line reason the features ``on`` cannot run together (None: they can)."""
+def refusal(on: list[str], flat: bool = True) -> str | None:
+    """The one-line reason the features ``on`` cannot run together (None: they can); ``flat``:
+    the command says how many edges there are (``simulate``), so a ``NEEDS_EDGES`` pair without
+    edges is refused too."""
     for i, first in enumerate(on):
         for second in on[i + 1:]:
             why = REFUSED.get(frozenset({first, second}))
             if why:
                 return f"{OPTIONS[first]} and {OPTIONS[second]} do not combine: {why}"
+            why = NEEDS_EDGES.get(frozenset({first, second}))
+            if why and flat and EDGES not in on:
+                return f"{OPTIONS[first]} and {OPTIONS[second]} do not combine without --edges: {why}"
     return None
 
 
 def validate(params: dict) -> None:
-    """Refuse a refused pair of aggregation features (a ``validate.py`` validator)."""
-    why = refusal(features(params))
+    """Refuse a refused pair of aggregation features, and adaptive clipping under secure
+    aggregation (a ``validate.py`` validator)."""
+    why = refusal(features(params), flat="edges" in params)
     if why:
         raise click.UsageError(why)
+    if params.get("secagg") and params.get("dp_adaptive_clip") is not None:
+        from ..privacy.round_privacy import ADAPTIVE
+
+        raise click.UsageError(f"--dp-adaptive-clip and --secagg do not combine: {ADAPTIVE}")

@@ -260,6 +260,10 @@ class EdgeAggregator:
         if set(plan.returns) != {MODEL, COVERAGE}:
             self._refuse(task, "unsupported_task", f"a generic edge returns {MODEL!r} and {COVERAGE!r}")
             return
+        if plan.steps[-1].recipe.dp_secure_clip > 0 and not isinstance(self.grid, SecAggMqttGrid):
+            self._refuse(task, "unsupported_task", "dp_secure_clip: the group's clipped deltas must be "
+                         "summed securely (start this edge with --secagg)")
+            return
         try:
             template = self._template(task, plan)
             self.sums.forward(template.spec, template.recipe, task.round)

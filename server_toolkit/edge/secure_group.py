@@ -21,6 +21,8 @@ tolerance (``fedcore/secagg/fixed_point.py``: 0.5 / 2**20 per weighted value).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..methods.base import Method, Weights
 from ..rounds.aggregator import Aggregator, MethodAggregate, RoundInput
 from ..rounds.mqtt_grid import MqttGrid
@@ -35,8 +37,13 @@ __all__ = ["MIN_GROUP", "SECURE_EDGE", "SecureGroupSum", "group_grid", "group_pa
 
 
 def group_partial(unmasked: UnmaskedSum) -> Partial:
-    """The group's partial sum from a secure round's unmasked sum."""
+    """The group's partial sum from a secure round's unmasked sum. A sum of clipped deltas
+    weighted 1 (central DP, ``of_deltas``) becomes the partial of the clipped models, S = the
+    deltas' sum + A x the weights sent, so the edge answers as any generic edge (``model`` = the
+    mean clipped model); the server takes the deltas' sum back as A (model - sent)."""
     sums, cover = unmasked.sums()
+    if unmasked.of_deltas:
+        sums = {k: v + cover[k] * np.asarray(unmasked.template[k], np.float64) for k, v in sums.items()}
     return Partial(sums, cover)
 
 

@@ -12,6 +12,10 @@ checkpoint's ``privacy`` entry and the spend is summary.json's ``privacy``.
 staleness-scaled deltas (``rounds/staleness.py``), so central DP clips each scaled delta,
 noises the version's sum once and charges the accountant once per version at sampling rate
 q = 1 (devices are asked whenever idle: no subsampling to amplify by).
+
+``secure`` (``--secagg``): no update is in the clear; the layer stamps the clip on every task
+(the devices clip and mask their deltas) and noises the round's secure sum (the exchange's
+``UnmaskedSum``: its ``sums()``) or the sum of the edges' partials (secure groups) once.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from .settings import PrivacySettings
 class PrivateAggregate(Aggregator):
     """``settings`` (active, checked against the method) around the layer below."""
 
-    def __init__(self, inner: Aggregator, settings: PrivacySettings, on_deltas: bool = False) -> None:
+    def __init__(self, inner: Aggregator, settings: PrivacySettings, on_deltas: bool = False,
+                 secure: bool = False) -> None:
         super().__init__(inner)
-        self.privacy = RoundPrivacy(settings, inner.method)
+        self.privacy = RoundPrivacy(settings, inner.method, secure)
         self.on_deltas = on_deltas
 
     def admit(self, rnd: int, rate: float) -> None:
@@ -40,7 +45,10 @@ class PrivateAggregate(Aggregator):
 
     def aggregate(self, rnd: int, global_weights: Weights, updates: list[ClientUpdate],
                   info: RoundInput) -> Weights:
-        private = self.privacy.aggregate(rnd, global_weights, updates, info.rate, info.row, self.on_deltas)
+        secure = info.exchange.secure if info.exchange is not None else None
+        sums = secure.sums() if secure is not None and self.privacy.secure else None  # an UnmaskedSum
+        private = self.privacy.aggregate(rnd, global_weights, updates, info.rate, info.row, self.on_deltas,
+                                         sums)
         return private if private is not None else self.inner.aggregate(rnd, global_weights, updates, info)
 
     def state_dict(self) -> dict:
@@ -54,4 +62,7 @@ class PrivateAggregate(Aggregator):
         mine = self.privacy.summary()
         if self.on_deltas and "dp_assumption" in mine:
             mine["dp_assumption"] = "async: one release per version, no subsampling (q = 1)"
+        if self.privacy.secure and "dp_assumption" in mine:
+            mine["dp_assumption"] += ("; devices clip under secure aggregation, the server noises the "
+                                      "unmasked sum (it sees that sum before the noise)")
         return {**self.inner.summary(), "privacy": mine}

@@ -6,6 +6,9 @@
   ``label_counts`` report the Laplace parameters (``--label-noise-epsilon``);
 * ``aggregate``: the private (``clipping``) or robust (``rounds/robust``) aggregate in
   place of the method's, with its metrics (``dp_epsilon``, ``dp_clip``, ...) in the row;
+  under secure aggregation (``secure``) the devices clipped (``stamp`` gives them the clip as
+  the recipe's ``dp_secure_clip``) and ``aggregate`` noises the sum it is given once, charging
+  one release per round (per version in async mode) at the rate central DP is charged;
 * ``state_dict``: the rates spent and the adaptive clip, saved with each checkpoint.
 """
 
@@ -24,11 +27,14 @@ from ..rounds.aggregator import StopRun
 from ..rounds.robust import coverage_robust
 from .accountant import epsilon
 from .adaptive import count_noise, next_clip, update_noise_multiplier
-from .clipping import clipped_deltas, noised_window_mean
+from .clipping import clipped_deltas, noised_sum_mean, noised_window_mean, partial_sums
 from .settings import PrivacySettings
 from .windows import contributions, window_of
 
 log = logging.getLogger(__name__)
+
+ADAPTIVE = ("adaptive clipping counts the updates whose norm is under the clip, which needs each "
+            "device's norm in the clear; a secure count of it is not built")
 
 
 class BudgetSpent(StopRun):
@@ -38,10 +44,16 @@ class BudgetSpent(StopRun):
 class RoundPrivacy:
     """The settings applied to ``method``'s rounds (checked by ``PrivacySettings.check``)."""
 
-    def __init__(self, settings: PrivacySettings, method: Method) -> None:
+    def __init__(self, settings: PrivacySettings, method: Method, secure: bool = False) -> None:
         settings.check(method)
+        if secure and settings.adaptive_quantile is not None:
+            raise ValueError(f"--dp-adaptive-clip and --secagg do not combine: {ADAPTIVE}")
+        if secure and not (settings.dp and settings.mode == "central" and settings.robust is None
+                           and settings.label_epsilon is None):
+            raise ValueError("under --secagg the privacy layer runs central DP only (--dp-clip, central)")
         self.settings = settings
         self.method = method
+        self.secure = secure  # devices clip and mask their deltas; the server noises the sum
         self.clip = settings.clip
         self.rates: list[float] = []  # the sampling rate of every round that released a model
         self.label_reports = 0  # rounds whose tasks asked for noised label histograms
@@ -74,6 +86,9 @@ class RoundPrivacy:
 
     def stamp(self, instruction: TrainInstruction) -> TrainInstruction:
         s = self.settings
+        if s.dp and self.secure:
+            recipe = dataclasses.replace(instruction.recipe, dp_secure_clip=float(self.clip))
+            instruction = dataclasses.replace(instruction, recipe=recipe)
         if s.dp and s.mode == "local":
             recipe = dataclasses.replace(instruction.recipe, dp_clip=float(s.clip),
                                          dp_noise=float(s.noise_multiplier * s.clip))
@@ -85,12 +100,14 @@ class RoundPrivacy:
         return instruction
 
     def aggregate(self, rnd: int, global_weights: Weights, updates: list[ClientUpdate], rate: float,
-                  row: dict, deltas: bool = False) -> Weights | None:
+                  row: dict, deltas: bool = False,
+                  sums: tuple[Weights, Weights] | None = None) -> Weights | None:
         """The new global weights (None: the method aggregates as usual); metrics into ``row``.
         ``deltas``: the updates' weights are deltas already (async: ``StalenessFold`` scaled them
         and ``global_weights`` is all zeros), not weights to take the sent ones from. Central
         mode clips a device with m updates in one call (async: a fast device) to C / m each, so
-        one device still moves the sum by at most C."""
+        one device still moves the sum by at most C. ``secure``: the devices clipped; ``sums`` =
+        (S, A) of a secure round's unmasked sum, else the updates are edges' partials of it."""
         s = self.settings
         if s.label_epsilon is not None and any(LABEL_COUNTS in u.instruction.reports for u in updates):
             self.label_reports += 1
@@ -100,6 +117,11 @@ class RoundPrivacy:
                                    s.robust, s.trim_fraction)
         if not s.dp:
             return None
+        if self.secure:
+            total, cover = sums if sums is not None else partial_sums(updates, deltas)
+            new = noised_sum_mean(global_weights, total, cover, s.noise_multiplier * self.clip, self._rng)
+            row["dp_clip"] = self.clip
+            return self._charged(rate, row, new)
         counted = [u for u in updates if u.num_samples > 0]
         if not counted:
             return global_weights
@@ -127,6 +149,10 @@ class RoundPrivacy:
             row["dp_clip"] = self.clip
             if s.adaptive_quantile is not None:
                 self.clip = next_clip(self.clip, norms, s.adaptive_quantile, count_std, self._rng)
+        return self._charged(rate, row, new)
+
+    def _charged(self, rate: float, row: dict, new: Weights) -> Weights:
+        """``new``, once the release at sampling ``rate`` is charged and its metrics are in ``row``."""
         self.rates.append(rate)
         spent = self.epsilon()
         row["dp_epsilon"] = spent if math.isfinite(spent) else None

@@ -36,8 +36,9 @@ with the devices' deltas. It counts as the device updates it carries (the stack'
 in ``accepted``, ``folded``, ``dropped_stale``, the staleness statistics and towards K;
 ``edge_results`` counts the partials folded into a version. A bundle edge's answer (``edge/bundle.py``: each
 member's update, for methods that are not sums) joins the buffer as its members' updates,
-all of the edge's base. An edge the method cannot use (``configure`` leaves it
-out, with an error in the log) gets no task until it says hello with another profile.
+all of the edge's base. An edge the method cannot use, or any device the stack leaves out
+(``configure``, with an error in the log: under ``--secagg`` every unit but a secure edge) gets
+no task until it says hello with another profile.
 
 ``eval_every`` (``--eval-every N``): the global model is evaluated on versions N, 2N, ... and
 the last one only; the other rows carry no ``accuracy`` / ``loss``. Evaluating blocks the
@@ -164,8 +165,8 @@ class AsyncLoop(RoundLoop):
         version = self.completed_round
         planned = self.aggregator.configure(version + 1, self.global_weights, chosen)  # edges: the global one
         given = {ins.device_id for ins in planned}
-        self._left_out.update({d.device_id: _profile(d) for d in chosen if d.device_id not in given
-                               and d.profile.get("role") == "edge"})  # (configure logged why, once)
+        self._left_out.update({d.device_id: _profile(d) for d in chosen  # (configure logged why, once)
+                               if d.device_id not in given})
         instructions = [self._finish(self.tasks_sent + i + 1, ins) for i, ins in enumerate(planned)]  # seeds
         self.grid.submit(version, instructions, self.config.round_timeout_s)
         self.tasks_sent += len(instructions)

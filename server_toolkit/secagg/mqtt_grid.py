@@ -204,9 +204,8 @@ def secagg_grid(endpoint, registry, method: Method, secagg: dict | None, seed: i
                 async_settings: AsyncConfig | None = None, **kwargs) -> MqttGrid:
     """The MQTT grid of a run: ``SecAggMqttGrid`` when ``secagg`` holds settings (the dict of
     ``SecAggSettings``), else the mode's grid (``AsyncMqttGrid`` for async settings, else the
-    plain ``MqttGrid``). Secure aggregation runs synchronous rounds only."""
-    if secagg is None:
+    plain ``MqttGrid``). In async mode the server runs no secure round itself (its edges do:
+    ``secagg/layer.py``), so ``secagg`` gives the async grid too."""
+    if secagg is None or async_settings is not None:
         return mqtt_grid_class(async_settings)(endpoint, registry, **kwargs)
-    if async_settings is not None:
-        raise ValueError("--secagg runs synchronous rounds only: leave out --mode async")
     return SecAggMqttGrid(endpoint, registry, method, SecAggSettings(**secagg), seed=seed, **kwargs)

@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from server_toolkit.cli import main
-from server_toolkit.cli.combination_checks import FEATURES, REFUSED, features, refusal
+from server_toolkit.cli.combination_checks import FEATURES, NEEDS_EDGES, REFUSED, features, refusal
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
 
 PAIRS = [
-    (["--secagg", "--mode", "async"], "a secure sum per buffer is not built"),
-    (["--dp-clip", "1.0", "--dp-noise-multiplier", "1.0", "--secagg"], "the server sees only the masked sum"),
+    (["--secagg", "--mode", "async"], "do not combine without --edges: the masks cancel only over a cohort"),
+    (["--dp-adaptive-clip", "0.5", "--dp-noise-multiplier", "1.0", "--secagg"], "needs each device's norm"),
     (["--robust", "median", "--secagg"], "a median or trimmed mean cannot be computed from a masked sum"),
     (["--dp-clip", "1.0", "--dp-mode", "local", "--mode", "async"], "several updates per version"),
 ]
@@ -39,6 +39,11 @@ def test_the_options_name_the_features_they_switch_on():
     assert features({"dp_clip": 1.0, "dp_mode": "local"}) == ["local DP"]
     assert refusal(on[:3]) is None  # edges + async + central DP: no refused pair among them
     assert refusal(on).startswith("--mode async and --label-noise-epsilon do not combine: ")
+    four = features({"edges": 2, "mode": "async", "secagg": {"threshold": 0.5}, "dp_clip": 1.0,
+                     "dp_mode": "central"})
+    assert four == ["edges", "async", "secagg", "central DP"] and refusal(four) is None  # the four-way stack
+    assert refusal(four[1:]).startswith("--mode async and --secagg do not combine without --edges: ")
+    assert refusal(four[1:], flat=False) is None  # run: its edges say hello themselves
 
 
 def _doc_table() -> dict[frozenset[str], tuple[str, str]]:
@@ -55,9 +60,11 @@ def _doc_table() -> dict[frozenset[str], tuple[str, str]]:
 def test_the_docs_table_decides_every_pair_as_the_code_does():
     table = _doc_table()
     refused = {frozenset(name.lower() for name in pair): why for pair, why in REFUSED.items()}
+    behind = {frozenset(name.lower() for name in pair): why for pair, why in NEEDS_EDGES.items()}
     pairs = {frozenset(name.lower() for name in p) for p in itertools.combinations(FEATURES, 2)}
     assert set(table) == pairs  # every pair once, no other
     for pair, (decision, why) in table.items():
-        assert decision == ("refused" if pair in refused else "works"), sorted(pair)
-        if pair in refused:
-            assert why == refused[pair], sorted(pair)  # the code's reason, word for word
+        expected = "refused" if pair in refused else "works behind edges" if pair in behind else "works"
+        assert decision == expected, sorted(pair)
+        if pair in refused or pair in behind:
+            assert why == {**refused, **behind}[pair], sorted(pair)  # the code's reason, word for word
