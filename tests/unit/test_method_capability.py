@@ -25,6 +25,7 @@ EXITS = vgg_multi_exit((1, 8, 8), 10, channels=(4, 8, 8, 16))
 # method id -> (declared layout, edges, async, privacy, secagg), as main accepted them
 ON_MAIN = {
     "allsmall": ("full", True, True, True, False),
+    "alone": (None, False, False, False, False),  # (later: a control; one FedAvg per tier, not one sum)
     "depthfl": ("present", True, True, False, True),
     "exclusivefl": (None, False, False, False, False),
     "fedavg": ("full", True, True, True, True),
