@@ -41,7 +41,8 @@ import click
 
 SOURCE = Path(__file__).parent / "native" / "fedsdk_executorch.cpp"
 KERNELS_SOURCE = Path(__file__).parent / "native" / "fedsdk_kernels.cpp"
-KERNELS_HEADER = Path(__file__).parent / "native" / "fused_math.h"  # included by KERNELS_SOURCE
+KERNELS_HEADERS = tuple(Path(__file__).parent / "native" / name  # included by KERNELS_SOURCE
+                        for name in ("fused_math.h", "fused_norm.h"))
 LIBRARIES = ("executorch", "executorch_kernels_optimized", "executorch_backend_xnnpack",
              "executorch_threadpool")
 DEFINES = ("C10_USING_CUSTOM_GENERATED_MACROS", "ET_EVENT_TRACER_ENABLED", "ET_USE_THREADPOOL")
@@ -103,7 +104,8 @@ def library_path(et_dir: Path, cxx: str, kernels: bool = False) -> Path:
     source = KERNELS_SOURCE if kernels else SOURCE
     digest = hashlib.sha256(source.read_bytes())
     if kernels:
-        digest.update(KERNELS_HEADER.read_bytes())
+        for header in KERNELS_HEADERS:
+            digest.update(header.read_bytes())
     digest.update(f"{et_dir.resolve()}|{Path(cxx).name}|{' '.join(DEFINES)}".encode())
     if kernels and _is_host_compiler(cxx):
         digest.update(_cpu_flags().encode())
