@@ -18,7 +18,8 @@ the wheel with ``pip install --no-deps executorch==1.5.1``. Decisions:
 The fused training kernels (``native/fedsdk_kernels.cpp``, the "fused" kernel set of
 ``export/fused_ops.py``) are a second library, ``libfedsdk_kernels``, built the same way
 (``build(..., kernels=True)``, ``fedsdk runtime build --kernels``) but linked only to
-``libexecutorch`` (whose kernel registry they join) and compiled with ``-O3``; for the build
+``libexecutorch`` (whose kernel registry they join) and ``libexecutorch_threadpool`` (whose
+shared pool they run on) and compiled with ``-O3``; for the build
 machine's own architecture also with ``-march=native`` (the library is built where it runs;
 a cross-build gets the target's baseline, NEON on arm64). The library path's hash then
 includes the CPU's feature flags.
@@ -124,7 +125,7 @@ def compile_command(et_dir: Path, cxx: str, out: Path, rpath: str | None = None,
     lib = et_dir / "lib"
     if kernels:
         flags = ["-O3", "-ffp-contract=fast", *(["-march=native"] if _is_host_compiler(cxx) else [])]
-        source, libraries = KERNELS_SOURCE, ("executorch",)
+        source, libraries = KERNELS_SOURCE, ("executorch", "executorch_threadpool")
     else:
         flags, source, libraries = ["-O2"], SOURCE, LIBRARIES
     return [cxx, "-std=c++17", *flags, "-fPIC", "-shared", "-Wno-deprecated-declarations",

@@ -10,6 +10,9 @@
 //                                      samples of the mask (export/fused_batch_norm.py, fused_norm.h)
 //
 // Decisions:
+// * Threads: convolution forward, grad-input and grad-weight slice their outputs over ExecuTorch's
+//   threadpool (the runtime's thread count); each output's arithmetic does not depend on the
+//   slicing, so 1 and 2 threads give the same bits.
 // * Plain C++17, no XNNPACK (its C API header is not shipped by the wheel; this is the first,
 //   correctness-first slice). Forward and grad-input are "gather" convolutions: for each
 //   output pixel, a sum over the valid kernel taps of (input row) x (weight block), with the
@@ -24,11 +27,43 @@
 // * The maths is in fused_math.h; fk_* C functions expose it on raw pointers (tests, no program).
 
 
+#include <executorch/runtime/core/function_ref.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
 #include <executorch/runtime/kernel/operator_registry.h>
 
 #include "fused_math.h"
 #include "fused_norm.h"
+
+// The wheel ships no threadpool.h; these members are exported by libexecutorch_threadpool.so (the
+// pool the native shim sizes with fx_set_threads, shared by XNNPACK and these kernels).
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  bool _unsafe_reset_threadpool(uint32_t num_threads);
+  size_t get_thread_count() const;
+  void run(executorch::runtime::FunctionRef<void(size_t)> fn, size_t range);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
+
+namespace {
+
+int worker_count() {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  return pool ? static_cast<int>(pool->get_thread_count()) : 1;
+}
+
+void run_tasks(size_t tasks, void (*body)(void*, size_t), void* context) {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  auto task = [&](size_t index) { body(context, index); };
+  if (pool == nullptr) {
+    for (size_t index = 0; index < tasks; ++index) task(index);
+    return;
+  }
+  pool->run(task, tasks);
+}
+
+}  // namespace
 
 
 extern "C" {
@@ -42,6 +77,13 @@ void fk_max_pool_backward(const float* g, const float* x, float* gx, int b, int 
 
 // The kernel set this library implements (the programs' metadata "kernels" value).
 const char* fk_kernel_set() { return "fused"; }
+
+// The shared threadpool's size, and resizing it (tests; a runtime sizes it through its shim).
+int fk_thread_count() { return worker_count(); }
+int fk_set_threads(uint32_t threads) {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  return pool && pool->_unsafe_reset_threadpool(threads) ? worker_count() : -1;
+}
 
 void fk_conv2d(const float* x, const float* weight, const float* bias, float* out, int b, int h, int w, int c,
                int o, int k, int stride, int pad) {
