@@ -17,11 +17,14 @@ timed as an eval forward pass against torch eval.
 Usage:
     .venv/bin/python bench/runtimes.py [--batch 32] [--threads 1] [--steps 8] [--repeats 3]
                                        [--models small_cnn,vgg_multi_exit,resnet18_tier] [--variants]
-                                       [--fused]
+                                       [--fused] [--only-fused]
 
 ``--fused`` adds the row ``executorch-native, fused``: the program exported with
-``kernels="fused"`` (groups == 1 convolutions as the ``fedsdk::`` ops of ``export.fused_ops``,
-run by libfedsdk_kernels) on the torch-free runtime, timed in the same alternation.
+``kernels="fused"`` (groups == 1 convolutions, train-mode BatchNorm, ReLU and max-pool as
+``fedsdk::`` ops, run by libfedsdk_kernels) on the torch-free runtime, timed in the same alternation;
+``--only-fused`` times torch and that program alone (no default export: minutes saved on the
+VGG and the ResNet tier). With ``--threads 2`` the fused kernels' convolutions run on two threads
+of ExecuTorch's pool, torch on two threads.
 
 The ``executorch-native`` row is the torch-free runtime (the same program through the native
 shim, ``sdk_device.runtimes.native_program``), timed in turn with torch and ``executorch``.
@@ -136,9 +139,11 @@ def executorch_rows(setup: Setup, reference: Callable[[], float]) -> list[Row]:
     """torch, the Python-bindings ``executorch`` runtime and the torch-free ``executorch-native``
     runtime on the same program, timed in alternation (one of each per repeat)."""
     b = setup.recipe.batch_size
-    program, stats = export_with_stats(setup.spec, {"kind": "ce"}, b)
-    arms = [(ExecutorchRuntime, program, stats, ""), (NativeExecutorchRuntime, program, stats, "")]
-    if setup.args.fused:
+    arms = []
+    if not setup.args.only_fused:
+        program, stats = export_with_stats(setup.spec, {"kind": "ce"}, b)
+        arms += [(ExecutorchRuntime, program, stats, ""), (NativeExecutorchRuntime, program, stats, "")]
+    if setup.args.fused or setup.args.only_fused:
         fused, fused_stats = export_with_stats(setup.spec, {"kind": "ce"}, b, kernels="fused")
         arms.append((NativeExecutorchRuntime, fused, fused_stats, ", fused"))
     rows = [Row(setup.name, "torch", 0.0, 1.0)]
@@ -296,6 +301,9 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true", help="ExecuTorch speed variants on the small CNN")
     parser.add_argument("--fused", action="store_true",
                         help="add an executorch-native row for the program exported with kernels='fused'")
+    parser.add_argument("--only-fused", action="store_true",
+                        help="time torch and the fused program only (skips the default export, which takes "
+                             "minutes for the VGG and the ResNet tier)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)

@@ -201,8 +201,9 @@ def export_training_program(spec: dict, loss: dict, max_batch: int, seed: int = 
     ``backend``: "xnnpack" delegates what XNNPACK supports (the matrix products, element-
     wise ops, copies) to it; "portable" runs every op on ExecuTorch's CPU kernels.
     ``kernels``: "portable" writes every layer in ATen ops (runs on any ExecuTorch runtime);
-    "fused" uses the ``fedsdk::`` training ops of ``export.fused_ops`` where they apply
-    (groups == 1 convolutions, ReLU, max-pool), which only a runtime with ``libfedsdk_kernels``
+    "fused" uses the ``fedsdk::`` training ops of ``export.fused_ops`` / ``fused_batch_norm``
+    where they apply (groups == 1 convolutions, batch-statistics BatchNorm, ReLU, max-pool),
+    which only a runtime with ``libfedsdk_kernels``
     can run; the metadata's "kernels" field says which set the program needs.
     """
     return export_with_stats(spec, loss, max_batch, seed, backend, kernels)[0]

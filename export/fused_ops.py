@@ -21,6 +21,9 @@ Ops (activations channels-last, as everywhere in ``export.decompositions``):
     k x k max-pool with stride k (a ragged edge is dropped); the gradient goes to the first
     maximum of each window in row-major order (torch's rule), recomputed from ``x``.
 
+Train-mode BatchNorm (``fedsdk::batch_norm_nhwc``) is defined in ``export.fused_batch_norm``,
+a fragment of the same namespace.
+
 Decision: ops live in their own ``fedsdk`` namespace and none is named after an ATen op
 (XNNPACK's partitioner claims a ``relu`` of any namespace).
 """

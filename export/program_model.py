@@ -26,7 +26,7 @@ from torch import nn
 from fedcore import modelspec
 
 from . import decompositions as ops
-from . import fused_ops
+from . import fused_batch_norm, fused_ops
 
 
 def _holder(layer: dict) -> nn.Module:
@@ -77,7 +77,9 @@ class ProgramModel(nn.Module):
         modelspec.validate(spec)
         self.spec = spec
         self.train_mode = training
-        self.kernels = kernels  # "fused": groups == 1 convolutions, ReLU, max-pool use export.fused_ops
+        # "fused": groups == 1 convolutions, batch-statistics BatchNorm, ReLU and max-pool use
+        # export.fused_ops / export.fused_batch_norm
+        self.kernels = kernels
         self.layers = nn.ModuleList(_holder(layer) for layer in spec["layers"])
         leaves = list(_walk(spec["layers"], "layers", tuple(spec["input_shape"])))
         self.dropout_shapes = [(name, layer.get("p", 0.5), shape) for name, layer, shape in leaves
@@ -140,7 +142,11 @@ def _run(layer: dict, params: nn.Module, h: torch.Tensor, state: _State) -> torc
         tracked = layer.get("track", True)
         if state.training or not tracked:
             running = (state.running.pop(0), state.running.pop(0)) if tracked else None
-            y, updated = ops.batch_norm_train(h, params.weight, params.bias, state.sample_mask, running)
+            if state.fused:
+                y, updated = fused_batch_norm.batch_norm_train(
+                    h, params.weight, params.bias, state.sample_mask, running, ops.BN_MOMENTUM, ops.BN_EPS)
+            else:
+                y, updated = ops.batch_norm_train(h, params.weight, params.bias, state.sample_mask, running)
             if updated is not None:
                 state.new_running.extend(updated)
             return y

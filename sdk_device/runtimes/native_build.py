@@ -18,7 +18,8 @@ the wheel with ``pip install --no-deps executorch==1.5.1``. Decisions:
 The fused training kernels (``native/fedsdk_kernels.cpp``, the "fused" kernel set of
 ``export/fused_ops.py``) are a second library, ``libfedsdk_kernels``, built the same way
 (``build(..., kernels=True)``, ``fedsdk runtime build --kernels``) but linked only to
-``libexecutorch`` (whose kernel registry they join) and compiled with ``-O3``; for the build
+``libexecutorch`` (whose kernel registry they join) and ``libexecutorch_threadpool`` (whose
+shared pool they run on) and compiled with ``-O3``; for the build
 machine's own architecture also with ``-march=native`` (the library is built where it runs;
 a cross-build gets the target's baseline, NEON on arm64). The library path's hash then
 includes the CPU's feature flags.
@@ -41,7 +42,8 @@ import click
 
 SOURCE = Path(__file__).parent / "native" / "fedsdk_executorch.cpp"
 KERNELS_SOURCE = Path(__file__).parent / "native" / "fedsdk_kernels.cpp"
-KERNELS_HEADER = Path(__file__).parent / "native" / "fused_math.h"  # included by KERNELS_SOURCE
+KERNELS_HEADERS = tuple(Path(__file__).parent / "native" / name  # included by KERNELS_SOURCE
+                        for name in ("fused_math.h", "fused_norm.h"))
 LIBRARIES = ("executorch", "executorch_kernels_optimized", "executorch_backend_xnnpack",
              "executorch_threadpool")
 DEFINES = ("C10_USING_CUSTOM_GENERATED_MACROS", "ET_EVENT_TRACER_ENABLED", "ET_USE_THREADPOOL")
@@ -103,7 +105,8 @@ def library_path(et_dir: Path, cxx: str, kernels: bool = False) -> Path:
     source = KERNELS_SOURCE if kernels else SOURCE
     digest = hashlib.sha256(source.read_bytes())
     if kernels:
-        digest.update(KERNELS_HEADER.read_bytes())
+        for header in KERNELS_HEADERS:
+            digest.update(header.read_bytes())
     digest.update(f"{et_dir.resolve()}|{Path(cxx).name}|{' '.join(DEFINES)}".encode())
     if kernels and _is_host_compiler(cxx):
         digest.update(_cpu_flags().encode())
@@ -122,7 +125,7 @@ def compile_command(et_dir: Path, cxx: str, out: Path, rpath: str | None = None,
     lib = et_dir / "lib"
     if kernels:
         flags = ["-O3", "-ffp-contract=fast", *(["-march=native"] if _is_host_compiler(cxx) else [])]
-        source, libraries = KERNELS_SOURCE, ("executorch",)
+        source, libraries = KERNELS_SOURCE, ("executorch", "executorch_threadpool")
     else:
         flags, source, libraries = ["-O2"], SOURCE, LIBRARIES
     return [cxx, "-std=c++17", *flags, "-fPIC", "-shared", "-Wno-deprecated-declarations",

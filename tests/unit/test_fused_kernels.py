@@ -168,3 +168,34 @@ def test_a_native_runtime_without_the_kernels_library_refuses_a_fused_program(pr
 def test_an_unknown_kernel_set_is_refused():
     with pytest.raises(UnsupportedKernels, match="no kernel set 'turbo'"):
         fused_kernels.require("turbo")
+
+
+THREADS_SCRIPT = """
+import ctypes, json
+import numpy as np
+from sdk_device.runtimes import fused_kernels
+lib = fused_kernels.load()
+P = ctypes.c_void_p
+b, h, w, c, o, k, stride, pad = 3, 9, 9, 17, 33, 3, 1, 1
+rng = np.random.default_rng(0)
+x, weight, bias = (rng.standard_normal(s).astype(np.float32) for s in ((b, h, w, c), (o, c, k, k), (o,)))
+gy = rng.standard_normal((b, h, w, o)).astype(np.float32)
+runs = []
+for threads in (1, 2):
+    assert lib.fk_set_threads(threads) == threads
+    out, gx, gw, gb = (np.zeros(s, np.float32) for s in ((b, h, w, o), x.shape, weight.shape, (o,)))
+    p = lambda a: a.ctypes.data_as(P)
+    lib.fk_conv2d(p(x), p(weight), p(bias), p(out), b, h, w, c, o, k, stride, pad)
+    lib.fk_conv2d_backward(p(gy), p(x), p(weight), p(gx), p(gw), p(gb), b, h, w, c, o, k, stride, pad)
+    runs.append([a.tobytes().hex() for a in (out, gx, gw, gb)])
+print(json.dumps({"same": runs[0] == runs[1], "threads": lib.fk_thread_count()}))
+"""
+
+
+def test_conv_kernels_give_the_same_bits_on_one_and_two_threads():
+    """In a fresh process: resizing ExecuTorch's shared pool would strand loaded XNNPACK programs."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=60)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"same": True, "threads": 2}, done.stderr[-2000:]

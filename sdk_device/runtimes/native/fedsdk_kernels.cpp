@@ -6,8 +6,13 @@
 //   fedsdk::conv2d_nhwc_backward.out   grad_out, x, weight -> grad_input, grad_weight, grad_bias
 //   fedsdk::rectify.out / rectify_backward.out             ReLU and its gradient (from the output)
 //   fedsdk::max_pool_nhwc.out / max_pool_nhwc_backward.out k x k, stride k, first-maximum gradient
+//   fedsdk::batch_norm_nhwc.out / batch_norm_nhwc_backward.out  train-mode BatchNorm over the
+//                                      samples of the mask (export/fused_batch_norm.py, fused_norm.h)
 //
 // Decisions:
+// * Threads: convolution forward, grad-input and grad-weight slice their outputs over ExecuTorch's
+//   threadpool (the runtime's thread count); each output's arithmetic does not depend on the
+//   slicing, so 1 and 2 threads give the same bits.
 // * Plain C++17, no XNNPACK (its C API header is not shipped by the wheel; this is the first,
 //   correctness-first slice). Forward and grad-input are "gather" convolutions: for each
 //   output pixel, a sum over the valid kernel taps of (input row) x (weight block), with the
@@ -22,10 +27,43 @@
 // * The maths is in fused_math.h; fk_* C functions expose it on raw pointers (tests, no program).
 
 
+#include <executorch/runtime/core/function_ref.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
 #include <executorch/runtime/kernel/operator_registry.h>
 
 #include "fused_math.h"
+#include "fused_norm.h"
+
+// The wheel ships no threadpool.h; these members are exported by libexecutorch_threadpool.so (the
+// pool the native shim sizes with fx_set_threads, shared by XNNPACK and these kernels).
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  bool _unsafe_reset_threadpool(uint32_t num_threads);
+  size_t get_thread_count() const;
+  void run(executorch::runtime::FunctionRef<void(size_t)> fn, size_t range);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
+
+namespace {
+
+int worker_count() {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  return pool ? static_cast<int>(pool->get_thread_count()) : 1;
+}
+
+void run_tasks(size_t tasks, void (*body)(void*, size_t), void* context) {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  auto task = [&](size_t index) { body(context, index); };
+  if (pool == nullptr) {
+    for (size_t index = 0; index < tasks; ++index) task(index);
+    return;
+  }
+  pool->run(task, tasks);
+}
+
+}  // namespace
 
 
 extern "C" {
@@ -40,6 +78,13 @@ void fk_max_pool_backward(const float* g, const float* x, float* gx, int b, int 
 // The kernel set this library implements (the programs' metadata "kernels" value).
 const char* fk_kernel_set() { return "fused"; }
 
+// The shared threadpool's size, and resizing it (tests; a runtime sizes it through its shim).
+int fk_thread_count() { return worker_count(); }
+int fk_set_threads(uint32_t threads) {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  return pool && pool->_unsafe_reset_threadpool(threads) ? worker_count() : -1;
+}
+
 void fk_conv2d(const float* x, const float* weight, const float* bias, float* out, int b, int h, int w, int c,
                int o, int k, int stride, int pad) {
   conv_forward(geometry(b, h, w, c, o, k, stride, pad), x, weight, bias, out);
@@ -51,6 +96,19 @@ void fk_conv2d_backward(const float* gy, const float* x, const float* weight, fl
   const Geometry g = geometry(b, h, w, c, o, k, stride, pad);
   if (grad_input) conv_grad_input(g, gy, weight, grad_input);
   conv_grad_weight(g, x, gy, grad_weight, grad_bias);
+}
+
+// running_mean / running_var may be null (static BatchNorm).
+void fk_batch_norm(const float* x, const float* weight, const float* bias, const float* mask, const float* running_mean,
+                   const float* running_var, double momentum, double eps, int b, int hw, int c, float* y, float* mean,
+                   float* invstd, float* new_mean, float* new_var) {
+  batch_norm_forward(x, weight, bias, mask, running_mean, running_var, momentum, eps, b, hw, c, y, mean, invstd,
+                     new_mean, new_var);
+}
+
+void fk_batch_norm_backward(const float* g, const float* x, const float* weight, const float* mask, const float* mean,
+                            const float* invstd, int b, int hw, int c, float* gx, float* gw, float* gb) {
+  batch_norm_backward(g, x, weight, mask, mean, invstd, b, hw, c, gx, gw, gb);
 }
 
 }  // extern "C"
@@ -181,6 +239,50 @@ void max_pool_backward_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
                     x.size(1), x.size(2), x.size(3), k);
 }
 
+bool channel_vector(const Tensor& t, int64_t c) { return t.scalar_type() == ScalarType::Float && same_shape(t, {c}); }
+
+// batch_norm_nhwc.out(x, weight, bias, sample_mask, running_mean?, running_var?, momentum, eps,
+//                     *, y, mean, invstd, new_running_mean, new_running_var)
+void batch_norm_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  const Tensor& x = stack[0]->toTensor();
+  const bool tracked = !stack[4]->isNone() && !stack[5]->isNone();
+  if (!is_float(x, 4)) return fail(ctx, "fedsdk::batch_norm_nhwc.out");
+  const int64_t c = x.size(3);
+  const Tensor& mask = stack[3]->toTensor();
+  Tensor& y = stack[8]->toTensor();
+  bool ok = channel_vector(stack[1]->toTensor(), c) && channel_vector(stack[2]->toTensor(), c) &&
+            mask.scalar_type() == ScalarType::Float && same_shape(mask, {x.size(0)}) && float_like(x, y);
+  for (int i = 9; i < 13; ++i) ok = ok && channel_vector(stack[i]->toTensor(), c);
+  if (tracked) ok = ok && channel_vector(stack[4]->toTensor(), c) && channel_vector(stack[5]->toTensor(), c);
+  if (!ok) return fail(ctx, "fedsdk::batch_norm_nhwc.out");
+  batch_norm_forward(x.const_data_ptr<float>(), stack[1]->toTensor().const_data_ptr<float>(),
+                     stack[2]->toTensor().const_data_ptr<float>(), mask.const_data_ptr<float>(),
+                     tracked ? stack[4]->toTensor().const_data_ptr<float>() : nullptr,
+                     tracked ? stack[5]->toTensor().const_data_ptr<float>() : nullptr, stack[6]->toDouble(),
+                     stack[7]->toDouble(), x.size(0), x.size(1) * x.size(2), c, y.mutable_data_ptr<float>(),
+                     stack[9]->toTensor().mutable_data_ptr<float>(), stack[10]->toTensor().mutable_data_ptr<float>(),
+                     stack[11]->toTensor().mutable_data_ptr<float>(), stack[12]->toTensor().mutable_data_ptr<float>());
+}
+
+// batch_norm_nhwc_backward.out(grad_out, x, weight, sample_mask, mean, invstd, *, grad_input, grad_weight, grad_bias)
+void batch_norm_backward_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  const Tensor& g = stack[0]->toTensor();
+  const Tensor& x = stack[1]->toTensor();
+  if (!is_float(x, 4)) return fail(ctx, "fedsdk::batch_norm_nhwc_backward.out");
+  const int64_t c = x.size(3);
+  const Tensor& mask = stack[3]->toTensor();
+  Tensor& gx = stack[6]->toTensor();
+  bool ok = float_like(x, g) && float_like(x, gx) && mask.scalar_type() == ScalarType::Float &&
+            same_shape(mask, {x.size(0)});
+  for (int i : {2, 4, 5, 7, 8}) ok = ok && channel_vector(stack[i]->toTensor(), c);
+  if (!ok) return fail(ctx, "fedsdk::batch_norm_nhwc_backward.out");
+  batch_norm_backward(g.const_data_ptr<float>(), x.const_data_ptr<float>(), stack[2]->toTensor().const_data_ptr<float>(),
+                      mask.const_data_ptr<float>(), stack[4]->toTensor().const_data_ptr<float>(),
+                      stack[5]->toTensor().const_data_ptr<float>(), x.size(0), x.size(1) * x.size(2), c,
+                      gx.mutable_data_ptr<float>(), stack[7]->toTensor().mutable_data_ptr<float>(),
+                      stack[8]->toTensor().mutable_data_ptr<float>());
+}
+
 const executorch::runtime::Kernel kKernels[] = {
     executorch::runtime::Kernel("fedsdk::conv2d_nhwc.out", conv2d_nhwc_out),
     executorch::runtime::Kernel("fedsdk::conv2d_nhwc_backward.out", conv2d_nhwc_backward_out),
@@ -188,6 +290,8 @@ const executorch::runtime::Kernel kKernels[] = {
     executorch::runtime::Kernel("fedsdk::rectify_backward.out", rectify_backward_out),
     executorch::runtime::Kernel("fedsdk::max_pool_nhwc.out", max_pool_out),
     executorch::runtime::Kernel("fedsdk::max_pool_nhwc_backward.out", max_pool_backward_out),
+    executorch::runtime::Kernel("fedsdk::batch_norm_nhwc.out", batch_norm_out),
+    executorch::runtime::Kernel("fedsdk::batch_norm_nhwc_backward.out", batch_norm_backward_out),
 };
 
 const Error kRegistered = executorch::runtime::register_kernels({kKernels, sizeof(kKernels) / sizeof(kKernels[0])});

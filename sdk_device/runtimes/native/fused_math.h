@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #define FK_INLINE static inline __attribute__((always_inline))
@@ -13,6 +14,25 @@ namespace {
 
 constexpr int kBlock = 16;  // output channels per register block
 constexpr int kRows = 4;    // input channels per grad-weight block
+
+// The kernels' threads (fedsdk_kernels.cpp: ExecuTorch's shared threadpool, sized by the runtime).
+int worker_count();
+void run_tasks(size_t tasks, void (*body)(void*, size_t), void* context);
+
+// body(part, begin, end) for `parts` contiguous slices of [0, n), on the kernels' threads. Every
+// caller makes each output element's arithmetic independent of the slicing, so results are the
+// same bits for any thread count.
+template <class Body>
+void parallel_slices(size_t n, Body&& body) {
+  const size_t parts = std::min(n, static_cast<size_t>(std::max(1, worker_count())));
+  auto slice = [&](size_t part) { body(part, n * part / parts, n * (part + 1) / parts); };
+  if (parts <= 1) {
+    if (n) slice(0);
+    return;
+  }
+  using Slice = std::remove_reference_t<decltype(slice)>;
+  run_tasks(parts, [](void* context, size_t part) { (*static_cast<Slice*>(context))(part); }, &slice);
+}
 
 struct Geometry {
   int b, h, w, c, o, k, stride, pad, ho, wo;
@@ -81,16 +101,17 @@ void gather_pixel(const float* const* src, const float* const* wt, int taps, int
   if (n0 < n_count) gather_tail(src, wt, taps, m_count, n_count, n0, init, out);
 }
 
-// Forward: out (B,Ho,Wo,O); wf = weight as [tap][c][o].
+// Forward: out (B,Ho,Wo,O); wf = weight as [tap][c][o]. Output rows (b, oh) are sliced over threads.
 void conv_forward(const Geometry& g, const float* x, const float* weight, const float* bias, float* out) {
   const int kk = g.k * g.k;
   std::vector<float> wf(static_cast<size_t>(kk) * g.c * g.o);
   for (int o = 0; o < g.o; ++o)
     for (int c = 0; c < g.c; ++c)
       for (int t = 0; t < kk; ++t) wf[(static_cast<size_t>(t) * g.c + c) * g.o + o] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
-  std::vector<const float*> src(kk), wt(kk);
-  for (int b = 0; b < g.b; ++b)
-    for (int oh = 0; oh < g.ho; ++oh)
+  parallel_slices(static_cast<size_t>(g.b) * g.ho, [&](size_t, size_t begin, size_t end) {
+    std::vector<const float*> src(kk), wt(kk);
+    for (size_t row = begin; row < end; ++row) {
+      const int b = static_cast<int>(row / g.ho), oh = static_cast<int>(row % g.ho);
       for (int ow = 0; ow < g.wo; ++ow) {
         int taps = 0;
         for (int i = 0; i < g.k; ++i) {
@@ -106,18 +127,21 @@ void conv_forward(const Geometry& g, const float* x, const float* weight, const 
         float* dst = out + ((static_cast<size_t>(b) * g.ho + oh) * g.wo + ow) * g.o;
         gather_pixel(src.data(), wt.data(), taps, g.c, g.o, bias, dst);
       }
+    }
+  });
 }
 
-// Grad-input: the adjoint gather; wg = weight as [tap][o][c].
+// Grad-input: the adjoint gather; wg = weight as [tap][o][c]. Input rows (b, ih) are sliced over threads.
 void conv_grad_input(const Geometry& g, const float* gy, const float* weight, float* gx) {
   const int kk = g.k * g.k;
   std::vector<float> wg(static_cast<size_t>(kk) * g.o * g.c);
   for (int o = 0; o < g.o; ++o)
     for (int c = 0; c < g.c; ++c)
       for (int t = 0; t < kk; ++t) wg[(static_cast<size_t>(t) * g.o + o) * g.c + c] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
-  std::vector<const float*> src(kk), wt(kk);
-  for (int b = 0; b < g.b; ++b)
-    for (int ih = 0; ih < g.h; ++ih)
+  parallel_slices(static_cast<size_t>(g.b) * g.h, [&](size_t, size_t begin, size_t end) {
+    std::vector<const float*> src(kk), wt(kk);
+    for (size_t row = begin; row < end; ++row) {
+      const int b = static_cast<int>(row / g.h), ih = static_cast<int>(row % g.h);
       for (int iw = 0; iw < g.w; ++iw) {
         int taps = 0;
         for (int i = 0; i < g.k; ++i) {
@@ -133,6 +157,8 @@ void conv_grad_input(const Geometry& g, const float* gy, const float* weight, fl
         float* dst = gx + ((static_cast<size_t>(b) * g.h + ih) * g.w + iw) * g.c;
         gather_pixel(src.data(), wt.data(), taps, g.o, g.c, nullptr, dst);
       }
+    }
+  });
 }
 
 // acc[r][t] += x[ow][c0 + r] * gy[ow][o0 + t] over one output row's valid columns (summed in
@@ -188,28 +214,29 @@ void grad_weight_block(const Geometry& g, const float* x, const float* gy, int i
   }
 }
 
-// grad_weight (O,C,k,k) and grad_bias (O,), sums over samples in double.
+// grad_weight (O,C,k,k) and grad_bias (O,), sums over samples in double. The blocks (tap, input
+// channels, output channels) are sliced over the threads; each slice walks the samples in order.
 void conv_grad_weight(const Geometry& g, const float* x, const float* gy, float* gw, float* gb) {
   const int kk = g.k * g.k;
   std::vector<double> total(static_cast<size_t>(kk) * g.c * g.o, 0.0), bias_total(g.o, 0.0);
   const size_t x_sample = static_cast<size_t>(g.h) * g.w * g.c, g_sample = static_cast<size_t>(g.ho) * g.wo * g.o;
-  for (int b = 0; b < g.b; ++b) {
-    const float* xb = x + b * x_sample;
-    const float* gb_ = gy + b * g_sample;
-    for (int i = 0; i < g.k; ++i)
-      for (int j = 0; j < g.k; ++j)
-        for (int c0 = 0; c0 < g.c; c0 += kRows)
-          for (int o0 = 0; o0 < g.o; o0 += kBlock) {
-            const int rows = std::min(kRows, g.c - c0), nb = std::min(kBlock, g.o - o0);
-            float acc[kRows][kBlock] = {};
-            grad_weight_block(g, xb, gb_, i, j, c0, rows, o0, nb, acc);
-            for (int r = 0; r < rows; ++r)
-              for (int t = 0; t < nb; ++t)
-                total[(static_cast<size_t>(i * g.k + j) * g.c + c0 + r) * g.o + o0 + t] += acc[r][t];
-          }
+  const int c_blocks = (g.c + kRows - 1) / kRows, o_blocks = (g.o + kBlock - 1) / kBlock;
+  parallel_slices(static_cast<size_t>(kk) * c_blocks * o_blocks, [&](size_t, size_t begin, size_t end) {
+    for (int b = 0; b < g.b; ++b)
+      for (size_t block = begin; block < end; ++block) {
+        const int tap = static_cast<int>(block / (c_blocks * o_blocks)), i = tap / g.k, j = tap % g.k;
+        const int c0 = static_cast<int>(block / o_blocks % c_blocks) * kRows;
+        const int o0 = static_cast<int>(block % o_blocks) * kBlock;
+        const int rows = std::min(kRows, g.c - c0), nb = std::min(kBlock, g.o - o0);
+        float acc[kRows][kBlock] = {};
+        grad_weight_block(g, x + b * x_sample, gy + b * g_sample, i, j, c0, rows, o0, nb, acc);
+        for (int r = 0; r < rows; ++r)
+          for (int t = 0; t < nb; ++t) total[(static_cast<size_t>(tap) * g.c + c0 + r) * g.o + o0 + t] += acc[r][t];
+      }
+  });
+  for (int b = 0; b < g.b; ++b)
     for (size_t p = 0; p < static_cast<size_t>(g.ho) * g.wo; ++p)
-      for (int o = 0; o < g.o; ++o) bias_total[o] += gb_[p * g.o + o];
-  }
+      for (int o = 0; o < g.o; ++o) bias_total[o] += gy[b * g_sample + p * g.o + o];
   for (int o = 0; o < g.o; ++o) {
     for (int c = 0; c < g.c; ++c)
       for (int t = 0; t < kk; ++t)
