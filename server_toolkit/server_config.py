@@ -85,7 +85,7 @@ class FleetSettings:
     fleet: str = ""
     tiers: list[str] | None = None  # tier names (simulate: given to devices round-robin)
     program_formats: list[str] = field(default_factory=lambda: ["torchspec/1"])  # offered per task
-    pte_kernels: str = "portable"  # kernel set of pte/1 programs (refusing devices get portable ones)
+    pte_kernels: str = "fused"  # kernel set of pte/1 programs (refusing devices get portable ones)
 
 
 @dataclass
