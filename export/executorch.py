@@ -49,7 +49,7 @@ from torch import nn
 from fedcore import modelspec
 from fedcore.losses import Loss
 from fedcore.torch_model import build_model
-from sdk_device.runtimes.pte_contract import FORMAT, META_METHOD, SCHEMA
+from sdk_device.runtimes.pte_contract import FORMAT, KERNEL_SETS, META_METHOD, SCHEMA
 
 from .program_model import ProgramModel
 
@@ -189,7 +189,6 @@ def fold_permute_pairs(program) -> int:
 
 
 BACKENDS = ("xnnpack", "portable")
-KERNEL_SETS = ("portable", "fused")  # "portable": ATen ops only (today's lowering, the default)
 
 
 def export_training_program(spec: dict, loss: dict, max_batch: int, seed: int = 0,

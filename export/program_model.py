@@ -67,6 +67,14 @@ def _walk(layers: list[dict], prefix: str, shape: tuple[int, ...]):
         shape = modelspec.infer_shapes([layer], shape, name)[0]  # an exit leaves the trunk shape as is
 
 
+def fused_layers(spec: dict) -> list[str]:
+    """The names of ``spec``'s layers the fused kernel set runs (``_run``: groups == 1
+    convolutions, BatchNorm, ReLU, max-pool); none: a "fused" export needs no fedsdk:: op."""
+    covered = {"batchnorm2d", "relu", "maxpool2d"}
+    return [name for name, layer, _ in _walk(spec["layers"], "layers", tuple(spec["input_shape"]))
+            if layer["op"] in covered or (layer["op"] == "conv2d" and layer.get("groups", 1) == 1)]
+
+
 class ProgramModel(nn.Module):
     """A spec's model as an export-friendly module. ``forward`` returns
     (outputs: tuple of (B, K) logits, exits then final; features (B, F): the input of the

@@ -85,6 +85,7 @@ class FleetSettings:
     fleet: str = ""
     tiers: list[str] | None = None  # tier names (simulate: given to devices round-robin)
     program_formats: list[str] = field(default_factory=lambda: ["torchspec/1"])  # offered per task
+    pte_kernels: str = "fused"  # kernel set of pte/1 programs (refusing devices get portable ones)
 
 
 @dataclass
@@ -126,7 +127,8 @@ class ServerConfig(FleetSettings, FeatureSettings, RoundSettings, TaskSettings):
         from .secagg.mqtt_grid import secagg_grid
 
         return secagg_grid(endpoint, registry, method, self.secagg, self.seed, async_settings,
-                           program_formats=self.program_formats, fetch_timeout_s=self.round_timeout_s)
+                           program_formats=self.program_formats, pte_kernels=self.pte_kernels,
+                           fetch_timeout_s=self.round_timeout_s)
 
 
 @dataclass

@@ -3,8 +3,12 @@
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 
+#include <dlfcn.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <random>
 
@@ -23,6 +27,30 @@ int64_t numel(const std::vector<int64_t>& s) {
 }
 std::vector<executorch::aten::SizesType> sizes(const std::vector<int64_t>& s) {
   return std::vector<executorch::aten::SizesType>(s.begin(), s.end());
+}
+
+// Makes the program's kernel set (metadata "kernels", docs/protocol.md §23.8) runnable or throws
+// CodedError("unsupported_kernels"). "portable" (or absent): ExecuTorch's own kernels, linked in.
+// "fused": libfedsdk_kernels (`fedsdk runtime build --kernels`), loaded once from
+// $FEDSDK_KERNELS_LIB with RTLD_GLOBAL; its kernels register themselves with the registry of the
+// libexecutorch this client links, so it must be built against the same executorch package.
+void require_kernels(const std::string& set) {
+  if (set == "portable") return;
+  if (set != "fused") throw CodedError("unsupported_kernels", "this client has no kernel set '" + set + "'");
+  static std::mutex mu;
+  static bool loaded = false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded) return;
+  const char* path = std::getenv("FEDSDK_KERNELS_LIB");
+  if (path == nullptr || *path == 0)
+    throw CodedError("unsupported_kernels", "the 'fused' kernels are not loaded: set FEDSDK_KERNELS_LIB to "
+                     "libfedsdk_kernels.so (fedsdk runtime build --kernels)");
+  void* handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  if (handle == nullptr) throw CodedError("unsupported_kernels", std::string("cannot load the 'fused' kernels: ") + dlerror());
+  auto registered = reinterpret_cast<int (*)()>(dlsym(handle, "fk_registered"));
+  if (registered == nullptr || registered() != 1)
+    throw CodedError("unsupported_kernels", std::string(path) + " did not register the 'fused' kernels");
+  loaded = true;
 }
 }  // namespace
 
@@ -45,6 +73,7 @@ void PteTrainer::load(const std::string& path) {
   meta_ = nlohmann::json::parse(std::string((*out)[0].toString()));
   if (meta_.value("format", "") != "pte/1" || meta_.value("schema", 0) != 1)
     throw CodedError("bad_task", "program is not pte/1 schema 1");
+  require_kernels(meta_.value("kernels", "portable"));
   param_order_.clear();
   running_order_.clear();
   running_.clear();

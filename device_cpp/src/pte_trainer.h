@@ -36,7 +36,8 @@ class PteTrainer {
  public:
   PteTrainer();
   ~PteTrainer();
-  // Loads the program file; throws CodedError("bad_task") when it is not a pte/1 training program.
+  // Loads the program file; throws CodedError("bad_task") when it is not a pte/1 training program,
+  // CodedError("unsupported_kernels") when it needs a kernel set this client cannot load.
   void load(const std::string& path);
   const nlohmann::json& meta() const { return meta_; }
   // Writes the named tensors into the program; names it does not hold, or wrong shapes, throw

@@ -173,6 +173,7 @@ nlohmann::ordered_json TaskRunner::run(const json& task, const std::function<voi
       if (trained.count(name)) trainers[name]->set_weights(sent_records[name]);
     }
   } catch (const CodedError& e) {
+    if (e.code == "unsupported_kernels") throw;  // its own code: the server falls back to a portable program
     throw CodedError("bad_task", "could not load the task: " + e.code + ": " + e.what());
   } catch (const std::exception& e) {
     throw CodedError("bad_task", std::string("could not load the task: ") + e.what());

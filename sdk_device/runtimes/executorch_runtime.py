@@ -7,6 +7,10 @@ runs it and its torch tensors are viewed as numpy arrays (no copies), there a sm
 shim does, without torch. Kept for machines that have torch anyway (and as the exporter's
 parity reference); a torch-free device uses ``executorch-native``.
 
+A program of the fused kernel set loads ``libfedsdk_kernels`` as on ``executorch-native``
+(``_require_kernels``): the bindings link the wheel's ``libexecutorch.so`` (not a copy), whose
+kernel registry the library joins, so one load per process serves both runtimes.
+
 The parts of a program exported with the XNNPACK backend (the default) run in XNNPACK,
 which shares ExecuTorch's threadpool (``threads``). The registry imports this module only
 when asked.
@@ -18,7 +22,6 @@ import numpy as np
 import torch
 
 from .executorch_native_runtime import FORMAT, META_METHOD, SCHEMA, NativeExecutorchRuntime
-from .pte_contract import UnsupportedKernels
 
 __all__ = ["FORMAT", "META_METHOD", "SCHEMA", "ExecutorchRuntime"]
 
@@ -56,11 +59,6 @@ class ExecutorchRuntime(NativeExecutorchRuntime):
     def module(self):
         """The bindings' program object (None before load_program)."""
         return None if self.program is None else self.program.module
-
-    def _require_kernels(self, kernel_set: str) -> None:
-        """The bindings' kernel registry is linked into them: fedsdk's kernels cannot join it."""
-        raise UnsupportedKernels(f"the executorch (Python bindings) runtime cannot run {kernel_set!r} "
-                                 f"kernel programs; use executorch-native")
 
     def _open(self, program: bytes) -> _BindingsProgram:
         return _BindingsProgram(self._lib, program)

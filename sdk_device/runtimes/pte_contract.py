@@ -16,6 +16,8 @@ SCHEMA = 1
 
 KERNELS_KEY = "kernels"  # metadata key: the kernel set a program needs; absent = PORTABLE
 PORTABLE = "portable"  # ATen ops only: runs on every ExecuTorch runtime
+FUSED = "fused"  # also the fedsdk:: training ops of libfedsdk_kernels (export/fused_ops.py)
+KERNEL_SETS = (PORTABLE, FUSED)
 
 
 class UnsupportedKernels(RuntimeError):

@@ -61,6 +61,12 @@ round_timeout_option = click.option("--round-timeout", default=ROUND_TIMEOUT_S, 
 programs_option = click.option(
     "--programs", "program_formats", default="torchspec/1", show_default=True,
     help="Program formats offered to devices, comma-separated (torchspec/1, pte/1, ...).")
+kernels_option = click.option(
+    "--pte-kernels", "pte_kernels", type=click.Choice(["portable", "fused"]), default="fused",
+    show_default=True,
+    help="Kernel set of the pte/1 programs: fused (fedsdk's training kernels, faster) or portable "
+         "(ExecuTorch's own ops). A device whose runtime lacks the fused kernels refuses them and gets "
+         "portable programs.")
 selection_options = stacked(
     click.option("--clients-per-round", type=int, default=None, help="Quorum per round (default: all)."),
     click.option("--fraction", type=float, default=None, help="Quorum as a fraction of online devices."),

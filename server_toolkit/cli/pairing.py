@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .fleet_options import fleet_options, open_fleet
-from .options import programs_option
+from .options import kernels_option, programs_option
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -50,6 +50,7 @@ def pairing_options(f):
                 "1.0,0.5,0.25 (width methods) or 1,2,3 (exit methods). Default: no tiers.",
             ),
             programs_option,
+            kernels_option,
             click.option(
                 "--device-url",
                 default=None,

@@ -14,6 +14,7 @@ from .config_file import config_option
 from .observe_options import observe_options
 from .options import (
     divergence_option,
+    kernels_option,
     method_choice,
     method_option,
     norm_bound_option,
@@ -62,6 +63,7 @@ data_options = stacked(
 
 device_options = stacked(
     programs_option,
+    kernels_option,
     click.option("--device-runtime", default=None, help="Make every simulated device use this runtime."),
     click.option("--grid", type=click.Choice(["mqtt", "inprocess"]), default="mqtt", show_default=True,
                  help="mqtt: device processes over a broker; inprocess: the same devices trained in this "

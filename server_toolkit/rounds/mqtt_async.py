@@ -54,6 +54,10 @@ class AsyncMqttGrid(MqttGrid, AsyncGrid):
                 self._pending.pop(pending.task_id, None)
                 self._closed_tasks[pending.task_id] = pending.round
 
+    def _task_replaced(self, old: PendingTask) -> None:  # (KernelFallback hook): it keeps the expiry
+        self._expires[next(reversed(self._pending))] = self._expires.pop(old.task_id, time.time())
+        self._closed_tasks[old.task_id] = self._pending.pop(old.task_id).round
+
     def _accept(self, *args) -> None:  # (dev, result, pending, key), on a fetch thread
         super()._accept(*args)
         with self._lock:  # only now may the device get a new task: the ack's withdraw() is done
@@ -74,7 +78,7 @@ class AsyncMqttGrid(MqttGrid, AsyncGrid):
     def submit(self, version: int, instructions: list[TrainInstruction], timeout_s: float) -> None:
         for instruction in instructions:  # export first: the time limit is the devices' time
             if not instruction.programs:
-                self.programs.programs(instruction.spec, instruction.recipe)
+                self.programs_for(instruction.device_id, instruction.spec, instruction.recipe)
         for instruction in instructions:
             expires = time.time() + timeout_s
             with self._lock:  # a fast device's result must find its task open

@@ -37,12 +37,14 @@ from sdk_device.protocol.blobs import encode_tensors
 from sdk_device.protocol.epoch import ServerEpoch, announce_window
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.protocol.task_plan import plan_config
+from sdk_device.runtimes.pte_contract import PORTABLE
 from sdk_device.transport.endpoint import Endpoint, Incoming
 
 from ..fleet.registry import FleetRegistry
 from ..methods.base import MODEL, ClientUpdate, DeviceInfo, TrainInstruction
 from ..methods.tiers import resolve_tier
 from .grid import Exchange, Grid, LiveRound
+from .kernel_fallback import KernelFallback
 from .mqtt_live import live_round
 from .mqtt_presence import Presence
 from .result_pulls import ResultPulls
@@ -53,20 +55,23 @@ from .task_records import stored_update, task_record
 log = logging.getLogger(__name__)
 
 
-class MqttGrid(ResultPulls, Presence, Grid):
+class MqttGrid(ResultPulls, Presence, KernelFallback, Grid):
     """The devices of ``registry`` reachable through ``endpoint``.
 
-    ``program_formats``: the program formats offered with each task; ``max_update_factor``:
+    ``program_formats``: the program formats offered with each task; ``pte_kernels``: the kernel
+    set of its pte/1 programs (a device that refuses it gets portable ones: ``kernel_fallback.py``);
+    ``max_update_factor``:
     an update may be at most this times the bytes sent (+64 KiB); ``fetch_timeout_s``: how
     long pulling one result may take; ``task_window``: devices pulling their task's blobs at once.
     """
 
     def __init__(self, endpoint: Endpoint, registry: FleetRegistry, program_formats: list[str] | None = None,
                  max_update_factor: float = 2.0, fetch_timeout_s: float = 120.0,
-                 task_window: int = DEFAULT_WINDOW) -> None:
+                 task_window: int = DEFAULT_WINDOW, pte_kernels: str = PORTABLE) -> None:
         self.endpoint = endpoint
         self.registry = registry
-        self.programs = ProgramCache(program_formats or [modelspec.FORMAT])
+        self.programs = ProgramCache(program_formats or [modelspec.FORMAT], kernels=pte_kernels)
+        self._portable_only: set[str] = set()  # devices that refused fused programs (kernel_fallback.py)
         self.max_update_factor = max_update_factor
         self.fetch_timeout_s = fetch_timeout_s
         self.pacer = TaskPacer(task_window)
@@ -138,7 +143,7 @@ class MqttGrid(ResultPulls, Presence, Grid):
                  quorum: int) -> Exchange:
         exporting = time.time()  # export first: the deadline is the devices' time, so it moves
         for instruction in (i for i in instructions if not i.programs):
-            self.programs.programs(instruction.spec, instruction.recipe)
+            self.programs_for(instruction.device_id, instruction.spec, instruction.recipe)
         deadline += time.time() - exporting
         earlier = [u["device_id"] for u in self.registry.updates(round_number)]
         self.registry.open_round(round_number, sorted({*earlier, *(i.device_id for i in instructions)}), "")
@@ -178,7 +183,7 @@ class MqttGrid(ResultPulls, Presence, Grid):
         for name, model in instruction.all_models().items():
             built = model.programs
             if not built:  # "model" in every format offered; other models for the torch runtime
-                built = (tuple(self.programs.programs(model.spec, instruction.recipe)) if name == MODEL
+                built = (tuple(self.programs_for(dev, model.spec, instruction.recipe)) if name == MODEL
                          else ((modelspec.FORMAT, modelspec.dumps(model.spec)),))
             programs[name] = [self.endpoint.offer(dev, data, "program", fmt) for fmt, data in built]
             program_blobs[name] = [(ref.format, ref.id) for ref in programs[name]]

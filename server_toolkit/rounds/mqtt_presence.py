@@ -131,6 +131,8 @@ class Presence:
             return
         if not own and not self._books(dev, "device:"):  # one key: a flood may make up any code
             return  # about no task of its own: garbage anyone on its topic could send, rate-limited
+        if own and self._fall_back(dev, error, task):  # kernel_fallback.py: a portable task went out
+            return
         log.warning("device %s reports %s: %s", dev, error.code, error.detail)
         if own:
             self._resolved.add(dev)  # it refused its task

@@ -85,7 +85,7 @@ class SecAggMqttGrid(MqttGrid):
             self._template = self.method.initial_weights(self.seed)
         for instruction in instructions:  # export first: the deadline is the devices' time
             if not instruction.programs:
-                self.programs.programs(instruction.spec, instruction.recipe)
+                self.programs_for(instruction.device_id, instruction.spec, instruction.recipe)
         self.registry.open_round(round_number, sorted(i.device_id for i in instructions), "")
         layouts = {i.device_id: layout_for(self.method, self._template, i) for i in instructions}
         by_device = {i.device_id: i for i in instructions}

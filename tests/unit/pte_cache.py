@@ -26,9 +26,7 @@ def cached_programs():
     store = ProgramStore()
 
     def get(spec: dict, loss: dict, batch: int, kernels: str = "portable") -> bytes:
-        key = store_key(program_key(spec, FORMAT, loss, batch))
-        if kernels != "portable":
-            key += f":{kernels}"
+        key = store_key(program_key(spec, FORMAT, loss, batch), kernels)
         data, _ = store.get_or_make(
             key, FORMAT, lambda: export_training_program(spec, loss, batch, kernels=kernels))
         return data

@@ -1,7 +1,8 @@
 """The fused training kernels (``kernels="fused"``): the C++ kernels of libfedsdk_kernels
 against torch (convolution forward and both gradients, max-pool, ReLU), the ``fedsdk::`` ops'
-registrations, gradient parity of a fused small CNN program on the torch-free runtime, and
-the refusal of runtimes that lack the kernel set."""
+registrations, gradient parity of a fused small CNN program on the torch-free runtime and the
+Python bindings, 5 SGD-momentum / Adam steps on both equal to torch.optim's, and the refusal of
+runtimes that lack the kernel set."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from export import fused_ops
-from export.parity import gradient_parity
+from export.parity import gradient_parity, training_parity
+from fedcore.recipe import Recipe
 from sdk_device.runtimes import fused_kernels
 from sdk_device.runtimes.executorch_native_runtime import NativeExecutorchRuntime
 from sdk_device.runtimes.executorch_runtime import ExecutorchRuntime
@@ -26,7 +28,7 @@ from sdk_device.runtimes.pte_contract import UnsupportedKernels
 from server_toolkit.models.zoo import model_spec
 
 from .pte_cache import cached_programs  # noqa: F401 - provides the program_for fixture
-from .test_export_parity import BATCH, CE, GRAD_TOL, LOSS_TOL, _data, _weights
+from .test_export_parity import BATCH, CE, GRAD_TOL, LOSS_TOL, MODELS, STEP_TOL, _data, _weights
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CNN = model_spec("small_cnn", (3, 8, 8), 5, width=8)
@@ -140,11 +142,34 @@ def test_fused_small_cnn_program_matches_autograd_on_the_native_runtime(program_
     assert runtime.meta["kernels"] == "fused"
 
 
-def test_the_bindings_runtime_refuses_a_fused_program_with_its_code(program_for):
+def test_the_bindings_runtime_loads_the_kernels_and_computes_what_the_native_runtime_computes(program_for):
+    """The bindings and the shim share the wheel's libexecutorch, so the kernels serve both."""
     program = program_for(SMALL_CNN, CE, BATCH, kernels="fused")
-    with pytest.raises(UnsupportedKernels, match="executorch-native") as raised:
-        ExecutorchRuntime().load_program(program, "pte/1")
-    assert raised.value.code == "unsupported_kernels"
+    x, y = _data(SMALL_CNN, BATCH, seed=1)
+    results = []
+    for runtime_class in (NativeExecutorchRuntime, ExecutorchRuntime):
+        runtime = runtime_class()
+        runtime.load_program(program, "pte/1")
+        runtime.set_weights(_weights(SMALL_CNN, 2))
+        results.append(runtime.gradients(x, y))
+    (loss_a, grads_a, _), (loss_b, grads_b, _) = results
+    assert loss_a == loss_b and all(np.array_equal(grads_a[k], grads_b[k]) for k in grads_b)
+
+
+@pytest.mark.parametrize("runtime_class", [NativeExecutorchRuntime, ExecutorchRuntime],
+                         ids=["native", "bindings"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_five_fused_steps_with_momentum_or_adam_equal_torch_optim(runtime_class, optimizer, program_for):
+    """cnn_batchnorm runs every fused op (conv, BatchNorm, ReLU, max-pool); 5 steps, the last
+    on half a batch (padded and masked), from weights with non-trivial running statistics."""
+    spec = MODELS["cnn_batchnorm"]
+    x, y = _data(spec, 4 * BATCH + BATCH // 2, seed=3)
+    recipe = (Recipe(epochs=1, batch_size=BATCH, optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-3)
+              if optimizer == "sgd" else
+              Recipe(epochs=1, batch_size=BATCH, optimizer="adam", lr=0.01, weight_decay=1e-3))
+    program = program_for(spec, CE, BATCH, kernels="fused")
+    assert training_parity(program, spec, _weights(spec, 4), x, y, recipe, CE, runtime_class=runtime_class
+                           ) <= STEP_TOL
 
 
 def test_a_native_runtime_without_the_kernels_library_refuses_a_fused_program(program_for, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 from export import program_store, programs
 from export.program_store import ProgramStore
 from export.programs import ProgramCache
+from fedcore import modelspec
 from fedcore.recipe import Recipe
 from server_toolkit.models.zoo import model_spec
 
@@ -22,13 +23,35 @@ def test_a_second_cache_reads_the_onnx_program_the_first_exported(tmp_path, monk
     stored = sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".onnx-1")
     assert len(stored) == 1 and (tmp_path / stored[0]).read_bytes() == onnx_bytes  # torchspec: not stored
 
-    def no_export(spec, recipe):
+    def no_export(spec, recipe, kernels):
         raise AssertionError("exported again")
 
     monkeypatch.setitem(programs.EXPORTERS, "onnx/1", no_export)
     second = ProgramCache(["onnx/1"], directory=tmp_path)
     assert second.programs(SPEC, recipe) == [("onnx/1", onnx_bytes)]
     assert ProgramCache(["onnx/1"], on_disk=False).store is None
+
+
+def test_a_fused_cache_keeps_fused_and_portable_pte_programs_apart(tmp_path, monkeypatch):
+    """The fallback's portable program is another program; a spec the fused ops do not cover
+    (no convolution, BatchNorm, ReLU or max-pool) gets the portable one."""
+    made = []
+
+    def export(spec, recipe, kernels):
+        made.append(kernels)
+        return kernels.encode()
+
+    monkeypatch.setitem(programs.EXPORTERS, "pte/1", export)
+    recipe, cnn = Recipe(batch_size=8), model_spec("small_cnn", (1, 8, 8), 10)
+    linear = modelspec.make((1, 8, 8), 10, [{"op": "flatten"}, {"op": "linear", "in": 64, "out": 10}])
+    cache = ProgramCache(["pte/1"], directory=tmp_path, kernels="fused")
+    assert cache.programs(cnn, recipe) == [("pte/1", b"fused")]
+    assert cache.programs(cnn, recipe, portable=True) == [("pte/1", b"portable")]
+    assert cache.programs(linear, recipe) == [("pte/1", b"portable")]
+    again = ProgramCache(["pte/1"], directory=tmp_path, kernels="fused")  # from disk, each under its key
+    assert again.programs(cnn, recipe) == [("pte/1", b"fused")]
+    assert again.programs(cnn, recipe, portable=True) == [("pte/1", b"portable")]
+    assert made == ["fused", "portable", "portable"]
 
 
 def test_another_spec_batch_or_exporter_version_is_another_file(tmp_path, monkeypatch):

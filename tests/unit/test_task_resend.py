@@ -118,7 +118,7 @@ def test_the_time_spent_exporting_a_rounds_programs_moves_its_deadline(tmp_path)
     from server_toolkit.methods.base import TrainInstruction
 
     class SlowExports:
-        def programs(self, spec, recipe):
+        def programs(self, spec, recipe, portable=False):
             time.sleep(1.0)
             return [("torchspec/1", b"{}")]
 
