@@ -89,8 +89,10 @@ def start_client(
     work_dir: Path,
     log_path: Path,
     *extra: str,
+    env: dict | None = None,
 ) -> subprocess.Popen:
-    """Start ``fedsdk-device run`` as a process logging to ``log_path``."""
+    """Start ``fedsdk-device run`` as a process logging to ``log_path``; ``env``: its environment
+    (None: this process's)."""
     cmd = [
         str(binary),
         "run",
@@ -108,7 +110,7 @@ def start_client(
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
-        return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
 
 
 if __name__ == "__main__":  # python -m tests.integration.cpp_client: build and print the path

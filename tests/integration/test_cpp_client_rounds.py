@@ -10,12 +10,14 @@ and the global model's test accuracy must rise.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from sdk_device.data.npz import save_npz
+from sdk_device.runtimes.native_build import find_or_build_kernels
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.sim.partition import partition
@@ -82,6 +84,8 @@ def test_cpp_client_and_python_agent_complete_fedavg_rounds_and_accuracy_rises(
             tmp_path / "cpp-0.log",
             "--heartbeat",
             "1",
+            # The server offers fused pte/1 programs by default: the client loads the kernels.
+            env={**os.environ, "FEDSDK_KERNELS_LIB": str(find_or_build_kernels())},
         ),
         start_device_process(
             mosquitto.url, "cpp", "py-0", py_data, tmp_path / "py-0" / "work", tmp_path / "py-0.log"

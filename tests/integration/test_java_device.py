@@ -7,12 +7,14 @@ passes the conformance kit."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 
 import pytest
 
+from sdk_device.runtimes.native_build import find_or_build_kernels
 from server_toolkit.conformance import check_names, run_checks
 from server_toolkit.data.datasets import load_dataset
 from server_toolkit.fleet.registry import FleetRegistry
@@ -91,6 +93,8 @@ def test_java_device_refuses_a_foreign_ca_pairs_with_a_code_and_trains_fedavg_ro
             capture_output=True,
             text=True,
             timeout=1100,
+            # The server offers fused pte/1 programs by default: the binding loads the kernels.
+            env={**os.environ, "FEDSDK_KERNELS_LIB": str(find_or_build_kernels())},
         )
         out = java.stdout
         assert java.returncode == 0, (out[-3000:], java.stderr[-3000:])
