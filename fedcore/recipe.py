@@ -74,7 +74,8 @@ class Recipe:
     ``dp_clip`` and ``dp_noise`` (local differential privacy, ``server_toolkit/privacy``):
     with ``dp_clip`` > 0 the device clips the trained model's update delta to L2 norm
     ``dp_clip`` and adds Gaussian noise of standard deviation ``dp_noise`` to every float
-    element before sending it (``sdk_device.privacy.noised_delta``); 0: off, key left out.
+    element before sending it (``sdk_device.privacy.noised_delta``); 0: off, key left out. In
+    a secure round the device masks that noised delta with weight 1 (``secagg_sessions.py``).
 
     ``dp_secure_clip`` (central DP under secure aggregation, ``docs/privacy.md``): in a secure
     round the device clips its update delta to L2 norm ``dp_secure_clip`` and masks the clipped

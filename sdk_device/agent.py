@@ -195,16 +195,15 @@ class DeviceAgent:
         try:
             plan = parse_plan(task.config, set(task.programs), set(OUTPUTS))
             plan = replace(plan, reports=check_reports(plan.reports, set(task.programs)))
+            why = self.secagg.refusal(task.round, plan.steps[-1].recipe)  # DP it cannot honour masked
+            if why is not None:
+                raise ValueError(why)
             placement = self._place(task, plan)
         except ProtocolError as exc:
             self._refuse(task, exc.code, exc.detail)
             return
         except ValueError as exc:
             self._refuse(task, "unsupported_task", str(exc))
-            return
-        if plan.steps[-1].recipe.dp_secure_clip > 0 and not self.secagg.expects(task.round):
-            self._refuse(task, "unsupported_task", "dp_secure_clip: the clipped delta goes masked, and no "
-                         "secure round was set up for this task")
             return
         main = plan.steps[-1].model
         log.info("round %d: task %s, %s with %s (%s)", task.round, task.task_id[:8], main, *placement[main])
@@ -233,7 +232,8 @@ class DeviceAgent:
                    "runtime": placement[main][0]}
         if self.secagg.expects(task.round):  # a secure round: the update leaves masked (secagg_client.py)
             self.secagg.start(task.round, output.arrays[main], metrics["samples"], self.y, metrics,
-                              loaded[main].sent, plan.steps[-1].recipe.dp_secure_clip)
+                              loaded[main].sent, plan.steps[-1].recipe.dp_secure_clip,
+                              local_dp=plan.steps[-1].recipe.dp_clip > 0)
             return
         refs = {name: self.endpoint.offer(SERVER, encode_tensors(tensors), "weights", "safetensors")
                 for name, tensors in output.arrays.items()}

@@ -103,6 +103,8 @@ def aggregation_stack(method: Method, norm_bound: float | None = DEFAULT_FACTOR,
     ``EdgeFold`` (edges forward each member's update when privacy is on, unless ``secure``: then
     the devices clip their own deltas and the edges sum them securely), ``MethodAggregate``.
     ``secure`` with ``async_settings``: only secure edges get tasks (``secagg/layer.py``).
+    ``secure`` with label-histogram noise and no DP: ``PrivateAggregate`` goes on top (it counts
+    the noised histograms; ``SecureSum`` makes the weights).
     Which combinations may be asked is decided before (``cli/combination_checks.py``)."""
     private = privacy is not None and privacy.active
     # DP, robust: each device's update (secure: none in the clear; the devices clip, edges sum)
@@ -111,11 +113,16 @@ def aggregation_stack(method: Method, norm_bound: float | None = DEFAULT_FACTOR,
         stack = PrivateAggregate(stack, privacy, on_deltas=True, secure=secure)
     if async_settings is not None:
         stack = StalenessFold(stack, async_settings.server_lr)
-    if private and async_settings is None:
+    # under secure aggregation without DP (label noise only) the layer counts the histograms
+    # above SecureSum, which turns the unmasked sum into the weights
+    counts_above = secure and private and not privacy.dp
+    if private and async_settings is None and not counts_above:
         stack = PrivateAggregate(stack, privacy, secure=secure)
     central_dp = private and privacy.dp and privacy.mode == "central"
     if norm_bound is not None and method.bounds_updates and not secure and not central_dp:
         stack = NormBound(stack, norm_bound)
     if secure:
         stack = SecureSum(stack, edges_only=async_settings is not None)
+    if counts_above and async_settings is None:
+        stack = PrivateAggregate(stack, privacy, secure=secure)
     return stack

@@ -25,6 +25,22 @@ deltas it clipped itself; the accountant charges one release per round (per vers
 mode) at the same rate. The norm bound is off (the device's clip bounds every update, the bound
 would need updates in the clear); adaptive clipping is refused (``privacy/round_privacy.py:ADAPTIVE``).
 
+Secure aggregation with local DP: each device clips and noises its own delta (recipe
+``dp_clip``, ``dp_noise``) and, in a secure round, masks that noised delta with weight 1
+(``sdk_device/secagg_sessions.py``), so the unmasked sum is the unweighted sum local DP
+averages; the server (or each secure edge) divides by the coverage and adds nothing; epsilon is
+local DP's, one release per round. Secure aggregation with label-histogram noise: the devices
+noise their histograms themselves and send them in the clear by design (local label DP), in
+the secure round's ``masked`` message beside the masked vector; a secure edge passes the noise
+parameters to its group and sums the noised histograms; the privacy layer sits on top of
+``SecureSum`` and counts them as without secure aggregation.
+
+Async with local DP or label-histogram noise (refused; decision): both epsilons are a device's
+k noised releases composed, and the accountant counts k as the rounds (a device takes part in
+each round at most once). In async mode a version folds whoever arrived, and a fast device may
+release several updates (histograms) per version, so k would be its own count of releases;
+the accountant does not keep one per device, so the pair is refused rather than reported low.
+
 Async with secure aggregation (``NEEDS_EDGES``): the masks cancel only over a cohort that agreed
 keys before training, and a buffer fills with whoever arrives, so the server runs no secure
 round itself; behind edges each edge's group is such a cohort (a synchronous secure round per
@@ -48,15 +64,13 @@ NEEDS_EDGES: dict[frozenset[str], str] = {
                                 "a buffer fills with whoever arrives; behind edges each group is one",
 }
 REFUSED: dict[frozenset[str], str] = {
-    frozenset({SECAGG, LOCAL_DP}): "local DP averages devices unweighted and secure aggregation sums "
-                                   "sample-weighted vectors; not built together",
     frozenset({SECAGG, ROBUST}): "a median or trimmed mean cannot be computed from a masked sum",
-    frozenset({SECAGG, LABEL_NOISE}): "the noised histograms would ride the secure round's stage messages; "
-                                      "not built and tested together",
-    frozenset({ASYNC, LOCAL_DP}): "local DP's epsilon counts one release per device per round, and under "
-                                  "async a device may release several updates per version",
-    frozenset({ASYNC, LABEL_NOISE}): "the label epsilon counts one histogram per device per round, and under "
-                                     "async a device may report several per version",
+    frozenset({ASYNC, LOCAL_DP}): "local DP's epsilon is k noised releases per device, counted as k = "
+                                  "rounds; under async a fast device releases several updates per "
+                                  "version, so k is not the number of versions",
+    frozenset({ASYNC, LABEL_NOISE}): "the label epsilon is k histograms per device, counted as k = rounds; "
+                                     "under async a fast device reports several per version, so k is not "
+                                     "the number of versions",
     frozenset({CENTRAL_DP, LOCAL_DP}): "one --dp-mode per run: central or local",
     frozenset({CENTRAL_DP, ROBUST}): "the noise is calibrated to a sum; a median's sensitivity is not "
                                      "bounded by the clip",

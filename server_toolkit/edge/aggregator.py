@@ -266,7 +266,7 @@ class EdgeAggregator:
             return
         try:
             template = self._template(task, plan)
-            self.sums.forward(template.spec, template.recipe, task.round)
+            self.sums.forward(template.spec, template.recipe, task.round, template.reports)
             if isinstance(self.grid, SecAggMqttGrid):  # the group's secure sum, in global coordinates
                 self.grid.serve(self.sums.inner, template.weights)
         except (ProtocolError, TimeoutError, ValueError) as exc:

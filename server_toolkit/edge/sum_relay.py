@@ -44,8 +44,11 @@ class SumRelay(Method):
         """Nothing: every group round starts from the weights the server sent."""
         return {}
 
-    def forward(self, spec: dict, recipe: Recipe, server_round: int) -> None:
-        """The server's model and recipe for the next group round (ValueError: not relayable)."""
+    def forward(self, spec: dict, recipe: Recipe, server_round: int, reports: dict | None = None) -> None:
+        """The server's model and recipe for the next group round (ValueError: not relayable).
+        ``reports``: the server task's outputs; the parameters of those the method asks for
+        (label-histogram noise: ``label_counts``' epsilon and classes) go to the group's tasks,
+        so each device noises its own histogram and the edge sums noised ones only."""
         key = json.dumps([spec, recipe.to_dict()], sort_keys=True)
         if key != self._key:
             inner = method_class(self.method_name)(spec, recipe, **self.method_options)
@@ -53,8 +56,9 @@ class SumRelay(Method):
             if reason is not None:
                 raise ValueError(f"a generic edge cannot relay this method: {reason}")
             self.inner, self._key = inner, key
-            self.asks = inner.asks
             self.bounds_updates = inner.bounds_updates
+        given = reports or {}
+        self.asks = {name: dict(given.get(name) or params) for name, params in self.inner.asks.items()}
         self.server_round = server_round
 
     def configure_train(self, round_number: int, global_weights: Weights,

@@ -46,7 +46,8 @@ class PrivateAggregate(Aggregator):
     def aggregate(self, rnd: int, global_weights: Weights, updates: list[ClientUpdate],
                   info: RoundInput) -> Weights:
         secure = info.exchange.secure if info.exchange is not None else None
-        sums = secure.sums() if secure is not None and self.privacy.secure else None  # an UnmaskedSum
+        dp = self.privacy.settings.dp
+        sums = secure.sums() if secure is not None and self.privacy.secure and dp else None  # an UnmaskedSum
         private = self.privacy.aggregate(rnd, global_weights, updates, info.rate, info.row, self.on_deltas,
                                          sums)
         return private if private is not None else self.inner.aggregate(rnd, global_weights, updates, info)
@@ -64,5 +65,8 @@ class PrivateAggregate(Aggregator):
             mine["dp_assumption"] = "async: one release per version, no subsampling (q = 1)"
         if self.privacy.secure and "dp_assumption" in mine:
             mine["dp_assumption"] += ("; devices clip under secure aggregation, the server noises the "
-                                      "unmasked sum (it sees that sum before the noise)")
+                                      "unmasked sum (it sees that sum before the noise)"
+                                      if self.privacy.settings.mode == "central" else
+                                      "; devices clip and noise under secure aggregation, the server "
+                                      "sees only the sum of the noised deltas")
         return {**self.inner.summary(), "privacy": mine}

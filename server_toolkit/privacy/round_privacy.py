@@ -8,7 +8,11 @@
   place of the method's, with its metrics (``dp_epsilon``, ``dp_clip``, ...) in the row;
   under secure aggregation (``secure``) the devices clipped (``stamp`` gives them the clip as
   the recipe's ``dp_secure_clip``) and ``aggregate`` noises the sum it is given once, charging
-  one release per round (per version in async mode) at the rate central DP is charged;
+  one release per round (per version in async mode) at the rate central DP is charged; in
+  local mode the devices clipped, noised and masked their deltas weighted 1 and ``aggregate``
+  averages the unmasked sum per element (local DP's unweighted mean), charged as local DP;
+  label-histogram noise is the devices' (their noised histograms ride the secure round's
+  ``masked`` message in the clear), counted here as without secure aggregation;
 * ``state_dict``: the rates spent and the adaptive clip, saved with each checkpoint.
 """
 
@@ -48,12 +52,12 @@ class RoundPrivacy:
         settings.check(method)
         if secure and settings.adaptive_quantile is not None:
             raise ValueError(f"--dp-adaptive-clip and --secagg do not combine: {ADAPTIVE}")
-        if secure and not (settings.dp and settings.mode == "central" and settings.robust is None
-                           and settings.label_epsilon is None):
-            raise ValueError("under --secagg the privacy layer runs central DP only (--dp-clip, central)")
+        if secure and settings.robust is not None:
+            raise ValueError("--robust and --secagg do not combine: a median or trimmed mean cannot be "
+                             "computed from a masked sum")
         self.settings = settings
         self.method = method
-        self.secure = secure  # devices clip and mask their deltas; the server noises the sum
+        self.secure = secure  # devices clip (and, local DP, noise) and mask their deltas
         self.clip = settings.clip
         self.rates: list[float] = []  # the sampling rate of every round that released a model
         self.label_reports = 0  # rounds whose tasks asked for noised label histograms
@@ -86,7 +90,7 @@ class RoundPrivacy:
 
     def stamp(self, instruction: TrainInstruction) -> TrainInstruction:
         s = self.settings
-        if s.dp and self.secure:
+        if s.dp and s.mode == "central" and self.secure:
             recipe = dataclasses.replace(instruction.recipe, dp_secure_clip=float(self.clip))
             instruction = dataclasses.replace(instruction, recipe=recipe)
         if s.dp and s.mode == "local":
@@ -117,9 +121,10 @@ class RoundPrivacy:
                                    s.robust, s.trim_fraction)
         if not s.dp:
             return None
-        if self.secure:
+        if self.secure:  # local mode: the devices noised, the sum is averaged as it came
             total, cover = sums if sums is not None else partial_sums(updates, deltas)
-            new = noised_sum_mean(global_weights, total, cover, s.noise_multiplier * self.clip, self._rng)
+            std = s.noise_multiplier * self.clip if s.mode == "central" else 0.0
+            new = noised_sum_mean(global_weights, total, cover, std, self._rng)
             row["dp_clip"] = self.clip
             return self._charged(rate, row, new)
         counted = [u for u in updates if u.num_samples > 0]

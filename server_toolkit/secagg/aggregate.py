@@ -114,10 +114,12 @@ class UnmaskedSum:
 
     @property
     def of_deltas(self) -> bool:
-        """Whether the devices masked clipped deltas weighted 1 (central DP: the recipe's
-        ``dp_secure_clip``), not their weights weighted by samples: ``sums()`` is then (the sum
-        of the clipped deltas, how many devices covered each element)."""
-        return self.instruction.recipe.dp_secure_clip > 0
+        """Whether the devices masked deltas weighted 1 (central DP: clipped, the recipe's
+        ``dp_secure_clip``; local DP: clipped and noised, the recipe's ``dp_clip``), not their
+        weights weighted by samples: ``sums()`` is then (the sum of the deltas, how many devices
+        covered each element)."""
+        recipe = self.instruction.recipe
+        return recipe.dp_secure_clip > 0 or recipe.dp_clip > 0
 
     def __call__(self, method: Method, round_number: int, global_weights: Weights) -> Weights:
         return next_weights(method, round_number, global_weights, self.total, self.layout, self.instruction,
