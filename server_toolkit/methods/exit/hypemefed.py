@@ -62,6 +62,11 @@ class HypeMeFedOptions(MultiExitOptions):
     seed: int = option(0, "Seed of the hypernetworks' initialisation and training order.")
     hn_gate: bool = option(True, "Generate only while a hypernetwork beats the global weights as a stand-in "
                            "for fresh clients' deep convs (false: always, as the paper).")
+    hn_residual: bool = option(False, "Hypernetworks predict a client's correction to the global deep convs "
+                               "from its correction to the shallower ones (false: absolute weights, as the "
+                               "paper).")
+    hn_memory: int = option(1, "Rounds of (source, target) pairs a hypernetwork trains on (1: this round's "
+                            "only, as the paper).", minimum=1)
 
 
 def parse_rank(rank: int | str | None) -> int | None:
@@ -99,7 +104,8 @@ class HypeMeFed(DepthFL):
         self.hypernet = o.hypernet
         self.bank = None if o.hypernet == "none" else HypernetBank(
             conv_segments(global_spec), kind=o.hypernet, rank=parse_rank(o.rank), hidden=o.hidden,
-            epochs=o.hn_epochs, lr=o.hn_lr, seed=o.seed, gate=o.hn_gate)
+            epochs=o.hn_epochs, lr=o.hn_lr, seed=o.seed, gate=o.hn_gate, residual=o.hn_residual,
+            memory=o.hn_memory)
         self.last_round: dict = {}
         if self.bank is None:  # without hypernetworks it averages as DepthFL does
             self.weighted_sum = DepthFL.weighted_sum
@@ -110,7 +116,7 @@ class HypeMeFed(DepthFL):
         losses = self.bank.train_round(clients, round_number, global_weights) if self.bank else {}
         contributions, generated = [], 0
         for (tier, tensors), update in zip(clients, updates, strict=True):
-            extra = self.bank.generate_missing(tier, tensors) if self.bank else {}
+            extra = self.bank.generate_missing(tier, tensors, global_weights) if self.bank else {}
             generated += len(extra)
             contributions.append(({**tensors, **extra}, update))
         checks = list(self.bank.checks.values()) if self.bank else []
