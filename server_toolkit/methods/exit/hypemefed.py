@@ -14,7 +14,10 @@ show hypemefed``): ``hypernet`` ("lrf" low-rank, "naive" full-weight MLP only se
 models, "none" = the ``depthfl`` baseline); ``rank`` (100; "all" or 0 keeps every singular
 value); ``hidden``, ``hn_epochs``, ``hn_lr``, ``seed`` (hypernetwork settings); ``hn_gate``
 (true: a hypernetwork generates only while it predicts fresh clients' deep convs better than
-the global weights do; false = always, as the paper does); ``client_lr``,
+the global weights do; false = always, as the paper does); ``hn_residual`` (predict a client's
+correction to the global deep convs from its correction to the shallower ones, not absolute
+weights) and ``hn_memory`` (rounds of pairs kept for training), see
+``methods.exit.hypernet_bank``; ``client_lr``,
 ``client_batch_size``, ``user_recipe``, ``classwise_heads``: the device recipe and the
 classifier averaging (see ``depthfl``). Tiers are exit counts ("1", "2", ...).
 

@@ -217,7 +217,8 @@ class HypernetBank:
     # -- checkpoint state (JSON-ready) ---------------------------------------------------------
     def state_dict(self) -> dict:
         """Trained and skilled flags and, for LRF, the hypernetwork weights (base64 float32). The
-        naive networks are too large for a JSON checkpoint: they restart untrained on resume."""
+        naive networks are too large for a JSON checkpoint: they restart untrained on resume; the
+        kept pairs (``memory``) are not saved: a resumed bank trains on new rounds' pairs only."""
         state: dict = {"kind": self.kind, "trained": sorted(self.trained), "skilled": sorted(self.skilled)}
         if self.kind == "lrf":
             state["nets"] = {target: tensors_to_json(net.state_dict()) for target, net in self.nets.items()}
