@@ -183,6 +183,36 @@ def test_gated_bank_generates_only_after_beating_the_global_weights_on_fresh_pai
     assert bank.checks == {} and len(bank.skilled) == 4
 
 
+def test_residual_bank_starts_at_the_global_weights_and_learns_the_fleets_shared_correction():
+    segments = conv_segments(SPEC)
+    glob = _client_weights(0)
+    rng = np.random.default_rng(0)
+    shift = {k: 0.05 * rng.standard_normal(v.shape).astype(np.float32) for k, v in glob.items()}
+
+    def moved(seed: int) -> dict:  # a client: the global model + the shared shift + its own noise
+        noise = np.random.default_rng(seed)
+        return {k: v + shift[k] + 0.005 * noise.standard_normal(v.shape).astype(np.float32)
+                for k, v in glob.items()}
+
+    bank = HypernetBank(segments, rank=100, hidden=32, epochs=15, lr=5e-3, seed=0, gate=False,
+                        residual=True, memory=2)
+    pair = bank.pairs[-1]
+    untrained = bank.generate_one(pair, moved(1)[pair.source], glob)
+    np.testing.assert_array_equal(untrained, glob[pair.target])  # no correction yet: the stand-in
+    for round_number in (1, 2, 3):
+        bank.train_round([(3, moved(10 * round_number)), (3, moved(10 * round_number + 1))], round_number,
+                         global_weights=glob)
+    assert all(len(kept) == 2 for kept in bank.kept.values())  # the last 2 rounds' pairs are kept
+    assert all(len(round_pairs) == 2 for kept in bank.kept.values() for round_pairs in kept)
+    fresh = [(3, moved(100))]
+    bank.train_round(fresh, 4, global_weights=glob)
+    assert len(bank.checks) == 4 and all(c.passed for c in bank.checks.values())  # beats the global weights
+    generated = bank.generate_missing(1, moved(7), glob)
+    assert set(generated) == {name for seg in segments[1:] for name, _ in seg}
+    with pytest.raises(ValueError, match="global weights"):
+        bank.train_round(fresh, 5)
+
+
 def test_relative_error_is_one_for_zeros_and_zero_for_the_target():
     target = np.arange(1.0, 7.0).reshape(2, 3)
     assert relative_error(np.zeros_like(target), target) == pytest.approx(1.0)

@@ -14,7 +14,10 @@ show hypemefed``): ``hypernet`` ("lrf" low-rank, "naive" full-weight MLP only se
 models, "none" = the ``depthfl`` baseline); ``rank`` (100; "all" or 0 keeps every singular
 value); ``hidden``, ``hn_epochs``, ``hn_lr``, ``seed`` (hypernetwork settings); ``hn_gate``
 (true: a hypernetwork generates only while it predicts fresh clients' deep convs better than
-the global weights do; false = always, as the paper does); ``client_lr``,
+the global weights do; false = always, as the paper does); ``hn_residual`` (predict a client's
+correction to the global deep convs from its correction to the shallower ones, not absolute
+weights) and ``hn_memory`` (rounds of pairs kept for training), see
+``methods.exit.hypernet_bank``; ``client_lr``,
 ``client_batch_size``, ``user_recipe``, ``classwise_heads``: the device recipe and the
 classifier averaging (see ``depthfl``). Tiers are exit counts ("1", "2", ...).
 
@@ -62,6 +65,11 @@ class HypeMeFedOptions(MultiExitOptions):
     seed: int = option(0, "Seed of the hypernetworks' initialisation and training order.")
     hn_gate: bool = option(True, "Generate only while a hypernetwork beats the global weights as a stand-in "
                            "for fresh clients' deep convs (false: always, as the paper).")
+    hn_residual: bool = option(False, "Hypernetworks predict a client's correction to the global deep convs "
+                               "from its correction to the shallower ones (false: absolute weights, as the "
+                               "paper).")
+    hn_memory: int = option(1, "Rounds of (source, target) pairs a hypernetwork trains on (1: this round's "
+                            "only, as the paper).", minimum=1)
 
 
 def parse_rank(rank: int | str | None) -> int | None:
@@ -99,7 +107,8 @@ class HypeMeFed(DepthFL):
         self.hypernet = o.hypernet
         self.bank = None if o.hypernet == "none" else HypernetBank(
             conv_segments(global_spec), kind=o.hypernet, rank=parse_rank(o.rank), hidden=o.hidden,
-            epochs=o.hn_epochs, lr=o.hn_lr, seed=o.seed, gate=o.hn_gate)
+            epochs=o.hn_epochs, lr=o.hn_lr, seed=o.seed, gate=o.hn_gate, residual=o.hn_residual,
+            memory=o.hn_memory)
         self.last_round: dict = {}
         if self.bank is None:  # without hypernetworks it averages as DepthFL does
             self.weighted_sum = DepthFL.weighted_sum
@@ -110,7 +119,7 @@ class HypeMeFed(DepthFL):
         losses = self.bank.train_round(clients, round_number, global_weights) if self.bank else {}
         contributions, generated = [], 0
         for (tier, tensors), update in zip(clients, updates, strict=True):
-            extra = self.bank.generate_missing(tier, tensors) if self.bank else {}
+            extra = self.bank.generate_missing(tier, tensors, global_weights) if self.bank else {}
             generated += len(extra)
             contributions.append(({**tensors, **extra}, update))
         checks = list(self.bank.checks.values()) if self.bank else []

@@ -33,6 +33,16 @@ varied across samples (their variance 0.1 % of the BN running variance) and the 
 predicted one class. Gated, the hypernetworks never passed the check there, and HypeMeFed
 trains as its no-hypernetwork ablation does.
 
+Residual target (``residual=True``): a hypernetwork maps the correction a client made to the
+source conv, ``source - global_source``, to the correction of the target conv; the generated
+weight is ``global_target + G(source - global_source)``. Its last layer starts at zero, so before
+it learns anything it generates exactly the global weight, the skill check's stand-in.
+
+Pair memory (``memory=R``): the (source, target) pairs of the last ``R`` rounds with pairs are
+kept (as corrections to their own round's global model when residual) and a hypernetwork trains
+on all of them, not only on this round's 1-6 clients. The skill check still scores only this
+round's fresh pairs, before it trains on them.
+
 Decision: the hypernetworks train and generate in one torch thread (restored afterwards).
 Their matrices are small (at most k x a few hundred); on a busy 2-core server two threads
 made a round's hypernetwork training 5-10x slower, not faster.
@@ -40,6 +50,7 @@ made a round's hypernetwork training 5-10x slower, not faster.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,19 +113,25 @@ def conv_pairs(segments: Segments) -> list[ConvPair]:
 
 class HypernetBank:
     """One hypernetwork per ``ConvPair``; ``kind`` "lrf" (rank ``rank``, None = all) or "naive";
-    ``gate``: generate only with the hypernetworks that passed their last skill check."""
+    ``gate``: generate only with the hypernetworks that passed their last skill check;
+    ``residual``: predict corrections to the global weights; ``memory``: rounds of pairs kept."""
 
     def __init__(self, segments: Segments, kind: str = "lrf", rank: int | None = 100, hidden: int = 512,
-                 epochs: int = 25, lr: float = 5e-4, seed: int = 0, gate: bool = True) -> None:
+                 epochs: int = 25, lr: float = 5e-4, seed: int = 0, gate: bool = True,
+                 residual: bool = False, memory: int = 1) -> None:
+        if memory < 1:
+            raise ValueError(f"memory must be >= 1 round, got {memory}")
         self.pairs = conv_pairs(segments)
         self.kind, self.rank, self.hidden = kind, rank, hidden
         self.epochs, self.lr, self.seed, self.gate = epochs, lr, seed, gate
+        self.residual, self.memory = residual, memory
         self.nets: dict[str, Hypernet] = {}
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             for pair in self.pairs:
                 self.nets[pair.target] = make_hypernet(kind, pair.source_shape, pair.target_shape, rank,
-                                                       hidden)
+                                                       hidden, zero_output=residual)
+        self.kept: dict[str, deque] = {pair.target: deque(maxlen=memory) for pair in self.pairs}
         self.trained: set[str] = set()
         self.skilled: set[str] = set()  # targets whose last skill check passed
         self.checks: dict[str, SkillCheck] = {}  # this round's checks
@@ -127,9 +144,12 @@ class HypernetBank:
                     global_weights: Weights | None = None) -> dict[str, float]:
         """Fit each hypernetwork on the clients (tier, global-named weights) that trained its
         target's segment, after a skill check on those pairs against ``global_weights`` (the
-        round's starting global model; None: no check). Returns, per trained target conv, the
-        last epoch's mean MSE relative to the targets' mean square (1.0 = no better than
-        generating zeros); the checks are in ``self.checks``."""
+        round's starting global model; None: no check; required when residual). Returns, per
+        trained target conv, the last epoch's mean MSE relative to the targets' mean square (1.0 =
+        no better than generating zeros; residual: than generating no correction); the checks
+        are in ``self.checks``."""
+        if self.residual and global_weights is None:
+            raise ValueError("a residual hypernetwork bank needs the round's global weights")
         losses = {}
         self.checks = {}
         for index, pair in enumerate(self.pairs):
@@ -138,23 +158,30 @@ class HypernetBank:
             if not data:
                 continue
             if global_weights is not None and pair.target in self.trained:
-                check = self.skill_check(pair, data, global_weights[pair.target])
+                check = self.skill_check(pair, data, global_weights)
                 self.checks[pair.target] = check
                 (self.skilled.add if check.passed else self.skilled.discard)(pair.target)
+            if self.residual:
+                g_source, g_target = (torch.from_numpy(np.asarray(global_weights[n], np.float32))
+                                      for n in (pair.source, pair.target))
+                data = [(s - g_source, t - g_target) for s, t in data]
+            self.kept[pair.target].append(data)
+            kept = [p for past in self.kept[pair.target] for p in past]
             seed = (self.seed * 1_000_003 + round_number) * 1009 + index
             with one_torch_thread():
-                history = fit(self.nets[pair.target], data, self.epochs, self.lr, seed)
+                history = fit(self.nets[pair.target], kept, self.epochs, self.lr, seed)
             self.trained.add(pair.target)
-            scale = float(np.mean([float(torch.mean(target.float() ** 2)) for _, target in data]))
+            scale = float(np.mean([float(torch.mean(target.float() ** 2)) for _, target in kept]))
             losses[pair.target] = history[-1] / max(scale, 1e-12)
         return losses
 
     def skill_check(self, pair: ConvPair, data: list[tuple[torch.Tensor, torch.Tensor]],
-                    stand_in: np.ndarray) -> SkillCheck:
-        """Score the hypernetwork of ``pair`` on (source, target) pairs it has not trained on."""
-        with one_torch_thread():
-            generated = [generate(self.nets[pair.target], source).numpy() for source, _ in data]
+                    global_weights: Weights) -> SkillCheck:
+        """Score the hypernetwork of ``pair`` on (source, target) pairs it has not trained on,
+        against the global target weight as stand-in."""
+        generated = [self.generate_one(pair, source, global_weights) for source, _ in data]
         targets = [target.numpy() for _, target in data]
+        stand_in = global_weights[pair.target]
         errors = [relative_error(g, t) for g, t in zip(generated, targets, strict=True)]
         stand_in_errors = [relative_error(stand_in, t) for t in targets]
         return SkillCheck(float(np.mean(errors)), float(np.mean(stand_in_errors)))
@@ -163,24 +190,35 @@ class HypernetBank:
         """Whether the hypernetwork of ``target`` generates (trained; with the gate, skilled)."""
         return target in (self.skilled if self.gate else self.trained)
 
-    def generate_missing(self, tier: int, weights: Weights) -> Weights:
+    def generate_one(self, pair: ConvPair, source: np.ndarray | torch.Tensor,
+                     global_weights: Weights | None) -> np.ndarray:
+        """The target conv the hypernetwork of ``pair`` generates from one client's source conv
+        (residual: ``global_target + G(source - global_source)``)."""
+        source = torch.as_tensor(np.asarray(source, np.float32))
+        if self.residual:
+            source = source - torch.from_numpy(np.asarray(global_weights[pair.source], np.float32))
+        with one_torch_thread():
+            value = generate(self.nets[pair.target], source).numpy()
+        return value + global_weights[pair.target] if self.residual else value
+
+    def generate_missing(self, tier: int, weights: Weights, global_weights: Weights | None = None) -> Weights:
         """Generated conv weights (global names) for the segments a tier-``tier`` client did not
-        train, chained segment by segment from its own weights."""
+        train, chained segment by segment from its own weights (``global_weights``: the round's
+        starting global model, required when residual)."""
         available = dict(weights)
         generated: Weights = {}
         for pair in self.pairs:  # sorted by stage, so a source is generated before it is used
             if pair.stage + 1 < tier or not self.may_generate(pair.target) or pair.source not in available:
                 continue
-            source = torch.from_numpy(np.asarray(available[pair.source], np.float32))
-            with one_torch_thread():
-                value = generate(self.nets[pair.target], source).numpy()
+            value = self.generate_one(pair, available[pair.source], global_weights)
             available[pair.target] = generated[pair.target] = value
         return generated
 
     # -- checkpoint state (JSON-ready) ---------------------------------------------------------
     def state_dict(self) -> dict:
         """Trained and skilled flags and, for LRF, the hypernetwork weights (base64 float32). The
-        naive networks are too large for a JSON checkpoint: they restart untrained on resume."""
+        naive networks are too large for a JSON checkpoint: they restart untrained on resume; the
+        kept pairs (``memory``) are not saved: a resumed bank trains on new rounds' pairs only."""
         state: dict = {"kind": self.kind, "trained": sorted(self.trained), "skilled": sorted(self.skilled)}
         if self.kind == "lrf":
             state["nets"] = {target: tensors_to_json(net.state_dict()) for target, net in self.nets.items()}

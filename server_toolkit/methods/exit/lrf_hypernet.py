@@ -61,8 +61,12 @@ def low_rank_factors(weight: torch.Tensor, rank: int | None) -> tuple[torch.Tens
     return u * root, root[:, None] * vh
 
 
-def _mlp(d_in: int, hidden: int, d_out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
+def _mlp(d_in: int, hidden: int, d_out: int, zero_output: bool = False) -> nn.Sequential:
+    mlp = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
+    if zero_output:  # generates zeros until trained (a residual hypernetwork starts at "no correction")
+        nn.init.zeros_(mlp[2].weight)
+        nn.init.zeros_(mlp[2].bias)
+    return mlp
 
 
 class LowRankHypernet(nn.Module):
@@ -71,12 +75,12 @@ class LowRankHypernet(nn.Module):
     kind = "lrf"
 
     def __init__(self, source_shape: Shape, target_shape: Shape, rank: int | None = 100,
-                 hidden: int = 512) -> None:
+                 hidden: int = 512, zero_output: bool = False) -> None:
         super().__init__()
         self.source_shape, self.target_shape, self.rank = tuple(source_shape), tuple(target_shape), rank
         s_oc, s_ic, s_k, _ = self.source_shape
         t_oc, t_ic, t_k, _ = self.target_shape
-        self.left = _mlp(s_ic * s_k, hidden, t_ic * t_k)    # columns of A
+        self.left = _mlp(s_ic * s_k, hidden, t_ic * t_k, zero_output)    # columns of A
         self.right = _mlp(s_oc * s_k, hidden, t_oc * t_k)   # rows of B
 
     def encode(self, source: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -95,10 +99,11 @@ class NaiveHypernet(nn.Module):
 
     kind = "naive"
 
-    def __init__(self, source_shape: Shape, target_shape: Shape, hidden: int = 512) -> None:
+    def __init__(self, source_shape: Shape, target_shape: Shape, hidden: int = 512,
+                 zero_output: bool = False) -> None:
         super().__init__()
         self.source_shape, self.target_shape = tuple(source_shape), tuple(target_shape)
-        self.net = _mlp(int(np.prod(source_shape)), hidden, int(np.prod(target_shape)))
+        self.net = _mlp(int(np.prod(source_shape)), hidden, int(np.prod(target_shape)), zero_output)
 
     def encode(self, source: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (source.detach().to(torch.float32).reshape(-1),)
@@ -111,12 +116,13 @@ Hypernet = LowRankHypernet | NaiveHypernet
 
 
 def make_hypernet(kind: str, source_shape: Shape, target_shape: Shape, rank: int | None = 100,
-                  hidden: int = 512) -> Hypernet:
-    """``kind`` "lrf" or "naive"; ``rank`` None = all singular values (LRF only)."""
+                  hidden: int = 512, zero_output: bool = False) -> Hypernet:
+    """``kind`` "lrf" or "naive"; ``rank`` None = all singular values (LRF only);
+    ``zero_output``: the network generates zeros until trained."""
     if kind == "lrf":
-        return LowRankHypernet(source_shape, target_shape, rank, hidden)
+        return LowRankHypernet(source_shape, target_shape, rank, hidden, zero_output)
     if kind == "naive":
-        return NaiveHypernet(source_shape, target_shape, hidden)
+        return NaiveHypernet(source_shape, target_shape, hidden, zero_output)
     raise ValueError(f"hypernetwork kind must be 'lrf' or 'naive', got {kind!r}")
 
 
@@ -128,7 +134,8 @@ def fit(net: Hypernet, pairs: list[tuple[torch.Tensor, torch.Tensor]], epochs: i
         return []
     inputs = [net.encode(source) for source, _ in pairs]
     targets = [target.detach().to(torch.float32) for _, target in pairs]
-    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+    params = list(net.parameters())
+    optimizer = torch.optim.Adam(params, lr=lr)
     order_rng = torch.Generator().manual_seed(seed)
     history = []
     net.train()
@@ -136,8 +143,8 @@ def fit(net: Hypernet, pairs: list[tuple[torch.Tensor, torch.Tensor]], epochs: i
         total = 0.0
         for i in torch.randperm(len(pairs), generator=order_rng).tolist():
             loss = torch.mean((net(*inputs[i]) - targets[i]) ** 2)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            for p, g in zip(params, torch.autograd.grad(loss, params), strict=True):
+                p.grad = g
             optimizer.step()
             total += float(loss.detach())
         history.append(total / len(pairs))
