@@ -34,6 +34,7 @@ import argparse
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -197,10 +198,11 @@ def run(workdir: Path, args) -> dict:
         rows = round_rows(run_dir)
         fig["round 3 s"], fig["round after s"] = rows[3]["seconds"], rows[4]["seconds"]
         fig["round after"] = account([group_round(sites.edge_dir(k), 4) for k in range(1, args.sites + 1)])
-    except (Timeout, RuntimeError) as exc:
-        fig["timeout"] = str(exc)
+    except (Timeout, RuntimeError, KeyboardInterrupt) as exc:  # Ctrl-C or SIGTERM: stop, keep the figures
+        fig["timeout"] = str(exc) or "interrupted"
         print(f"stopped: {exc}", file=sys.stderr, flush=True)
     finally:
+        fig["connected at the end"] = sites.swarm_total("connected")
         fig["bridges at the end"] = sites.bridges()
         totals = ("connects", "hellos", "tasks", "results", "reoffers", "accepted", "rejected", "refused")
         fig["swarm totals"] = {n: sites.swarm_total(n) for n in totals}
@@ -247,6 +249,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.devices % args.sites or args.selected % args.sites:
         parser.error("--devices and --selected must be divisible by --sites")
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"open-file limit {raise_fd_limit()}", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="fedsdk-sites-", dir=args.keep))
     fig = run(workdir, args)
