@@ -27,6 +27,9 @@ from .secagg_options import secagg_options
                    "the edge serves its group with that directory's server account and CA.")
 @click.option("--min-devices", default=1, show_default=True, help="Group devices to wait for before joining.")
 @click.option("--devices-wait", default=120.0, show_default=True, help="Seconds to wait for them at most.")
+@click.option("--clients-per-round", type=click.IntRange(min=1), default=None,
+              help="Group devices asked per group round (chosen at random among the online ones) "
+                   "[default: every online device].")
 @click.option("--max-clusters", default=8, show_default=True, help="Largest K tried by the clustering.")
 @click.option("--smashed-samples", default=128, show_default=True,
               help="Last-layer inputs asked per device and round; 0 turns the projection stage off.")
@@ -48,9 +51,9 @@ from .secagg_options import secagg_options
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
 @click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a non-loopback broker.")
 def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_url, group_security_dir,
-         min_devices, devices_wait, max_clusters, smashed_samples, pair_threshold, projection_lambda,
-         projection_epochs, warmup_epochs, seed, method, method_options, secagg, username, password,
-         ca_file, insecure) -> None:
+         min_devices, devices_wait, clients_per_round, max_clusters, smashed_samples, pair_threshold,
+         projection_lambda, projection_epochs, warmup_epochs, seed, method, method_options, secagg, username,
+         password, ca_file, insecure) -> None:
     """Run an edge aggregator: a device of the server's fleet, the server of its own group.
 
     Register the edge on the server (`devices add --run-dir SERVER_DIR --tier T EDGE_ID`)
@@ -84,8 +87,8 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
         config = EdgeConfig(
             broker_url=broker_url, fleet=fleet, edge_id=edge_id, run_dir=run_dir, tier=tier,
             group_fleet=group_fleet, **group_login, min_devices=min_devices,
-            devices_wait_s=devices_wait, username=username, password=password, ca_file=ca_file,
-            insecure=insecure,
+            devices_wait_s=devices_wait, clients_per_round=clients_per_round, username=username,
+            password=password, ca_file=ca_file, insecure=insecure,
             options=EdgeOptions(max_clusters=max_clusters, smashed_samples=smashed_samples,
                                 pair_threshold=pair_threshold, projection_lambda=projection_lambda,
                                 projection_epochs=projection_epochs, warmup_epochs=warmup_epochs, seed=seed),

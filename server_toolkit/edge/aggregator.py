@@ -65,7 +65,7 @@ from ..methods.fedconv.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, Forwa
 from ..methods.records import FEATURES
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..secagg.mqtt_grid import SecAggMqttGrid
-from .bundle_relay import hello_members, relay_bundle
+from .bundle_relay import fit_members, hello_members, relay_bundle
 from .fold import SUMS
 from .partial import COVERAGE, devices_behind
 from .secure_group import SECURE_EDGE, group_grid, min_group_error, round_updates
@@ -95,6 +95,7 @@ class EdgeConfig:
     group_broker_url: str | None = None
     min_devices: int = 1
     devices_wait_s: float = 120.0
+    clients_per_round: int | None = None  # group devices asked per group round; None: every online one
     username: str | None = None
     password: str | None = None
     ca_file: str | None = None
@@ -142,7 +143,8 @@ class EdgeAggregator:
         group_method = self.sums or self.relay
         self.grid, stack = group_grid(self.down, self.registry, group_method, config.secagg,
                                       config.options.seed)
-        self.group = RoundLoop(group_method, self.grid, LoopConfig(rounds=0, seed=config.options.seed),
+        self.group = RoundLoop(group_method, self.grid, LoopConfig(rounds=0, seed=config.options.seed,
+                                                                    clients_per_round=config.clients_per_round),
                                run_dir=config.run_dir, aggregator=stack)
         self._stop = threading.Event()
         self._announced: tuple | None = None  # (devices, samples) of the last hello
@@ -367,8 +369,8 @@ class EdgeAggregator:
         if self.config.tier is not None:
             profile["tier"] = self.config.tier
         self._announced = self._group_state()
-        self.up.send(SERVER, msgs.Hello(device_id=self.config.edge_id, runtimes=runtimes,
-                                        num_samples=self._announced[1], profile=profile))
+        self.up.send(SERVER, fit_members(msgs.Hello(device_id=self.config.edge_id, runtimes=runtimes,
+                                                    num_samples=self._announced[1], profile=profile)))
 
     def _refuse(self, task: msgs.Task, code: str, detail: str) -> None:
         log.warning("refusing task %s: %s", task.task_id[:8], detail)

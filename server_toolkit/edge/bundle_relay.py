@@ -16,6 +16,7 @@ the server bounds every member against its round).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -118,6 +119,22 @@ def relay_bundle(edge: Any, task: msgs.Task, plan: TaskPlan) -> None:
     edge._answer(task, {MODEL: {}, **{name: u.weights for name, u in answered.items()}}, metrics)
     log.info("round %d: forwarded %d of %d member update(s), %d samples", task.round, len(members),
              len(plan.members), metrics["samples"])
+
+
+def fit_members(hello: msgs.Hello) -> msgs.Hello:
+    """``hello`` as a generic edge sends it: without ``profile.members`` when the list would
+    push it past a control message's limit (``MAX_CONTROL_BYTES``, 64 KiB: about 400 members of
+    the swarm's size). Such an edge takes partial-sum tasks only, no bundles (docs/operations.md,
+    "Sizing"); a hello that is too large for another reason still raises ``too_large``."""
+    try:
+        msgs.encode(hello)
+        return hello
+    except ProtocolError as exc:
+        if exc.code != "too_large" or "members" not in hello.profile:
+            raise
+    log.info("hello without its %d members: the list does not fit in %d bytes", len(hello.profile["members"]),
+             msgs.MAX_CONTROL_BYTES)
+    return dataclasses.replace(hello, profile={k: v for k, v in hello.profile.items() if k != "members"})
 
 
 def hello_members(online: list[DeviceInfo]) -> list[dict]:
