@@ -96,9 +96,13 @@ def mean_std(values: list[float]) -> str:
 
 
 def selected(family: str, arms: list[str] | None) -> tuple:
-    """``FAMILIES[family]`` with only the entries whose label is in ``arms`` (all if None)."""
+    """``FAMILIES[family]`` with only the entries whose label is in ``arms`` (all if None);
+    SystemExit naming the family's labels if one of ``arms`` is not among them."""
     model, tiers, entries, extra = FAMILIES[family]
     if arms is not None:
+        labels = [label for label, _, _ in entries]
+        if unknown := [arm for arm in arms if arm not in labels]:
+            raise SystemExit(f"--arms {unknown}: {family}'s arms are {labels}")
         entries = [entry for entry in entries if entry[0] in arms]
     return model, tiers, entries, extra
 
