@@ -16,7 +16,9 @@ several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>
   the width sub-models (FedConv's tier shapes) without FedConv's 5 % server data.
 
 A run whose ``metrics.jsonl`` under ``--runs-dir`` is complete for the same configuration is
-read back instead of run again (a long bench can be stopped and restarted).
+read back instead of run again (a long bench can be stopped and restarted). ``--arms`` runs
+some arms only (e.g. the controls in one process and the method in another on a shared
+machine; a later call without it reads them all back).
 
     OMP_NUM_THREADS=1 python bench/tiers.py --data-dir ../shared/datasets --train-samples 6000 \\
         --test-samples 2000 --rounds 15 --seeds 0 1 2 --alphas 0.1 0.5 --families exit width
@@ -93,9 +95,21 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ± {std:.3f}"
 
 
+def selected(family: str, arms: list[str] | None) -> tuple:
+    """``FAMILIES[family]`` with only the entries whose label is in ``arms`` (all if None);
+    SystemExit naming the family's labels if one of ``arms`` is not among them."""
+    model, tiers, entries, extra = FAMILIES[family]
+    if arms is not None:
+        labels = [label for label, _, _ in entries]
+        if unknown := [arm for arm in arms if arm not in labels]:
+            raise SystemExit(f"--arms {unknown}: {family}'s arms are {labels}")
+        entries = [entry for entry in entries if entry[0] in arms]
+    return model, tiers, entries, extra
+
+
 def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """{label: {tier or "global": [value per seed]}} of one family at Dirichlet ``alpha``."""
-    model, tiers, entries, extra = FAMILIES[family]
+    model, tiers, entries, extra = selected(family, args.arms)
     results: dict[str, dict[str, list[float]]] = {}
     for seed in args.seeds:  # seeds outermost: a bench stopped early has every arm of its first seeds
         for label, method, options in entries:
@@ -126,10 +140,12 @@ def main() -> None:
                         help="A stratified subset of the test split (default: all of it).")
     parser.add_argument("--last-k", type=int, default=3, help="Rounds averaged at the end of each run.")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/tiers"))
+    parser.add_argument("--arms", nargs="+", default=None,
+                        help="Run only the arms with these labels (e.g. HeteroFL AllSmall; default: all).")
     args = parser.parse_args()
     started = time.monotonic()
     for family in args.families:
-        tiers, entries = FAMILIES[family][1], FAMILIES[family][2]
+        _, tiers, entries, _ = selected(family, args.arms)
         for alpha in args.alphas:
             results = run_family(family, alpha, args)
             print(f"{family}: {args.dataset}, α {alpha}, seeds {args.seeds}, {args.rounds} rounds",

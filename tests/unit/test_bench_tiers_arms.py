@@ -1,0 +1,32 @@
+"""bench/tiers.py's ``--arms``: only the named arms of a family run, in the family's order."""
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "tiers.py"
+
+
+def _load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_tiers", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_arms_keeps_only_the_named_controls_in_the_familys_order() -> None:
+    bench = _load_bench()
+    model, tiers, entries, extra = bench.selected("resource-skew", ["Alone (ExclusiveFL)", "AllSmall"])
+    assert [label for label, _, _ in entries] == ["AllSmall", "Alone (ExclusiveFL)"]
+    assert (model, extra["num_strong"], tiers[0]) == ("lenet5", 1, "strong")
+
+
+def test_no_arms_keeps_every_arm_and_an_unknown_label_is_refused_with_the_known_ones() -> None:
+    bench = _load_bench()
+    assert bench.selected("conv", None)[2] == bench.FAMILIES["conv"][2]
+    with pytest.raises(SystemExit, match="conv's arms are .*FedConv"):
+        bench.selected("conv", ["FedKonv"])
