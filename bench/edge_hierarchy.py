@@ -21,10 +21,9 @@ import time
 import numpy as np
 import torch
 
-from fedcore import modelspec
 from fedcore.recipe import Recipe
 from server_toolkit.data.datasets import load_dataset
-from server_toolkit.methods.base import ClientUpdate, DeviceInfo
+from server_toolkit.methods.base import ClientUpdate, DeviceInfo, TrainInstruction
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.methods.fedconv.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
 from server_toolkit.models.zoo import model_spec
@@ -43,9 +42,9 @@ def train(pool: TorchRuntimePool, device: LocalDevice, instruction, seed: int, r
         return train_on_device(device, instruction, pool)
 
 
-def edge_round(relay: EdgeRelay, pool, devices: list[LocalDevice], weights, programs, seed: int, recipe):
+def edge_round(relay: EdgeRelay, pool, devices: list[LocalDevice], weights, spec, seed: int, recipe):
     """What one edge does with one server task; returns (its model, its samples)."""
-    relay.forward(ForwardedTask(programs, weights, recipe))
+    relay.forward(ForwardedTask(TrainInstruction("", spec, weights, recipe)))
     phases = [WARMUP, TRAIN] if relay.needs_warmup() else [TRAIN]
     by_id = {d.info.device_id: d for d in devices}
     for phase in phases:
@@ -71,7 +70,6 @@ def run(variant: str, args, data, parts, spec) -> list[float]:
     options = EdgeOptions(smashed_samples=0 if variant == "clusters" else args.smashed, seed=args.seed)
     relays = [EdgeRelay(options) for _ in groups]
     pool = TorchRuntimePool()
-    programs = ((modelspec.FORMAT, modelspec.dumps(spec)),)
     accuracies, pairs = [], 0
     for rnd in range(1, args.rounds + 1):
         seed = args.seed * 1000 + rnd
@@ -80,7 +78,7 @@ def run(variant: str, args, data, parts, spec) -> list[float]:
             updates = [train(pool, d, i, seed, recipe) for d, i in zip(devices, instructions, strict=True)]
             weights = method.aggregate_train(rnd, weights, updates)
         else:
-            answers = [edge_round(relay, pool, group, weights, programs, seed, recipe)
+            answers = [edge_round(relay, pool, group, weights, spec, seed, recipe)
                        for relay, group in zip(relays, groups, strict=True)]
             weights = weighted_average(answers)
             pairs += sum(r.summary.get("edge_pairs", 0) for r in relays)
