@@ -40,6 +40,7 @@ def simulate_command(arm: str, args: argparse.Namespace, seed: int, run_dir: Pat
            "--data-dir", args.data_dir, "--train-samples", str(args.train_samples),
            "--test-samples", str(args.test_samples), "--devices", str(args.devices),
            "--partition", args.partition, "--local-epochs", str(args.local_epochs), "--seed", str(seed),
+           "--lr", str(args.lr), "--max-steps", str(args.max_steps),
            "--slow-devices", str(args.slow_devices), "--slowdown", str(args.slowdown),
            "--round-timeout", "600", "--run-dir", str(run_dir), "--label", arm, "--setting", "async-bench"]
     if arm == "sync":
@@ -88,6 +89,9 @@ def main() -> None:
     parser.add_argument("--test-samples", type=int, default=2000)
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--partition", default="iid")
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="Device learning rate (0.05: the recipe of the recorded figures, 2026-11-24).")
+    parser.add_argument("--max-steps", type=int, default=0, help="Local step bound (0: none, as recorded).")
     parser.add_argument("--target", type=float, default=0.70, help="Test accuracy to reach.")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-async"))
     parser.add_argument("--report-only", action="store_true", help="Summarise the runs already in --out.")

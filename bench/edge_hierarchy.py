@@ -21,66 +21,69 @@ import time
 import numpy as np
 import torch
 
-from fedcore import modelspec
-from sdk_device.runtimes.torch_runtime import TorchRuntime
+from fedcore.recipe import Recipe
 from server_toolkit.data.datasets import load_dataset
-from server_toolkit.methods.base import ClientUpdate, DeviceInfo
+from server_toolkit.methods.base import ClientUpdate, DeviceInfo, TrainInstruction
 from server_toolkit.methods.fedavg import FedAvg
 from server_toolkit.methods.fedconv.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
+from server_toolkit.methods.records import FEATURES
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.reconstruct.average import weighted_average
-from server_toolkit.rounds.local_device import LocalDevice
+from server_toolkit.rounds.local_device import LocalDevice, TorchRuntimePool, train_on_device
 from server_toolkit.sim.partition import partition
 from server_toolkit.sim.simulate import DEFAULT_RECIPE
+from server_toolkit.torch_utils import one_torch_thread
 
 
-def train(runtime: TorchRuntime, device: LocalDevice, instruction, seed: int) -> ClientUpdate:
-    """One device's task, as the agent runs it: train, then smashed data when asked."""
-    runtime.set_weights(instruction.weights)
-    recipe = dataclasses.replace(instruction.recipe, seed=seed)
-    stats = runtime.train(device.x, device.y, recipe)
-    smashed = None
-    if instruction.smashed is not None:
-        pick = np.sort(np.random.default_rng(seed).permutation(len(device.y))[: instruction.smashed.samples])
-        _, features = runtime.predict(device.x[pick])
-        smashed = {"x": features.astype(np.float32), "y": device.y[pick].astype(np.int64)}
-    return ClientUpdate(device.info.device_id, len(device.y), runtime.get_weights(),
-                        {"samples": stats.samples, "loss": stats.loss}, instruction, smashed)
+def train(pool: TorchRuntimePool, device: LocalDevice, instruction, seed: int, recipe) -> ClientUpdate:
+    """One device's task, as the agent runs it (the shared task runner: training, then the
+    ``features`` output = smashed data when the edge asks for it), by ``recipe`` with ``seed``."""
+    reports = dict(instruction.reports)
+    if FEATURES in reports:  # the relay leaves the model to the device's default, as a task does
+        reports[FEATURES] = {"model": "model", **reports[FEATURES]}
+    recipe = dataclasses.replace(recipe, seed=seed)
+    instruction = dataclasses.replace(instruction, recipe=recipe, reports=reports)
+    with one_torch_thread():
+        return train_on_device(device, instruction, pool)
 
 
-def edge_round(relay: EdgeRelay, runtime, devices: list[LocalDevice], weights, programs, seed: int):
+def edge_round(relay: EdgeRelay, pool, devices: list[LocalDevice], weights, spec, seed: int, recipe):
     """What one edge does with one server task; returns (its model, its samples)."""
-    relay.forward(ForwardedTask(programs, weights, DEFAULT_RECIPE))
+    relay.forward(ForwardedTask(TrainInstruction("", spec, weights, recipe)))
     phases = [WARMUP, TRAIN] if relay.needs_warmup() else [TRAIN]
     by_id = {d.info.device_id: d for d in devices}
     for phase in phases:
         relay.phase = phase
-        updates = [train(runtime, by_id[i.device_id], i, seed) for i in
+        updates = [train(pool, by_id[i.device_id], i, seed, recipe) for i in
                    relay.configure_train(0, weights, [d.info for d in devices])]
         out = relay.aggregate_train(0, weights, updates)
     return out, sum(len(d.y) for d in devices)
 
 
+def bench_recipe(args) -> Recipe:
+    """``simulate``'s default recipe with this bench's learning rate and step bound."""
+    return dataclasses.replace(DEFAULT_RECIPE, lr=args.lr, momentum=0.9, max_steps=args.max_steps)
+
+
 def run(variant: str, args, data, parts, spec) -> list[float]:
-    method = FedAvg(spec, DEFAULT_RECIPE)
+    recipe = bench_recipe(args)
+    method = FedAvg(spec, recipe)
     weights = method.initial_weights(args.seed)
     devices = [LocalDevice(DeviceInfo(f"dev{i:02d}", len(idx)), data.x_train[idx], data.y_train[idx])
                for i, idx in enumerate(parts)]
     groups = [devices[e::args.edges] for e in range(args.edges)]
     options = EdgeOptions(smashed_samples=0 if variant == "clusters" else args.smashed, seed=args.seed)
     relays = [EdgeRelay(options) for _ in groups]
-    runtime = TorchRuntime()
-    runtime.load_program(modelspec.dumps(spec), modelspec.FORMAT)
-    programs = ((modelspec.FORMAT, modelspec.dumps(spec)),)
+    pool = TorchRuntimePool()
     accuracies, pairs = [], 0
     for rnd in range(1, args.rounds + 1):
         seed = args.seed * 1000 + rnd
         if variant == "flat":
             instructions = method.configure_train(rnd, weights, [d.info for d in devices])
-            updates = [train(runtime, d, i, seed) for d, i in zip(devices, instructions, strict=True)]
+            updates = [train(pool, d, i, seed, recipe) for d, i in zip(devices, instructions, strict=True)]
             weights = method.aggregate_train(rnd, weights, updates)
         else:
-            answers = [edge_round(relay, runtime, group, weights, programs, seed)
+            answers = [edge_round(relay, pool, group, weights, spec, seed, recipe)
                        for relay, group in zip(relays, groups, strict=True)]
             weights = weighted_average(answers)
             pairs += sum(r.summary.get("edge_pairs", 0) for r in relays)
@@ -99,17 +102,22 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=0.1)
     parser.add_argument("--smashed", type=int, default=128)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--variants", nargs="+", default=["flat", "clusters", "projection"])
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="Device SGD learning rate (0.05: the recipe of the figures of 2026-11-22).")
+    parser.add_argument("--max-steps", type=int, default=0,
+                        help="Bound on local steps per round (0: none, as in the recorded figures).")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = load_dataset("digits", seed=0)
     spec = model_spec("small_cnn", data.input_shape, data.num_classes)
     print(f"digits, small_cnn, Dirichlet({args.alpha}), {args.devices} devices, {args.edges} edges, "
-          f"{args.rounds} rounds, recipe {DEFAULT_RECIPE}")
+          f"{args.rounds} rounds, recipe {bench_recipe(args)}")
     results: dict[str, list[tuple[float, float]]] = {}
     for seed in args.seeds:
         args.seed = seed
         parts = partition(data.y_train, args.devices, "dirichlet", seed=seed, alpha=args.alpha)
-        for variant in ("flat", "clusters", "projection"):
+        for variant in args.variants:
             started = time.perf_counter()
             acc = run(variant, args, data, parts, spec)
             early = acc[min(4, len(acc) - 1)]
@@ -117,6 +125,8 @@ def main() -> None:
             print(f"seed {seed} {variant:>10}: round 5 {early:.3f}, final {acc[-1]:.3f}, "
                   f"last-5 mean {np.mean(acc[-5:]):.3f} ({time.perf_counter() - started:.0f} s)")
     print("\nvariant     round 5   final   last-5 mean   ratio to flat (round 5, last-5)   (mean over seeds)")
+    if "flat" not in results:
+        return
     flat = np.mean([r for r in results["flat"]], axis=0)
     for variant, rows in results.items():
         early, final, last5 = np.mean(rows, axis=0)

@@ -55,6 +55,7 @@ def command(method_args: str, epsilon: float, seed: int, run_dir: Path, args) ->
             "--model", "small_cnn", "--devices", str(args.devices),
             "--clients-per-round", str(args.per_round),
             "--rounds", str(args.rounds), "--partition", "iid", "--test-samples", "2000", "--seed", str(seed),
+            "--lr", str(args.lr), "--max-steps", str(args.max_steps),
             *method_args.split(), *dp.split(), "--label", label, "--setting", "privacy",
             "--run-dir", str(run_dir)]
 
@@ -71,6 +72,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="Device learning rate (0.05: the recipe of the recorded figures, 2026-11-24).")
+    parser.add_argument("--max-steps", type=int, default=0, help="Local step bound (0: none, as recorded).")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/privacy"))
     parser.add_argument("--table-only", action="store_true", help="Print the table of the finished runs.")
     args = parser.parse_args()
