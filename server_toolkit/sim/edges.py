@@ -88,14 +88,18 @@ def register_group(edge_dir: Path, group: EdgeGroup, tiers: dict[str, str | None
 
 def start_edge_process(broker_url: str, fleet: str, group: EdgeGroup, edge_dir: Path, seed: int = 0,
                        python: str | None = None, method: str | None = None,
-                       method_options: dict | None = None, secagg: dict | None = None) -> subprocess.Popen:
-    """Start ``fedsdk-server edge`` for ``group``; it waits for all its devices (120 s at
-    most) before joining the server's fleet. ``method``: a generic edge for it (with
-    ``method_options``); None: FedConv's edge. ``secagg``: its group rounds are secure
-    (``SecAggSettings`` as a dict; ``edge/secure_group.py``). Logs to ``<edge_dir>/edge.log``."""
+                       method_options: dict | None = None, secagg: dict | None = None,
+                       devices_wait_s: float = 120.0) -> subprocess.Popen:
+    """Start ``fedsdk-server edge`` for ``group``; it waits for all its devices
+    (``devices_wait_s`` at most: ``simulate`` passes its ``--fleet-timeout``, since devices that
+    import torch on a loaded machine can take minutes) before joining the server's fleet.
+    ``method``: a generic edge for it (with ``method_options``); None: FedConv's edge.
+    ``secagg``: its group rounds are secure (``SecAggSettings`` as a dict;
+    ``edge/secure_group.py``). Logs to ``<edge_dir>/edge.log``."""
     cmd = [python or sys.executable, "-m", "server_toolkit.cli", "-v", "edge", "--broker", broker_url,
            "--fleet", fleet, "--edge-id", group.edge_id, "--run-dir", str(edge_dir),
-           "--min-devices", str(len(group.device_ids)), "--seed", str(seed)]
+           "--min-devices", str(len(group.device_ids)), "--devices-wait", str(devices_wait_s),
+           "--seed", str(seed)]
     if group.tier is not None:
         cmd += ["--tier", group.tier]
     if method is not None:

@@ -189,7 +189,8 @@ class Simulation:
             generic = {"method": self.config.method, "method_options": self.config.method_options,
                        "secagg": self.config.secagg} if self.generic_edges else {}
             self.edge_procs.append(start_edge_process(broker.url, self.config.fleet, edge, edge_dir,
-                                                      seed=self.config.seed, **generic))
+                                                      seed=self.config.seed,
+                                                      devices_wait_s=self.config.fleet_timeout_s, **generic))
 
     def slow_device_ids(self) -> set[str]:
         """The stragglers: ``round(slow_devices x devices)`` of them, drawn by the seed."""
