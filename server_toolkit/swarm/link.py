@@ -16,6 +16,15 @@ one host together stopped at 28,158 connections, each further ``bind`` failing a
 time). To a loopback broker a device therefore binds its own loopback source address
 (``127.x.y.z``, stable per device id: ``loopback_source``), each of which has the whole port
 range to itself. Non-loopback brokers keep paho's default: a real host runs one device.
+
+Connect timeout: paho's TCP connect blocks its caller (up to 5 s by default), and here the caller
+is the loop of every device of the process. A site broker short of CPU lets its listen queue
+overflow; a connect then waits for the SYN's retransmission (strace: one ``poll`` of 3.06 s)
+while no other device of the process sends its keepalive, the broker drops them, they reconnect
+into the same queue, and the site collapsed (12,205 "exceeded timeout" at site 8 of
+``bench/sites.py --devices 100000``). A swarm connect gives up after ``CONNECT_TIMEOUT_S`` and
+retries with the backoff instead (a loopback connect that is accepted takes well under 1 ms).
+TLS links keep paho's 5 s: their handshake runs under the same timeout and costs the broker CPU.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from collections.abc import Callable
 from sdk_device.transport.mqtt_link import MqttLink
 
 log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 0.1  # longest a device's TCP connect may hold the loop (see above)
 
 
 class Timer:
@@ -136,6 +147,8 @@ class SwarmLink(MqttLink):
         self._ever_connected = False
         self._backoff_s = 1.0
         self.dead = False
+        if not self.broker.tls:
+            self.client.connect_timeout = CONNECT_TIMEOUT_S
         self.client.on_socket_open = lambda _client, _userdata, sock: loop.watch(sock, self)
         self.client.on_socket_close = lambda _client, _userdata, sock: loop.unwatch(sock)
         self.client.on_socket_register_write = lambda _c, _u, sock: loop.want_write(sock, self, True)
