@@ -45,6 +45,7 @@ from sdk_device.transport.mqtt_link import MqttLink
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 0.1  # longest a device's TCP connect may hold the loop (see above)
+RECONNECTS_PER_PASS = 10  # reconnects due started per pass of the loop at most (the rest wait)
 
 
 class Timer:
@@ -105,7 +106,7 @@ class EventLoop:
             if mask & selectors.EVENT_WRITE:
                 link.client.loop_write()
         now = time.monotonic()
-        due = [link for link, at in self._reconnects.items() if at <= now]
+        due = [link for link, at in self._reconnects.items() if at <= now][:RECONNECTS_PER_PASS]
         for link in due:
             del self._reconnects[link]
             link.start()

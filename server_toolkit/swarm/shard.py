@@ -23,13 +23,10 @@ CLOSE_S = 3.0  # seconds to flush the "offline" statuses on shutdown (the refere
 # the broker would then drop for a missed keepalive (measured: a swarm starved at load 100
 # connected 1,076 of 20,000, mosquitto logging "exceeded timeout" for the rest).
 MAX_CONNECTING = 100
-# A link's keepalive is checked (paho's ``loop_misc``) every KEEPALIVE_SPREAD ticks, a
-# 1/KEEPALIVE_SPREAD slice of the links per tick. Measured (`fedsdk-server swarm --devices
-# 12500 --heartbeat 60`, one mosquitto, connected and idle): the process took 12.6 % of a core
-# checking every link every second, 9.3 % with the slices; at 100,000 devices on 2 cores the
-# swarm's idle cost is what the brokers and edges must live beside. A PINGREQ then leaves at
-# most KEEPALIVE_SPREAD s late, well inside the broker's 1.5 x keepalive (45 s for 30 s).
-KEEPALIVE_SPREAD = 5
+# New devices started per pass of the loop at most: each start is a TCP connect that may hold the
+# loop up to link.CONNECT_TIMEOUT_S, so a pass starting the whole connect window (100) could
+# freeze every other device's keepalive for seconds.
+STARTS_PER_PASS = 10
 
 
 @dataclass(frozen=True)
@@ -112,19 +109,21 @@ class Shard:
         raise_fd_limit()
         pending = list(self.config.device_ids)
         started = time.monotonic()
-        next_tick, ticks = started, 0
+        next_tick = started
         while not stop():
             self.loop.run_once(0.02)
             now = time.monotonic()
             due = len(self.config.device_ids) if self.config.connect_rate <= 0 else \
                 int((now - started) * self.config.connect_rate) + 1
-            while pending and len(self.devices) < due and self.connecting < MAX_CONNECTING:
+            starts = 0
+            while (pending and len(self.devices) < due and self.connecting < MAX_CONNECTING
+                   and starts < STARTS_PER_PASS):
                 self._make(pending.pop(0))
+                starts += 1
             if now >= next_tick:
-                next_tick, ticks = now + TICK_S, ticks + 1
-                for link in self.links[ticks % KEEPALIVE_SPREAD::KEEPALIVE_SPREAD]:
+                next_tick = now + TICK_S
+                for link, device in zip(self.links, self.devices, strict=True):
                     link.misc()
-                for device in self.devices:
                     device.tick(now)
                 self.counters.connected = sum(1 for d in self.devices if d.connected and not d.dead)
                 if report is not None:
