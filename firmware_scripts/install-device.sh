@@ -259,8 +259,9 @@ if [ "$RUNTIME" = executorch ]; then
                 die "no C++ compiler for the native ExecuTorch runtime: sudo apt-get install -y g++ (or --native-lib FILE, or --no-native-build)"
             fi
         fi
-        say "building the native ExecuTorch runtime (${CXX:-g++})"
-        "$VENV/bin/python" -m sdk_device.runtimes.native_build --out "$NATIVE_OUT" >/dev/null \
+        say "building the native ExecuTorch runtime and its fused training kernels (${CXX:-g++})"
+        # --kernels: libfedsdk_kernels.so beside the shim (fused pte/1 programs; FEDSDK_KERNELS_LIB)
+        "$VENV/bin/python" -m sdk_device.runtimes.native_build --kernels --out "$NATIVE_OUT" >/dev/null \
             || die "building the native ExecuTorch runtime failed (see above)"
     else
         echo "note: --no-native-build: put the native runtime in $NATIVE_OUT before 'fedsdk run'"
@@ -294,7 +295,8 @@ else
 fi
 native_env=""
 if [ "$RUNTIME" = executorch ]; then
-    native_env="FEDSDK_NATIVE_LIB=$NATIVE_OUT "   # the unit file sets it for the service
+    # the unit file sets both for the service
+    native_env="FEDSDK_NATIVE_LIB=$NATIVE_OUT FEDSDK_KERNELS_LIB=$PREFIX/native/libfedsdk_kernels.so "
 fi
 data="${STATE_DIR:-\$HOME}/data.npz"
 

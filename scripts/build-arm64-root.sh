@@ -11,8 +11,9 @@
 # 2. install (cached by the checkout's sources as well): a copy of the base root, a fedsdk wheel
 #    built offline from this checkout, install-device.sh run in the root under proot + qemu-user
 #    (timed: the install time on arm64, emulated; pip's --no-compile: byte-compiling pygments
-#    and numpy under emulation took minutes, and imports compile what they use), and the native ExecuTorch shim cross-compiled
-#    on the host with aarch64-linux-gnu-g++ against the installed wheel's headers and libraries.
+#    and numpy under emulation took minutes, and imports compile what they use), and the native ExecuTorch shim
+#    and the fused training kernels (libfedsdk_kernels.so, beside the shim) cross-compiled on the host
+#    with aarch64-linux-gnu-g++ against the installed wheel's headers and libraries.
 #    proot runs the root's programs through qemu-aarch64-static without binfmt_misc or chroot.
 #
 # Cache: $FEDSDK_ARM64_CACHE (default ~/.cache/fedsdk-arm64); older installs are removed.
@@ -102,10 +103,11 @@ in_root /bin/bash /installer/install-device.sh --no-systemd --prefix "$PREFIX" -
 install_s="$(seconds_since "$started")"
 load="$(cut -d' ' -f1 /proc/loadavg)"
 
-echo "arm64 root: native ExecuTorch shim, cross-compiled with aarch64-linux-gnu-g++"
+echo "arm64 root: native ExecuTorch shim and fused kernels, cross-compiled with aarch64-linux-gnu-g++"
 site="$work/root$PREFIX/venv/lib/python3.11/site-packages"
 started="$(date +%s%N)"
-PYTHONPATH="$REPO" "$PYTHON" -m sdk_device.runtimes.native_build --cxx aarch64-linux-gnu-g++ \
+# --kernels: libfedsdk_kernels.so beside the shim (fused pte/1 programs; FEDSDK_KERNELS_LIB)
+PYTHONPATH="$REPO" "$PYTHON" -m sdk_device.runtimes.native_build --kernels --cxx aarch64-linux-gnu-g++ \
     --executorch-dir "$site/executorch" --rpath "${site#"$work/root"}/executorch/lib" \
     --out "$work/root$PREFIX/native/libfedsdk_executorch.so" >/dev/null
 compile_s="$(seconds_since "$started")"
@@ -117,6 +119,7 @@ cat >"$work/install.json" <<EOF
  "executorch_mb": $(mb "$site/executorch"), "numpy_mb": $(mb "$site"/numpy "$site"/numpy.libs),
  "fedsdk_mb": $(mb "$site"/fedcore "$site"/sdk_device "$site"/server_toolkit "$site"/export),
  "paho_mb": $(mb "$site/paho"), "native_lib_kb": $(du -sk "$work/root$PREFIX/native" | cut -f1),
+ "kernels_lib_kb": $(du -sk "$work/root$PREFIX/native/libfedsdk_kernels.so" | cut -f1),
  "root_mb": $(mb "$work/root")}
 EOF
 mv "$work" "$INSTALLED"
