@@ -64,6 +64,7 @@ FAMILIES = {
                                         ("AllSmall", "allsmall", ALL_SMALL_WIDTH),
                                         ("Alone", "alone", {"of": "heterofl"})], {}),
 }
+SEPARATORS = (",", ":")  # compact JSON in labels
 LABELS = {"heterofl": "HeteroFL", "fedrolex": "FedRolex", "feddm": "FedDM"}  # --methods' row labels
 
 
@@ -100,9 +101,9 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ± {std:.3f}"
 
 
-def method_rows(family: str, names: list[str]) -> list[tuple[str, str, dict]]:
-    """One (label, method, options) row per registry method in ``names``, with default options;
-    SystemExit if one is unknown or of another family than ``family``'s method."""
+def method_rows(family: str, names: list[str], options: dict) -> list[tuple[str, str, dict]]:
+    """One (label, method, options) row per registry method in ``names``, with ``options``
+    (named in the label); SystemExit if one is unknown or of another family than ``family``'s method."""
     from server_toolkit.methods import method_class
 
     wanted = method_class(FAMILIES[family][2][0][1]).family
@@ -114,17 +115,20 @@ def method_rows(family: str, names: list[str]) -> list[tuple[str, str, dict]]:
             raise SystemExit(f"--methods: {error}") from None
         if method.family != wanted:
             raise SystemExit(f"--methods {name}: of family {method.family!r}, not {family}'s ({wanted!r})")
-        rows.append((LABELS.get(method.name, method.name), method.name, {}))
+        named = [f"{key}={json.dumps(value, separators=SEPARATORS)}" for key, value in options.items()]
+        label = " ".join([LABELS.get(method.name, method.name), *named])
+        rows.append((label, method.name, dict(options)))
     return rows
 
 
-def selected(family: str, arms: list[str] | None, methods: list[str] | None = None) -> tuple:
+def selected(family: str, arms: list[str] | None, methods: list[str] | None = None,
+             options: dict | None = None) -> tuple:
     """``FAMILIES[family]``, its method row replaced by ``methods``' rows when given
     (``method_rows``), with only the entries whose label is in ``arms`` (all if None);
     SystemExit naming the family's labels if one of ``arms`` is not among them."""
     model, tiers, entries, extra = FAMILIES[family]
     if methods:
-        entries = method_rows(family, methods) + entries[1:]
+        entries = method_rows(family, methods, options or {}) + entries[1:]
     if arms is not None:
         labels = [label for label, _, _ in entries]
         if unknown := [arm for arm in arms if arm not in labels]:
@@ -135,7 +139,7 @@ def selected(family: str, arms: list[str] | None, methods: list[str] | None = No
 
 def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """{label: {tier or "global": [value per seed]}} of one family at Dirichlet ``alpha``."""
-    model, tiers, entries, extra = selected(family, args.arms, args.methods)
+    model, tiers, entries, extra = selected(family, args.arms, args.methods, args.method_option)
     if args.max_steps is not None:
         extra = {**extra, "recipe": {**DEFAULT_RECIPE.to_dict(), "max_steps": args.max_steps}}
     results: dict[str, dict[str, list[float]]] = {}
@@ -152,6 +156,16 @@ def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str,
             for key, value in tier_accuracies(config, run_dir, args.last_k).items():
                 results.setdefault(label, {}).setdefault(key, []).append(value)
     return results
+
+
+def method_option(text: str) -> tuple[str, object]:
+    """``KEY=JSON`` -> (key, decoded value); argparse error on another shape."""
+    key, _, value = text.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=JSON, e.g. fresh_windows=[0.5,0.25]") \
+            from None
 
 
 def main() -> None:
@@ -173,12 +187,16 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=None,
                         help="Replace the family's method row by these registry methods of the same "
                         "family (e.g. heterofl fedrolex feddm; default: the family's one).")
+    parser.add_argument("--method-option", type=method_option, action="append", default=None,
+                        help="KEY=JSON option of the --methods rows (repeatable), e.g. "
+                        "'fresh_windows=[0.5,0.25]'; named in the row's label.")
     parser.add_argument("--max-steps", type=int, default=None,
                         help="Every arm's step cap per round (default: the recipe's, 100).")
     args = parser.parse_args()
+    args.method_option = dict(args.method_option or [])
     started = time.monotonic()
     for family in args.families:
-        _, tiers, entries, _ = selected(family, args.arms, args.methods)
+        _, tiers, entries, _ = selected(family, args.arms, args.methods, args.method_option)
         for alpha in args.alphas:
             results = run_family(family, alpha, args)
             print(f"{family}: {args.dataset}, α {alpha}, seeds {args.seeds}, {args.rounds} rounds",
