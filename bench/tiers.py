@@ -20,8 +20,8 @@ read back instead of run again (a long bench can be stopped and restarted). ``--
 some arms only (e.g. the controls in one process and the method in another on a shared
 machine; a later call without it reads them all back). ``--methods`` replaces the family's
 method row by one row per named registry method of the same family (e.g. ``--families width
---methods heterofl fedrolex feddm``), under the same controls. ``--max-steps`` sets every
-arm's per-round step cap (the recipe's ``max_steps``; default: the recipe's 100).
+--methods heterofl fedrolex feddm``), under the same controls; ``--method-option KEY=JSON``
+gives those rows an option (named in their label, e.g. ``fresh_windows=[0.5,0.25]``).
 
     OMP_NUM_THREADS=1 python bench/tiers.py --data-dir ../shared/datasets --train-samples 6000 \\
         --test-samples 2000 --rounds 15 --seeds 0 1 2 --alphas 0.1 0.5 --families exit width
@@ -35,7 +35,6 @@ import statistics
 import time
 from pathlib import Path
 
-from server_toolkit.server_config import DEFAULT_RECIPE
 from server_toolkit.sim.simulate import Simulation, SimulationConfig
 
 WIDTH_TIERS = ["1.0", "0.5", "0.25"]
@@ -140,8 +139,6 @@ def selected(family: str, arms: list[str] | None, methods: list[str] | None = No
 def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """{label: {tier or "global": [value per seed]}} of one family at Dirichlet ``alpha``."""
     model, tiers, entries, extra = selected(family, args.arms, args.methods, args.method_option)
-    if args.max_steps is not None:
-        extra = {**extra, "recipe": {**DEFAULT_RECIPE.to_dict(), "max_steps": args.max_steps}}
     results: dict[str, dict[str, list[float]]] = {}
     for seed in args.seeds:  # seeds outermost: a bench stopped early has every arm of its first seeds
         for label, method, options in entries:
@@ -190,8 +187,6 @@ def main() -> None:
     parser.add_argument("--method-option", type=method_option, action="append", default=None,
                         help="KEY=JSON option of the --methods rows (repeatable), e.g. "
                         "'fresh_windows=[0.5,0.25]'; named in the row's label.")
-    parser.add_argument("--max-steps", type=int, default=None,
-                        help="Every arm's step cap per round (default: the recipe's, 100).")
     args = parser.parse_args()
     args.method_option = dict(args.method_option or [])
     started = time.monotonic()
