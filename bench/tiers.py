@@ -18,7 +18,10 @@ several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>
 A run whose ``metrics.jsonl`` under ``--runs-dir`` is complete for the same configuration is
 read back instead of run again (a long bench can be stopped and restarted). ``--arms`` runs
 some arms only (e.g. the controls in one process and the method in another on a shared
-machine; a later call without it reads them all back).
+machine; a later call without it reads them all back). ``--methods`` replaces the family's
+method row by one row per named registry method of the same family (e.g. ``--families width
+--methods heterofl fedrolex feddm``), under the same controls; ``--method-option KEY=JSON``
+gives those rows an option (named in their label, e.g. ``fresh_windows=[0.5,0.25]``).
 
     OMP_NUM_THREADS=1 python bench/tiers.py --data-dir ../shared/datasets --train-samples 6000 \\
         --test-samples 2000 --rounds 15 --seeds 0 1 2 --alphas 0.1 0.5 --families exit width
@@ -60,6 +63,8 @@ FAMILIES = {
                                         ("AllSmall", "allsmall", ALL_SMALL_WIDTH),
                                         ("Alone", "alone", {"of": "heterofl"})], {}),
 }
+SEPARATORS = (",", ":")  # compact JSON in labels
+LABELS = {"heterofl": "HeteroFL", "fedrolex": "FedRolex", "feddm": "FedDM"}  # --methods' row labels
 
 
 def finished_rows(sim: Simulation) -> list[dict] | None:
@@ -95,10 +100,34 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ± {std:.3f}"
 
 
-def selected(family: str, arms: list[str] | None) -> tuple:
-    """``FAMILIES[family]`` with only the entries whose label is in ``arms`` (all if None);
+def method_rows(family: str, names: list[str], options: dict) -> list[tuple[str, str, dict]]:
+    """One (label, method, options) row per registry method in ``names``, with ``options``
+    (named in the label); SystemExit if one is unknown or of another family than ``family``'s method."""
+    from server_toolkit.methods import method_class
+
+    wanted = method_class(FAMILIES[family][2][0][1]).family
+    rows = []
+    for name in names:
+        try:
+            method = method_class(name)
+        except ValueError as error:
+            raise SystemExit(f"--methods: {error}") from None
+        if method.family != wanted:
+            raise SystemExit(f"--methods {name}: of family {method.family!r}, not {family}'s ({wanted!r})")
+        named = [f"{key}={json.dumps(value, separators=SEPARATORS)}" for key, value in options.items()]
+        label = " ".join([LABELS.get(method.name, method.name), *named])
+        rows.append((label, method.name, dict(options)))
+    return rows
+
+
+def selected(family: str, arms: list[str] | None, methods: list[str] | None = None,
+             options: dict | None = None) -> tuple:
+    """``FAMILIES[family]``, its method row replaced by ``methods``' rows when given
+    (``method_rows``), with only the entries whose label is in ``arms`` (all if None);
     SystemExit naming the family's labels if one of ``arms`` is not among them."""
     model, tiers, entries, extra = FAMILIES[family]
+    if methods:
+        entries = method_rows(family, methods, options or {}) + entries[1:]
     if arms is not None:
         labels = [label for label, _, _ in entries]
         if unknown := [arm for arm in arms if arm not in labels]:
@@ -109,7 +138,7 @@ def selected(family: str, arms: list[str] | None) -> tuple:
 
 def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """{label: {tier or "global": [value per seed]}} of one family at Dirichlet ``alpha``."""
-    model, tiers, entries, extra = selected(family, args.arms)
+    model, tiers, entries, extra = selected(family, args.arms, args.methods, args.method_option)
     results: dict[str, dict[str, list[float]]] = {}
     for seed in args.seeds:  # seeds outermost: a bench stopped early has every arm of its first seeds
         for label, method, options in entries:
@@ -124,6 +153,16 @@ def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str,
             for key, value in tier_accuracies(config, run_dir, args.last_k).items():
                 results.setdefault(label, {}).setdefault(key, []).append(value)
     return results
+
+
+def method_option(text: str) -> tuple[str, object]:
+    """``KEY=JSON`` -> (key, decoded value); argparse error on another shape."""
+    key, _, value = text.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=JSON, e.g. fresh_windows=[0.5,0.25]") \
+            from None
 
 
 def main() -> None:
@@ -142,10 +181,17 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/tiers"))
     parser.add_argument("--arms", nargs="+", default=None,
                         help="Run only the arms with these labels (e.g. HeteroFL AllSmall; default: all).")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="Replace the family's method row by these registry methods of the same "
+                        "family (e.g. heterofl fedrolex feddm; default: the family's one).")
+    parser.add_argument("--method-option", type=method_option, action="append", default=None,
+                        help="KEY=JSON option of the --methods rows (repeatable), e.g. "
+                        "'fresh_windows=[0.5,0.25]'; named in the row's label.")
     args = parser.parse_args()
+    args.method_option = dict(args.method_option or [])
     started = time.monotonic()
     for family in args.families:
-        _, tiers, entries, _ = selected(family, args.arms)
+        _, tiers, entries, _ = selected(family, args.arms, args.methods, args.method_option)
         for alpha in args.alphas:
             results = run_family(family, alpha, args)
             print(f"{family}: {args.dataset}, α {alpha}, seeds {args.seeds}, {args.rounds} rounds",

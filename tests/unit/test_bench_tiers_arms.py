@@ -30,3 +30,16 @@ def test_no_arms_keeps_every_arm_and_an_unknown_label_is_refused_with_the_known_
     assert bench.selected("conv", None)[2] == bench.FAMILIES["conv"][2]
     with pytest.raises(SystemExit, match="conv's arms are .*FedConv"):
         bench.selected("conv", ["FedKonv"])
+
+
+def test_methods_replace_the_method_row_under_the_same_controls_and_another_family_is_refused() -> None:
+    bench = _load_bench()
+    entries = bench.selected("width", None, ["fedrolex", "feddm"])[2]
+    assert [(label, method) for label, method, _ in entries] == [
+        ("FedRolex", "fedrolex"), ("FedDM", "feddm"), ("AllSmall", "allsmall"), ("Alone", "alone")]
+    kept = bench.selected("width", ["FedDM", "Alone"], ["fedrolex", "feddm"])[2]
+    assert [label for label, _, _ in kept] == ["FedDM", "Alone"]
+    with pytest.raises(SystemExit, match="depthfl: of family 'exit', not width's"):
+        bench.selected("width", None, ["depthfl"])
+    with pytest.raises(SystemExit, match="--methods: unknown method 'fedrolexx'"):
+        bench.selected("width", None, ["fedrolexx"])

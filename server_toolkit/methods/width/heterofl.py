@@ -8,19 +8,48 @@ As RecipFL's width-scaled baseline: name the tiers ``strong`` and ``weak`` and g
 ratios, e.g. ``--tiers strong,weak,weak --method-option tier_ratios={"strong":1.0,"weak":0.3}``;
 evaluation then also reports ``accuracy_strong`` / ``accuracy_weak``: each device's own
 width-r sub-model on the test set re-weighted to its labels (``target_accuracy``).
+
+Option ``fresh_windows`` (issue 32; default none): the windows of these ratios start as a fresh
+seeded model of their own shape, written into the global initial weights from the largest
+ratio to the smallest (so the smallest is exactly a fresh model of its shape, as AllSmall's
+is). Why: cut from a fresh full model, a width-r window keeps the full fan-in's scale, sqrt(r)
+of a fresh model's (lenet5's 0.25 window: logit std 0.05 against 0.11) and sat at chance for
+its first 4-6 rounds on Fashion-MNIST. Server-side only: devices, programs and the
+aggregation are unchanged (the paper's "scaler" would change every tier's program instead).
+
+Option ``train_widths`` (issue 32; default none): each round, a device of ratio r trains a
+window whose ratio is drawn uniformly from its own r and the listed ratios below r (seeded by
+the round and the device id): FjORD's ordered dropout (Horvath et al., 2021), drawn per round
+instead of per batch so the device runtimes and programs stay as they are. Why: in plain
+HeteroFL only the smallest tier trains the smallest window as a model of its own; the others
+train it inside a wider one, and its deployable accuracy lagged AllSmall's.
 """
 
 from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
 from fedcore.recipe import Recipe
 
 from ...submodels.offsets import heterofl_offsets
-from ...submodels.width import extract
+from ...submodels.width import WidthPlan, extract
 from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ..options import OptionError, option
 from ..target_accuracy import TargetAccuracy, role_by_tier_name
-from .width_shared import WidthSharedMethod
+from .width_shared import WidthOptions, WidthSharedMethod
+
+
+@dataclass(frozen=True)
+class HeteroFLOptions(WidthOptions):
+    fresh_windows: list[float] = option(
+        [], "Width ratios in (0, 1) whose windows start as a fresh model of their own shape, e.g. "
+        "[0.5, 0.25] (default none: every window is cut from a fresh full model).")
+    train_widths: list[float] = option(
+        [], "Ratios in (0, 1) a wider device may train instead of its own, drawn each round, e.g. "
+        "[0.5, 0.25] (FjORD's ordered dropout per round; default none: its own ratio).")
 
 
 class HeteroFL(WidthSharedMethod):
@@ -28,13 +57,46 @@ class HeteroFL(WidthSharedMethod):
     asks = {"label_counts": {}}  # accuracy_strong / accuracy_weak weigh the test set by them
     family = "width"
     example = "--tiers 1.0,0.75,0.5,0.25"
+    Options = HeteroFLOptions
+    options: HeteroFLOptions
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)
         self.targets = TargetAccuracy(int(global_spec["num_classes"]))
+        for name in ("fresh_windows", "train_widths"):
+            if bad := [r for r in getattr(self.options, name)
+                       if not isinstance(r, int | float) or isinstance(r, bool) or not 0 < r < 1]:
+                raise OptionError(f"method 'heterofl': option {name} takes ratios in (0, 1), got {bad}")
+
+    def initial_weights(self, seed: int) -> Weights:
+        """A fresh full model, each ``fresh_windows`` window overwritten by a fresh model of its
+        own shape (same seed), the largest ratio first (module docstring)."""
+        from fedcore.torch_model import build_model, state_numpy
+
+        weights = super().initial_weights(seed)
+        for ratio in sorted(set(self.options.fresh_windows), reverse=True):
+            plan = self.layout.plan(float(ratio), {})
+            fresh = state_numpy(build_model(plan.spec, seed=seed))
+            for name, indices in plan.index_map.items():
+                weights[name][np.ix_(*indices)] = fresh[name]
+        return weights
 
     def offsets(self, round_number: int, device: DeviceInfo, ratio: float) -> dict[int, int]:
         return heterofl_offsets(self.layout, ratio, round_number)
+
+    def training_ratio(self, round_number: int, device: DeviceInfo) -> float:
+        """The ratio ``device`` trains in ``round_number``: its own, or one of ``train_widths``
+        below it drawn uniformly (deterministic in the round and the device id)."""
+        ratio = self.ratio_of(device)
+        choices = sorted({ratio, *(float(r) for r in self.options.train_widths if r < ratio)})
+        if len(choices) == 1:
+            return ratio
+        rng = np.random.default_rng([round_number, zlib.crc32(device.device_id.encode())])
+        return choices[int(rng.integers(len(choices)))]
+
+    def plan_for(self, round_number: int, device: DeviceInfo) -> WidthPlan:
+        ratio = self.training_ratio(round_number, device)
+        return self.layout.plan(ratio, self.offsets(round_number, device, ratio))
 
     def role_of(self, device: DeviceInfo) -> str | None:
         return role_by_tier_name(device)
@@ -50,7 +112,7 @@ class HeteroFL(WidthSharedMethod):
 
     def evaluate(self, global_weights: Weights, x: np.ndarray, y: np.ndarray) -> dict:
         def target(device: DeviceInfo, role: str) -> tuple[dict, Weights]:
-            plan = self.plan_for(0, device)
+            plan = self.layout.plan(self.ratio_of(device), {})  # the tier's own window
             return plan.spec, extract(global_weights, plan.index_map)
 
         return {**super().evaluate(global_weights, x, y), **self.targets.evaluate(target, x, y)}
