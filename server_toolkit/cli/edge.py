@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from .aliases import Aliased
-from .options import console, method_option, parse_options
+from .config_build import split_list
+from .options import console, kernels_option, method_option, parse_options, programs_option
 from .secagg_options import secagg_options
 
 
@@ -46,14 +47,16 @@ from .secagg_options import secagg_options
                    "Unset: FedConv's clustering edge.")
 @method_option
 @secagg_options
+@programs_option
+@kernels_option
 @click.option("--username", envvar="FEDSDK_MQTT_USERNAME", help="Broker user (or FEDSDK_MQTT_USERNAME).")
 @click.option("--password", envvar="FEDSDK_MQTT_PASSWORD", help="Broker password (or FEDSDK_MQTT_PASSWORD).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA to trust for mqtts://.")
 @click.option("--insecure", is_flag=True, help="Allow plain mqtt:// to a non-loopback broker.")
 def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_url, group_security_dir,
          min_devices, devices_wait, clients_per_round, max_clusters, smashed_samples, pair_threshold,
-         projection_lambda, projection_epochs, warmup_epochs, seed, method, method_options, secagg, username,
-         password, ca_file, insecure) -> None:
+         projection_lambda, projection_epochs, warmup_epochs, seed, method, method_options, secagg,
+         program_formats, pte_kernels, username, password, ca_file, insecure) -> None:
     """Run an edge aggregator: a device of the server's fleet, the server of its own group.
 
     Register the edge on the server (`devices add --run-dir SERVER_DIR --tier T EDGE_ID`)
@@ -64,6 +67,8 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
     method that is not a sum it forwards each member's update (bundle tasks). With
     `--secagg` (a generic edge, at least 3 devices) each group round is a secure
     aggregation: the edge unmasks only its group's sum and sends that up (docs/privacy.md).
+    A generic edge exports its group's programs in `--programs` (e.g. pte/1 for torch-free
+    devices); FedConv's edge forwards the server's.
     """
     import signal
 
@@ -93,6 +98,7 @@ def edge(broker_url, fleet, edge_id, run_dir, tier, group_fleet, group_broker_ur
                                 pair_threshold=pair_threshold, projection_lambda=projection_lambda,
                                 projection_epochs=projection_epochs, warmup_epochs=warmup_epochs, seed=seed),
             method=method, method_options=parse_options(method_options), secagg=secagg,
+            program_formats=split_list(program_formats), pte_kernels=pte_kernels,
         )
         aggregator = EdgeAggregator(config)
     except (ValueError, SecurityDirError, FileNotFoundError) as exc:

@@ -58,12 +58,6 @@ def validate_values(params: dict) -> None:
         raise click.UsageError(f"--strong-share must be in (0, 1), got {params['strong_share']}")
     if params.get("edges") and params.get("grid") == "inprocess":
         raise click.UsageError("--edges runs edge aggregator processes on a broker: use --grid mqtt")
-    formats = [f.strip() for f in (params.get("program_formats") or "torchspec/1").split(",")]
-    if params.get("edges") and params["_command"] == "simulate" and (
-            "torchspec/1" not in formats or params.get("device_runtime") not in (None, "auto", "torch")):
-        raise click.UsageError("--edges: simulate's edges offer torchspec/1 programs only (an edge does not "
-                               "export pte/1 or ort/1 yet), so its devices must run torch: drop --programs / "
-                               "--device-runtime, or --edges")
     if params.get("devices") is not None and params.get("grid") == "mqtt" and params["devices"] > 64:
         warn(f"--devices {params['devices']} starts that many processes on this machine")
     split_tiers(params.get("tiers"))
@@ -186,6 +180,12 @@ def validate_method(params: dict) -> None:
     except (OptionError, ValueError) as exc:
         raise click.UsageError(one_line(exc)) from None
     check_model(params.get("model"), params)
+    formats = [f.strip() for f in (params.get("program_formats") or "torchspec/1").split(",")]
+    if cls.family == "conv" and params.get("edges") and params["_command"] == "simulate" and (
+            "torchspec/1" not in formats or params.get("device_runtime") not in (None, "auto", "torch")):
+        raise click.UsageError("--edges with FedConv: its clustering edges forward the server's programs and "
+                               "read the model from its torchspec/1 one, built for torch devices only: drop "
+                               "--programs / --device-runtime (generic edges of other methods export them)")
     outputs = model_outputs(params.get("model"), params.get("dataset")) if cls.family == "exit" else None
     check_tiers(cls, parsed, split_tiers(params.get("tiers")), bool(params.get("edges")), outputs, tier_map)
 

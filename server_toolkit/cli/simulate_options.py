@@ -81,7 +81,8 @@ device_options = stacked(
                  help="Devices online before a round starts (the start waits for the whole simulated fleet); "
                       "fewer: the round waits."),
     click.option("--fleet-timeout", default=180.0, show_default=True,
-                 help="Seconds a round waits for --min-devices to be online before the run fails."),
+                 help="Seconds a round waits for --min-devices to be online before the run fails; "
+                      "also how long the start waits for every device and edge (edges: for their devices)."),
     norm_bound_option,
     click.option("--broker", "broker_url", default=None,
                  help="mqtt://host:port of an existing broker "

@@ -90,7 +90,7 @@ class TalkHandler(logging.Handler):
     def _line(self, record: logging.LogRecord) -> str:
         text = record.getMessage()
         if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
+            text += "\n" + logging.Formatter().formatException(record.exc_info)
         if self.detailed:
             return f"{_clock()} {record.levelname} {record.name}: {text}"
         tag = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "

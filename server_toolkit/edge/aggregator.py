@@ -108,9 +108,14 @@ class EdgeConfig:
     method: str | None = None  # a generic edge for this method (edge/sum_relay.py); None: FedConv's relay
     method_options: dict = field(default_factory=dict)
     secagg: dict | None = None  # secure group rounds (edge/secure_group.py): SecAggSettings as a dict
+    program_formats: list[str] | None = None  # a generic edge's group programs (None: torchspec/1)
+    pte_kernels: str = "fused"  # ... the kernel set of their pte/1 ones (a refusing device: portable)
 
     def __post_init__(self) -> None:
         check_name("edge id", self.edge_id)
+        if self.method is None and self.program_formats not in (None, [modelspec.FORMAT]):
+            raise ValueError("--programs: FedConv's edge forwards the server's programs as received; "
+                             "give --programs to the server (or --method for a generic edge)")
         if self.secagg is not None and (self.method is None or min_group_error(self.min_devices, "--secagg")):
             raise ValueError(min_group_error(self.min_devices, "--secagg --min-devices")
                              or "--secagg needs a generic edge (--method)")
@@ -142,7 +147,8 @@ class EdgeAggregator:
         self.relay = EdgeRelay(config.options)
         group_method = self.sums or self.relay
         self.grid, stack = group_grid(self.down, self.registry, group_method, config.secagg,
-                                      config.options.seed)
+                                      config.options.seed, program_formats=config.program_formats,
+                                      pte_kernels=config.pte_kernels)
         self.group = RoundLoop(group_method, self.grid, LoopConfig(rounds=0, seed=config.options.seed,
                                                                     clients_per_round=config.clients_per_round),
                                run_dir=config.run_dir, aggregator=stack)

@@ -59,14 +59,17 @@ class SecureGroupSum(Aggregator):
         return self.method.adopt(group_partial(secure), global_weights)
 
 
-def group_grid(endpoint, registry, method: Method, secagg: dict | None,
-               seed: int) -> tuple[MqttGrid, Aggregator]:
+def group_grid(endpoint, registry, method: Method, secagg: dict | None, seed: int,
+               program_formats: list[str] | None = None,
+               pte_kernels: str = "fused") -> tuple[MqttGrid, Aggregator]:
     """An edge's group grid and group stack: plain (``secagg`` None) or secure (the settings
     of ``secagg/mqtt_grid.py:SecAggSettings`` as a dict; no norm bound: no update is in the
-    clear)."""
+    clear). Either exports its group's programs in ``program_formats`` (None: torchspec/1), pte/1
+    ones with ``pte_kernels`` (a device refusing them gets portable ones: ``rounds/kernel_fallback.py``)."""
+    programs = {"program_formats": program_formats, "pte_kernels": pte_kernels}
     if secagg is None:
-        return MqttGrid(endpoint, registry), edge_stack(method)
-    grid = SecAggMqttGrid(endpoint, registry, method, SecAggSettings(**secagg), seed=seed)
+        return MqttGrid(endpoint, registry, **programs), edge_stack(method)
+    grid = SecAggMqttGrid(endpoint, registry, method, SecAggSettings(**secagg), seed=seed, **programs)
     return grid, SecureGroupSum(EdgeFold(MethodAggregate(method)))
 
 

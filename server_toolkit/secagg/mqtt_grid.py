@@ -110,7 +110,7 @@ class SecAggMqttGrid(MqttGrid):
         with self._lock:
             self._open_round = None
             rejections = dict(self._rejections)
-        if metrics is None:
+        if not metrics:  # failed, or no device got as far as its masked vector (all dropped)
             return Exchange([], rejections, False)
         first = by_device[min(metrics)]
         updates = [ClientUpdate(dev, int(m["samples"]), {}, m, by_device[dev])

@@ -89,13 +89,16 @@ def register_group(edge_dir: Path, group: EdgeGroup, tiers: dict[str, str | None
 def start_edge_process(broker_url: str, fleet: str, group: EdgeGroup, edge_dir: Path, seed: int = 0,
                        python: str | None = None, method: str | None = None,
                        method_options: dict | None = None, secagg: dict | None = None,
-                       devices_wait_s: float = 120.0) -> subprocess.Popen:
+                       devices_wait_s: float = 120.0, programs: list[str] | None = None,
+                       pte_kernels: str | None = None) -> subprocess.Popen:
     """Start ``fedsdk-server edge`` for ``group``; it waits for all its devices
     (``devices_wait_s`` at most: ``simulate`` passes its ``--fleet-timeout``, since devices that
     import torch on a loaded machine can take minutes) before joining the server's fleet.
     ``method``: a generic edge for it (with ``method_options``); None: FedConv's edge.
     ``secagg``: its group rounds are secure (``SecAggSettings`` as a dict;
-    ``edge/secure_group.py``). Logs to ``<edge_dir>/edge.log``."""
+    ``edge/secure_group.py``). ``programs`` / ``pte_kernels``: the program formats a generic edge
+    exports for its group and their kernel set (``simulate``'s ``--programs`` / ``--pte-kernels``).
+    Logs to ``<edge_dir>/edge.log``."""
     cmd = [python or sys.executable, "-m", "server_toolkit.cli", "-v", "edge", "--broker", broker_url,
            "--fleet", fleet, "--edge-id", group.edge_id, "--run-dir", str(edge_dir),
            "--min-devices", str(len(group.device_ids)), "--devices-wait", str(devices_wait_s),
@@ -110,6 +113,10 @@ def start_edge_process(broker_url: str, fleet: str, group: EdgeGroup, edge_dir: 
         cmd += ["--secagg", "--secagg-threshold", str(secagg["threshold"])]
         if secagg.get("neighbours") is not None:
             cmd += ["--secagg-neighbours", str(secagg["neighbours"])]
+    if programs:
+        cmd += ["--programs", ",".join(programs)]
+    if pte_kernels is not None:
+        cmd += ["--pte-kernels", pte_kernels]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     edge_dir.mkdir(parents=True, exist_ok=True)
     with open(edge_dir / "edge.log", "ab") as log_file:

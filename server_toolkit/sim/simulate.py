@@ -187,7 +187,8 @@ class Simulation:
         for edge in self.edges:
             edge_dir = self.run_dir / "edges" / edge.edge_id
             generic = {"method": self.config.method, "method_options": self.config.method_options,
-                       "secagg": self.config.secagg} if self.generic_edges else {}
+                       "secagg": self.config.secagg, "programs": self.config.program_formats,
+                       "pte_kernels": self.config.pte_kernels} if self.generic_edges else {}
             self.edge_procs.append(start_edge_process(broker.url, self.config.fleet, edge, edge_dir,
                                                       seed=self.config.seed,
                                                       devices_wait_s=self.config.fleet_timeout_s, **generic))
@@ -314,7 +315,7 @@ class Simulation:
             # the start waits for the whole fleet; a round then goes on with whoever is online
             # (a killed device or edge must not hold the run) as long as min_devices are
             loop.config.min_devices = min(max(1, c.min_devices), expected)
-            online = self.wait_for_fleet(grid, expected, timeout_s=180)
+            online = self.wait_for_fleet(grid, expected, timeout_s=c.fleet_timeout_s)  # edges wait as long
             self.on_event("devices", {"online": online, "expected": expected})
             if online == 0:
                 raise RuntimeError(f"no device came online; see {self.run_dir}/devices/*/agent.log "

@@ -72,10 +72,12 @@ def test_the_docs_table_decides_every_pair_as_the_code_does():
 
 @pytest.mark.parametrize("extra", [["--programs", "pte/1"], ["--device-runtime", "executorch-native"]],
                          ids=["pte programs", "torch-free runtime"])
-def test_simulate_refuses_edges_whose_devices_cannot_run_the_torchspec_programs_edges_offer(extra, tmp_path):
+def test_simulate_refuses_fedconvs_edges_for_devices_that_cannot_run_the_torchspec_programs_they_forward(
+        extra, tmp_path):
     runner = CliRunner()
     with runner.isolated_filesystem(temp_dir=tmp_path):
-        result = runner.invoke(main, ["simulate", "--rounds", "1", "--devices", "4", "--edges", "2", *extra])
+        result = runner.invoke(main, ["simulate", "--method", "fedconv", "--rounds", "1", "--devices", "4",
+                                      "--edges", "2", *extra])
         assert result.exit_code == 2, result.output
-        assert "simulate's edges offer torchspec/1 programs only" in result.output
+        assert "--edges with FedConv: its clustering edges forward the server's programs" in result.output
         assert not any(tmp_path.rglob("runs"))

@@ -122,3 +122,21 @@ def test_a_secure_server_asks_only_secure_edges_and_never_mixes_edges_with_devic
     kept, edges_only = grid._edges(1, [device])
     assert [i.device_id for i in kept] == ["d1"] and not edges_only
     registry.close()
+
+
+def test_a_secure_round_whose_devices_all_dropped_before_masking_ends_without_updates(tmp_path, monkeypatch):
+    spec = model_spec("small_cnn", (1, 8, 8), 10)
+    method = FedAvg(spec, Recipe())
+    weights = method.initial_weights(0)
+    registry = FleetRegistry(tmp_path / "registry.sqlite")
+    grid = SecAggMqttGrid(None, registry, method, SecAggSettings())
+    grid.devices = {d: DeviceInfo(d, 9) for d in ("d1", "d2", "d3")}
+    for dev in grid.devices:
+        registry.add_device(dev)
+    monkeypatch.setattr(grid, "_say", lambda *args: None)
+    monkeypatch.setattr(grid, "_send_task", lambda *args: None)
+    monkeypatch.setattr(grid, "_run_stages", lambda *args: {})  # every device gone after the key exchange
+    grid.serve(method, weights)
+    exchange = grid.exchange(1, method.configure_train(1, weights, list(grid.devices.values())), 0.0, 3)
+    assert exchange.updates == [] and exchange.secure is None
+    registry.close()

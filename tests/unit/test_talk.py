@@ -4,6 +4,7 @@ line format, and per-device lines summarised when a fleet is large."""
 from __future__ import annotations
 
 import logging
+import sys
 
 from server_toolkit.cli import talk
 
@@ -75,3 +76,16 @@ def test_per_device_lines_show_again_in_the_next_window(capsys):
     out, err = capsys.readouterr()
     assert '... 10 more "device … went offline" lines in 11 s' in out
     assert err.count("went offline") == 51 and err.splitlines()[-1].endswith("device late went offline")
+
+
+def test_a_logged_exception_prints_its_traceback_under_the_line(capsys):
+    handler = talk.TalkHandler(clock=Clock())
+    try:
+        min([])
+    except ValueError:
+        record = logging.LogRecord("server_toolkit.edge.aggregator", logging.ERROR, __file__, 1,
+                                   "task %s failed", ("abc",), exc_info=sys.exc_info())
+    handler.emit(record)
+    err = capsys.readouterr().err
+    assert " error: task abc failed\nTraceback (most recent call last):" in err
+    assert err.rstrip().endswith("ValueError: min() arg is an empty sequence")
