@@ -97,7 +97,8 @@ def test_install_run_again_verify_unit_and_uninstall(wheel, tmp_path):
     # torch-free by default off a Jetson: the executorch wheel and the native shim built with g++
     native = prefix / "native" / "libfedsdk_executorch.so"
     assert "building the native ExecuTorch runtime" in first.stdout and native.is_file()
-    assert f"FEDSDK_NATIVE_LIB={native} {prefix}/venv/bin/fedsdk run" in first.stdout
+    assert (f"FEDSDK_NATIVE_LIB={native} FEDSDK_KERNELS_LIB={prefix}/native/libfedsdk_kernels.so "
+            f"{prefix}/venv/bin/fedsdk run") in first.stdout
 
     # The installed CLI starts, from the venv (not from this checkout).
     fedsdk = prefix / "venv" / "bin" / "fedsdk"
