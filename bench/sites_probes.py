@@ -70,8 +70,9 @@ def mib(value: float | None) -> str:
 
 class EdgeProfile:
     """py-spy sampling the edges' threads while they run (``--profile-edge DIR``): one
-    ``edge-k.txt`` of collapsed stacks per edge (``py-spy record --format raw``; on-CPU samples
-    only, so the counts share out the edge's CPU time). py-spy is looked for beside the Python
+    ``edge-k.txt`` of collapsed stacks per edge (``py-spy record --format raw --gil``: samples
+    of the thread holding the GIL, i.e. the edge's Python work; time in sqlite, fsync or numpy
+    kernels that release the GIL is not in it). py-spy is looked for beside the Python
     that runs the bench, then on PATH (``pip install py-spy``: a profiler, not a dependency)."""
 
     def __init__(self, out_dir: Path) -> None:
@@ -89,7 +90,7 @@ class EdgeProfile:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for k, pid in enumerate(pids, 1):
             self.procs.append(subprocess.Popen(
-                [self.exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--threads",
+                [self.exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--threads", "--gil",
                  "--nonblocking", "-o", str(self.out_dir / f"edge-{k}.txt")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
