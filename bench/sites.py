@@ -23,7 +23,11 @@ export), **restart** (SIGKILL of the server once round 3's tasks reached devices
 of round 4). Measured: peak RSS and CPU seconds of the server, edges, brokers and swarm, the
 bytes through each bridge (the kernel's count for its TCP socket), the brokers' dropped
 publishes (``$SYS``), and for round 2 every asked device: answered, refused or rejected (by
-code), or silent. A progress line every ``--every`` seconds. Run from the repository root::
+code), or silent; and the edges' CPU seconds from the end of round 1 to the end of round 2, per
+update accepted in round 2 (the cost of an edge per update: pull, check, fold, and sending the
+task). ``--no-restart`` stops after round 2; ``--profile-edge DIR`` samples the edges with py-spy
+during round 2 (``sites_probes.EdgeProfile``). A progress line every ``--every`` seconds. Run
+from the repository root::
 
     nice .venv/bin/python bench/sites.py --devices 100000 --sites 8 --selected 10000
 """

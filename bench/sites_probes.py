@@ -90,8 +90,8 @@ class EdgeProfile:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for k, pid in enumerate(pids, 1):
             self.procs.append(subprocess.Popen(
-                [self.exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--threads", "--gil",
-                 "--nonblocking", "-o", str(self.out_dir / f"edge-{k}.txt")],
+                [self.exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--threads",
+                 "--gil", "--nonblocking", "-o", str(self.out_dir / f"edge-{k}.txt")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def stop(self) -> None:
