@@ -23,7 +23,11 @@ export), **restart** (SIGKILL of the server once round 3's tasks reached devices
 of round 4). Measured: peak RSS and CPU seconds of the server, edges, brokers and swarm, the
 bytes through each bridge (the kernel's count for its TCP socket), the brokers' dropped
 publishes (``$SYS``), and for round 2 every asked device: answered, refused or rejected (by
-code), or silent. A progress line every ``--every`` seconds. Run from the repository root::
+code), or silent; and the edges' CPU seconds from the end of round 1 to the end of round 2, per
+update accepted in round 2 (the cost of an edge per update: pull, check, fold, and sending the
+task). ``--no-restart`` stops after round 2; ``--profile-edge DIR`` samples the edges with py-spy
+during round 2 (``sites_probes.EdgeProfile``). A progress line every ``--every`` seconds. Run
+from the repository root::
 
     nice .venv/bin/python bench/sites.py --devices 100000 --sites 8 --selected 10000
 """
@@ -48,7 +52,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from scale import FLEET, Server, Timeout, wait_for  # noqa: E402
 from scale_probes import BrokerWatch, ProcessSampler, hellos_logged, hellos_recorded, round_rows, rss_mb  # noqa: E402
-from sites_probes import account, bridge_bytes, group_round, mib  # noqa: E402
+from sites_probes import EdgeProfile, account, bridge_bytes, group_round, mib  # noqa: E402
 
 from server_toolkit.broker.bridge import bridge_config  # noqa: E402
 from server_toolkit.broker.mosquitto import MosquittoBroker  # noqa: E402
@@ -102,6 +106,12 @@ class Sites:
                 self.brokers[k].url, f"{FLEET}.edge-{k}", devices=self.group,
                 processes=math.ceil(self.group / a.per_process), first=(k - 1) * self.group,
                 connect_rate=a.connect_rate / a.sites, heartbeat_s=a.heartbeat)).start())
+
+    def edges_cpu(self) -> float:
+        """The edges' CPU seconds (user + system) so far, summed."""
+        for sampler in self.edge_samplers:
+            sampler.sample()
+        return sum(s.cpu_s for s in self.edge_samplers)
 
     def swarm_total(self, name: str) -> int:
         return sum(getattr(s.counters(), name) for s in self.swarms)
@@ -158,6 +168,7 @@ def run(workdir: Path, args) -> dict:
             "--prefix", "swarm-", "--start", str((k - 1) * group))
     fig["register s"] = time.monotonic() - started
     sites, servers, stop = Sites(workdir, args), [], threading.Event()
+    profile = EdgeProfile(args.profile_edge) if args.profile_edge is not None else None
     threading.Thread(target=progress, args=(sites, servers, started, stop, args.every), daemon=True).start()
 
     def server(rounds: int, resume: bool) -> Server:
@@ -177,27 +188,38 @@ def run(workdir: Path, args) -> dict:
         fig["joined s"] = time.monotonic() - t0
         print(f"all {args.devices} connected in {fig['connected s']:.0f} s, all {args.sites} edges joined in "
               f"{fig['joined s']:.0f} s", flush=True)
-        wait_for(lambda: 2 in round_rows(run_dir), args.timeout, "round 2", poll_s=0.5)
+        wait_for(lambda: 1 in round_rows(run_dir), args.timeout, "round 1", poll_s=0.2)
+        cpu_before = sites.edges_cpu()
+        if profile is not None:
+            profile.start([p.pid for p in sites.edges])
+        wait_for(lambda: 2 in round_rows(run_dir), args.timeout, "round 2", poll_s=0.2)
+        fig["edges CPU s in round K"] = sites.edges_cpu() - cpu_before
+        if profile is not None:
+            profile.stop()
         rows = round_rows(run_dir)
         fig["round 1 s"], fig["round K s"] = rows[1]["seconds"], rows[2]["seconds"]
         fig["round K"] = account([group_round(sites.edge_dir(k), 2) for k in range(1, args.sites + 1)])
         fig["round K edges accepted"] = rows[2]["accepted"]
+        fig["edge CPU ms per accepted update in round K"] = (
+            1000 * fig["edges CPU s in round K"] / max(1, fig["round K"]["accepted"]))
         fig["bridges after round K"] = sites.bridges()
         print(f"round 2: {fig['round K s']:.1f} s of server time, {fig['round K']}", flush=True)
-        tasks = sites.swarm_total("tasks")
-        wait_for(lambda: sites.swarm_total("tasks") > tasks, args.timeout, "round 3 tasks")
-        first.kill()
-        time.sleep(2.5)  # the swarm reports its counters once a second
-        tasks, restarted = sites.swarm_total("tasks"), time.monotonic()
-        second = server(rounds=4, resume=True)
-        wait_for(lambda: hellos_logged(second.log) >= args.sites, args.timeout, "edges back", poll_s=0.5)
-        fig["edges back s"] = time.monotonic() - restarted
-        wait_for(lambda: sites.swarm_total("tasks") > tasks, args.timeout, "a task after the restart")
-        fig["resume s"] = time.monotonic() - restarted
-        wait_for(second.finished, args.timeout, "round 4", poll_s=0.5)
-        rows = round_rows(run_dir)
-        fig["round 3 s"], fig["round after s"] = rows[3]["seconds"], rows[4]["seconds"]
-        fig["round after"] = account([group_round(sites.edge_dir(k), 4) for k in range(1, args.sites + 1)])
+        if not args.no_restart:
+            tasks = sites.swarm_total("tasks")
+            wait_for(lambda: sites.swarm_total("tasks") > tasks, args.timeout, "round 3 tasks")
+            first.kill()
+            time.sleep(2.5)  # the swarm reports its counters once a second
+            tasks, restarted = sites.swarm_total("tasks"), time.monotonic()
+            second = server(rounds=4, resume=True)
+            wait_for(lambda: hellos_logged(second.log) >= args.sites, args.timeout, "edges back", poll_s=0.5)
+            fig["edges back s"] = time.monotonic() - restarted
+            wait_for(lambda: sites.swarm_total("tasks") > tasks, args.timeout, "a task after the restart")
+            fig["resume s"] = time.monotonic() - restarted
+            wait_for(second.finished, args.timeout, "round 4", poll_s=0.5)
+            rows = round_rows(run_dir)
+            fig["round 3 s"], fig["round after s"] = rows[3]["seconds"], rows[4]["seconds"]
+            fig["round after"] = account([group_round(sites.edge_dir(k), 4)
+                                          for k in range(1, args.sites + 1)])
     except (Timeout, RuntimeError, KeyboardInterrupt) as exc:  # Ctrl-C or SIGTERM: stop, keep the figures
         fig["timeout"] = str(exc) or "interrupted"
         print(f"stopped: {exc}", file=sys.stderr, flush=True)
@@ -207,6 +229,8 @@ def run(workdir: Path, args) -> dict:
         totals = ("connects", "hellos", "tasks", "results", "reoffers", "accepted", "rejected", "refused")
         fig["swarm totals"] = {n: sites.swarm_total(n) for n in totals}
         stop.set()
+        if profile is not None:
+            profile.stop()
         for s in servers:
             s.stop()
         sites.stop()
@@ -245,6 +269,10 @@ def main() -> None:
     parser.add_argument("--round-timeout", type=float, default=300.0, help="the server's --round-timeout")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds any one wait may take")
     parser.add_argument("--every", type=float, default=15.0, help="seconds between progress lines")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="stop after round 2 (no server restart, no rounds 3-4)")
+    parser.add_argument("--profile-edge", type=Path, default=None,
+                        help="sample the edges with py-spy during round 2; collapsed stacks into this folder")
     parser.add_argument("--keep", type=Path, default=None, help="keep run directories and logs here")
     args = parser.parse_args()
     if args.devices % args.sites or args.selected % args.sites:

@@ -66,3 +66,42 @@ def account(rounds: list[dict]) -> dict:
 
 def mib(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
+
+
+class EdgeProfile:
+    """py-spy sampling the edges' threads while they run (``--profile-edge DIR``): one
+    ``edge-k.txt`` of collapsed stacks per edge (``py-spy record --format raw --gil``: samples
+    of the thread holding the GIL, i.e. the edge's Python work; time in sqlite, fsync or numpy
+    kernels that release the GIL is not in it). py-spy is looked for beside the Python
+    that runs the bench, then on PATH (``pip install py-spy``: a profiler, not a dependency)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        import shutil
+        import sys
+
+        beside = Path(sys.executable).parent / "py-spy"
+        self.exe = str(beside) if beside.exists() else shutil.which("py-spy")
+        if self.exe is None:
+            raise RuntimeError("--profile-edge needs py-spy (pip install py-spy)")
+        self.out_dir = out_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, pids: list[int]) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for k, pid in enumerate(pids, 1):
+            self.procs.append(subprocess.Popen(
+                [self.exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--threads",
+                 "--gil", "--nonblocking", "-o", str(self.out_dir / f"edge-{k}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def stop(self) -> None:
+        import signal
+
+        for proc in self.procs:
+            proc.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs = []

@@ -359,6 +359,13 @@ def _build(cls: type, obj: dict, where: str) -> Any:
         raise ProtocolError("invalid_field", f"{where}: {exc}") from None
 
 
+# What a scalar field's value must be, by its hint (one table: one per field was 5 % of an edge's time)
+_SCALAR_OK = {str: lambda v: isinstance(v, str) and len(v) <= MAX_STRING,
+              int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+              float: lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+              bool: lambda v: isinstance(v, bool), dict: lambda v: isinstance(v, dict)}
+
+
 def _check(hint: Any, value: Any, where: str) -> Any:
     """Check ``value`` against a field's type hint; return it (BlobRefs are built)."""
     origin = typing.get_origin(hint)
@@ -387,14 +394,7 @@ def _check(hint: Any, value: Any, where: str) -> Any:
             raise ProtocolError("invalid_field", f"{where}: expected a list")
         (item,) = typing.get_args(hint)
         return [_check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    ok = {
-        str: lambda v: isinstance(v, str) and len(v) <= MAX_STRING,
-        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-        float: lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
-        bool: lambda v: isinstance(v, bool),
-        dict: lambda v: isinstance(v, dict),
-    }[hint](value)
-    if not ok:
+    if not _SCALAR_OK[hint](value):
         raise ProtocolError("invalid_field", f"{where}: expected {hint.__name__}, got {value!r:.80}")
     return float(value) if hint is float else value
 

@@ -47,9 +47,18 @@ class Partial:
         for name, part in summands.items():
             if name not in global_weights:
                 raise ValueError(f"{name!r} is not a global tensor")
-            shape = global_weights[name].shape
-            sums = self.sums.setdefault(name, np.zeros(shape, np.float64))
-            cover = self.cover.setdefault(name, np.zeros(shape, np.float64))
+            sums, cover = self.sums.get(name), self.cover.get(name)
+            if sums is None:
+                shape = global_weights[name].shape
+                sums = self.sums[name] = np.zeros(shape, np.float64)
+                cover = self.cover[name] = np.zeros(shape, np.float64)
+            if not part.indices and np.ndim(part.weight) == 0:  # a whole tensor, one weight (FedAvg)
+                if part.values.shape != sums.shape:
+                    raise ValueError(f"{name}: values {part.values.shape} do not fit {sums.shape}")
+                weight = float(part.weight)  # the same float64 sums as the general case, bit for bit
+                sums += part.values.astype(np.float64) * weight
+                cover += weight
+                continue
             block = np.ix_(*part.indices) if part.indices else ...
             if part.values.shape != sums[block].shape:
                 raise ValueError(f"{name}: values {part.values.shape} do not fit their block "

@@ -128,6 +128,8 @@ class FleetRegistry(FleetMembers):
         rollback to the best model honestly gives the same bytes again."""
         rows = self._query("SELECT task_id FROM updates WHERE device_id=? AND blob_id=? AND task_id<>?",
                            (device_id, blob_id, task_id))
+        if not rows:  # the usual case: no task record to read
+            return None
         given = _sent_weights(self.task(task_id))
         for row in rows:
             if given is None or _sent_weights(self.task(row["task_id"])) != given:

@@ -36,7 +36,12 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE TABLE IF NOT EXISTS rejections (
     id INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER, device_id TEXT, task_id TEXT,
     code TEXT, detail TEXT, at REAL);
+CREATE INDEX IF NOT EXISTS updates_device_blob ON updates(device_id, blob_id);
+CREATE INDEX IF NOT EXISTS updates_round ON updates(round);
 """
+# The two indexes (stop 38): ``replayed`` looks up a device's updates by blob for every pulled
+# result and ``updates``/``count_updates`` a round's; without them each was a scan of every
+# update of the run, so an edge's cost per update grew with the run (issue 31).
 SCHEMA = FLEET_SCHEMA + RUN_SCHEMA
 # Columns added after the first release; old registries gain them on open.
 DEVICE_COLUMNS = {"pair_profile": "TEXT", "tier_reason": "TEXT", "password_hash": "TEXT",

@@ -84,7 +84,11 @@ def bound_updates(rnd: int, updates: list[ClientUpdate], factor: float) -> tuple
         if len(have) < 2:
             continue
         sent = {i: out[i].instruction.all_models()[name].weights for i in have}
-        rms = {i: delta_rms(sent[i], out[i].arrays[name]) for i in have}
+        wide: dict[int, Weights] = {}  # id(sent weights) -> them in float64: most updates share one
+        for i in have:
+            if id(sent[i]) not in wide:
+                wide[id(sent[i])] = {k: np.asarray(v, np.float64) for k, v in sent[i].items()}
+        rms = {i: delta_rms(wide[id(sent[i])], out[i].arrays[name]) for i in have}
         bound = factor * statistics.median_low(rms.values())
         for i in have:
             if rms[i] <= bound:

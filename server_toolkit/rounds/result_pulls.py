@@ -44,7 +44,7 @@ class ResultPulls:
         """Pull, validate and persist one result's array records, then acknowledge it (fetch thread).
         ``comebacks``: the device's count of returns online when its result arrived."""
         try:
-            self._pull_result(dev, result, pending)
+            decoded = self._pull_result(dev, result, pending)
         except ProtocolError as err:
             if err.code == "not_offered" and self.endpoint.comebacks.get(dev, 0) != comebacks:
                 log.info("%s restarted: its result of task %s is gone; the task is sent again", dev,
@@ -73,6 +73,7 @@ class ResultPulls:
                 log.info("task %s of %s already has an accepted result", result.task_id[:8], dev)
                 return
             pending.answered = True  # one result per task
+            pending.decoded = decoded
             metrics = {k: v for k, v in result.metrics.items() if k != ARRAYS_KEY}  # the server's key
             metrics[ARRAYS_KEY] = {name: ref.id for name, ref in result.arrays.items() if name != MODEL}
             self.registry.add_update(pending.round, dev, result.task_id, result.arrays[MODEL].id,
@@ -84,9 +85,11 @@ class ResultPulls:
         log.info("round %d: accepted update from %s (%d samples)", pending.round, dev,
                  result.metrics["samples"])
 
-    def _pull_result(self, dev: str, result: msgs.Result, pending: PendingTask) -> None:
-        """Pull and check every array record of ``result`` (raises ProtocolError; OwnDataError
-        when a record pulled from the device and matching its id is no valid update)."""
+    def _pull_result(self, dev: str, result: msgs.Result, pending: PendingTask) -> dict[str, dict]:
+        """Pull and check every array record of ``result``; returns them decoded (record name ->
+        tensors). Raises ProtocolError; OwnDataError when a record pulled from the device and
+        matching its id is no valid update."""
+        decoded = {}
         for name, ref in sorted(result.arrays.items()):
             if not self._task_open(pending):
                 raise ProtocolError("round_closed", f"round {pending.round} closed during the pull")
@@ -104,4 +107,5 @@ class ResultPulls:
             # same bytes every round): the replay rule is for a device's own update
             replay_of = None if is_bundle(pending.instruction) else self.registry.replayed(
                 dev, ref.id, result.task_id)
-            check_pulled(name, data, pending, replay_of)
+            decoded[name] = check_pulled(name, data, pending, replay_of)
+        return decoded

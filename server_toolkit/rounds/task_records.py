@@ -54,16 +54,20 @@ def instruction_from_record(record: dict, store: BlobStore) -> TrainInstruction:
 
 
 def stored_update(row: dict, instruction: TrainInstruction | None, registry: FleetRegistry,
-                  store: BlobStore) -> ClientUpdate:
+                  store: BlobStore, decoded: dict[str, dict] | None = None) -> ClientUpdate:
     """An accepted update (a registry row) with the instruction it answered: ``instruction``,
-    or (accepted before a restart) the one persisted in its task record."""
-    weights = decode_tensors(store.get(row["blob_id"]))
+    or (accepted before a restart) the one persisted in its task record. ``decoded``: its
+    array records as already decoded (record name -> tensors; None: read from ``store``)."""
+    arrays = row["metrics"].get(ARRAYS_KEY, {})
+    if decoded is not None and MODEL in decoded and set(arrays) <= set(decoded):
+        weights, others = decoded[MODEL], {name: decoded[name] for name in arrays}
+    else:
+        weights = decode_tensors(store.get(row["blob_id"]))
+        others = {name: decode_tensors(store.get(blob)) for name, blob in arrays.items()}
     if instruction is None:
         record = registry.task(row["task_id"])
         if record is None:
             raise RuntimeError(f"task {row['task_id']} of an accepted update has no record")
         instruction = instruction_from_record(record, store)
-    others = {name: decode_tensors(store.get(blob))
-              for name, blob in row["metrics"].get(ARRAYS_KEY, {}).items()}
     metrics = {k: v for k, v in row["metrics"].items() if k != ARRAYS_KEY}
     return ClientUpdate(row["device_id"], row["num_samples"], weights, metrics, instruction, others)

@@ -163,3 +163,24 @@ def test_concurrent_writes_from_threads(reg):
     for t in threads:
         t.join()
     assert reg.count_updates(1) == 80
+
+
+
+def test_the_replay_check_and_a_rounds_updates_are_looked_up_by_index_not_by_scanning_the_run(db_path):
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as old:  # a registry made before the indexes existed
+        old.execute("CREATE TABLE updates (id INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER, "
+                    "device_id TEXT, task_id TEXT UNIQUE, blob_id TEXT, num_samples INTEGER, metrics TEXT, "
+                    "received_at REAL)")
+    reg = FleetRegistry(db_path)  # opening it adds them
+    try:
+        for sql, args in [("SELECT task_id FROM updates WHERE device_id=? AND blob_id=? AND task_id<>?",
+                           ("d", "b", "t")), ("SELECT * FROM updates WHERE round=? ORDER BY id", (1,))]:
+            plan = [row[-1] for row in reg._db.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+            assert plan and plan[0].startswith("SEARCH updates USING INDEX"), plan
+        reg.add_update(1, "d1", "t1", "b" * 64, 5, {})
+        reg.add_update(2, "d1", "t2", "b" * 64, 5, {})
+        assert reg.replayed("d1", "b" * 64, "t2") == "t1"  # (no task records: a replay)
+        assert reg.replayed("d1", "c" * 64, "t3") is None
+    finally:
+        reg.close()

@@ -22,7 +22,7 @@ class ServedBlobs:
 
 
 def test_the_pacer_holds_the_next_task_until_a_loading_device_got_its_blobs_or_was_resolved():
-    pacer, endpoint, resolved = TaskPacer(window=2), ServedBlobs(), set()
+    pacer, endpoint, resolved = TaskPacer(window=2, recheck_s=0.0), ServedBlobs(), set()
     pacer.begin()
     pacer.sent("a", ["w1", "w2"])
     assert pacer.has_room(endpoint, resolved)
@@ -44,6 +44,17 @@ def test_a_device_that_never_pulls_stops_counting_after_the_load_timeout():
     assert not pacer.has_room(ServedBlobs(), set())
     time.sleep(0.1)
     assert pacer.has_room(ServedBlobs(), set())
+
+
+def test_a_full_window_is_looked_at_again_only_after_the_recheck_interval():
+    pacer, endpoint = TaskPacer(window=1, recheck_s=0.2), ServedBlobs()
+    pacer.begin()
+    pacer.sent("a", ["w"])
+    assert not pacer.has_room(endpoint, set())
+    endpoint.done.add(("a", "w"))
+    assert not pacer.has_room(endpoint, set())  # asked again at once: not looked at yet
+    time.sleep(0.25)
+    assert pacer.has_room(endpoint, set())
 
 
 def test_a_window_below_one_is_refused():
