@@ -131,7 +131,8 @@ def with_width_tiers(family: str, tiers: list[str] | None) -> tuple:
     except ValueError:
         raise SystemExit(f"--width-tiers {tiers}: expected width ratios, e.g. 1.0 0.5 0.125") from None
     small = {**ALL_SMALL_WIDTH, "small_model": f"width:{smallest:g}"}
-    entries = [(label, method, small if method == "allsmall" else options) for label, method, options in entries]
+    entries = [(label, method, small if method == "allsmall" else options)
+               for label, method, options in entries]
     return model, list(tiers), entries, extra
 
 
@@ -153,7 +154,8 @@ def selected(family: str, arms: list[str] | None, methods: list[str] | None = No
 
 def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """{label: {tier or "global": [value per seed]}} of one family at Dirichlet ``alpha``."""
-    model, tiers, entries, extra = selected(family, args.arms, args.methods, args.method_option, args.width_tiers)
+    model, tiers, entries, extra = selected(family, args.arms, args.methods, args.method_option,
+                                            args.width_tiers)
     results: dict[str, dict[str, list[float]]] = {}
     for seed in args.seeds:  # seeds outermost: a bench stopped early has every arm of its first seeds
         for label, method, options in entries:

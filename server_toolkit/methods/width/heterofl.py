@@ -23,6 +23,11 @@ the round and the device id): FjORD's ordered dropout (Horvath et al., 2021), dr
 instead of per batch so the device runtimes and programs stay as they are. Why: in plain
 HeteroFL only the smallest tier trains the smallest window as a model of its own; the others
 train it inside a wider one, and its deployable accuracy lagged AllSmall's.
+
+Option ``train_widths_weight`` (issue 32; default 1.0, the uniform draw above): the weight of
+each ``train_widths`` ratio in that draw against the device's own ratio's weight 1, e.g. 0.5
+(a narrower window half as likely as the own one: the wide windows keep more of their
+training) or 2.0 (the narrow windows trained more often, toward AllSmall's small model).
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ class HeteroFLOptions(WidthOptions):
     train_widths: list[float] = option(
         [], "Ratios in (0, 1) a wider device may train instead of its own, drawn each round, e.g. "
         "[0.5, 0.25] (FjORD's ordered dropout per round; default none: its own ratio).")
+    train_widths_weight: float = option(
+        1.0, "Weight of each train_widths ratio in a device's draw against its own ratio's 1, "
+        "e.g. 0.5 or 2.0 (default 1.0: uniform).")
 
 
 class HeteroFL(WidthSharedMethod):
@@ -67,6 +75,10 @@ class HeteroFL(WidthSharedMethod):
             if bad := [r for r in getattr(self.options, name)
                        if not isinstance(r, int | float) or isinstance(r, bool) or not 0 < r < 1]:
                 raise OptionError(f"method 'heterofl': option {name} takes ratios in (0, 1), got {bad}")
+        weight = self.options.train_widths_weight
+        if not isinstance(weight, int | float) or isinstance(weight, bool) or not weight > 0:
+            raise OptionError(
+                f"method 'heterofl': option train_widths_weight takes a number > 0, got {weight!r}")
 
     def initial_weights(self, seed: int) -> Weights:
         """A fresh full model, each ``fresh_windows`` window overwritten by a fresh model of its
@@ -86,13 +98,18 @@ class HeteroFL(WidthSharedMethod):
 
     def training_ratio(self, round_number: int, device: DeviceInfo) -> float:
         """The ratio ``device`` trains in ``round_number``: its own, or one of ``train_widths``
-        below it drawn uniformly (deterministic in the round and the device id)."""
+        below it, drawn with weight ``train_widths_weight`` each against the own ratio's 1
+        (deterministic in the round and the device id)."""
         ratio = self.ratio_of(device)
         choices = sorted({ratio, *(float(r) for r in self.options.train_widths if r < ratio)})
         if len(choices) == 1:
             return ratio
         rng = np.random.default_rng([round_number, zlib.crc32(device.device_id.encode())])
-        return choices[int(rng.integers(len(choices)))]
+        weight = float(self.options.train_widths_weight)
+        if weight == 1.0:  # the uniform draw, as before the option
+            return choices[int(rng.integers(len(choices)))]
+        odds = np.array([weight] * (len(choices) - 1) + [1.0])  # choices ascend: the own ratio last
+        return choices[int(rng.choice(len(choices), p=odds / odds.sum()))]
 
     def plan_for(self, round_number: int, device: DeviceInfo) -> WidthPlan:
         ratio = self.training_ratio(round_number, device)
