@@ -68,3 +68,18 @@ def test_train_widths_weight_makes_the_narrower_windows_rarer_or_more_frequent_t
     assert abs(own_share(1.0) - 1 / 3) < 0.06
     with pytest.raises(OptionError, match=r"train_widths_weight takes a number > 0, got 0"):
         method_class("heterofl")(SPEC, Recipe(), train_widths=[0.5], train_widths_weight=0)
+
+
+def test_narrowest_owns_gives_each_element_the_mean_of_the_narrowest_windows_trained_over_it() -> None:
+    from server_toolkit.methods.width.coverage import coverage_average, narrowest_average
+
+    zeros = {"w": np.zeros((4, 4))}
+    rows = (np.arange(2), np.arange(2))
+    whole = (np.arange(4), np.arange(4))
+    small = ({"w": np.ones((2, 2))}, {"w": rows}, 10.0)
+    wide = ({"w": np.full((4, 4), 3.0)}, {"w": whole}, 10.0)
+    owned = narrowest_average(zeros, [(1.0, wide), (0.5, small)])["w"]
+    assert np.all(owned[:2, :2] == 1.0) and np.all(owned[2:, :] == 3.0) and np.all(owned[:, 2:] == 3.0)
+    assert np.all(coverage_average(zeros, [wide, small])["w"][:2, :2] == 2.0)  # plain HeteroFL mixes them
+    method = method_class("heterofl")(SPEC, Recipe(), narrowest_owns=True)
+    assert method.weighted_sum is None and method_class("heterofl")(SPEC, Recipe()).weighted_sum is not None
