@@ -81,5 +81,9 @@ def test_narrowest_owns_gives_each_element_the_mean_of_the_narrowest_windows_tra
     owned = narrowest_average(zeros, [(1.0, wide), (0.5, small)])["w"]
     assert np.all(owned[:2, :2] == 1.0) and np.all(owned[2:, :] == 3.0) and np.all(owned[:, 2:] == 3.0)
     assert np.all(coverage_average(zeros, [wide, small])["w"][:2, :2] == 2.0)  # plain HeteroFL mixes them
-    method = method_class("heterofl")(SPEC, Recipe(), narrowest_owns=True)
-    assert method.weighted_sum is None and method_class("heterofl")(SPEC, Recipe()).weighted_sum is not None
+    from server_toolkit.methods.capability import EDGES, why_not
+
+    owning = method_class("heterofl")(SPEC, Recipe(), narrowest_owns=True)
+    assert "narrowest_owns" in why_not(owning, EDGES)
+    assert why_not(method_class("heterofl")(SPEC, Recipe()), EDGES) is None  # still a sum by default
+    assert why_not(method_class("heterofl"), EDGES) is None

@@ -52,6 +52,7 @@ from fedcore.recipe import Recipe
 from ...submodels.offsets import heterofl_offsets
 from ...submodels.width import WidthPlan, extract, plan_args
 from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
+from ..capability import WINDOW, WeightedSum
 from ..options import OptionError, option
 from ..target_accuracy import TargetAccuracy, role_by_tier_name
 from .coverage import narrowest_average
@@ -81,6 +82,9 @@ class HeteroFL(WidthSharedMethod):
     example = "--tiers 1.0,0.75,0.5,0.25"
     Options = HeteroFLOptions
     options: HeteroFLOptions
+    # declared again: aggregate_train below is coverage_average unless narrowest_owns (then the
+    # instance says None, __init__)
+    weighted_sum = WeightedSum(WINDOW)
 
     def __init__(self, global_spec: dict, recipe: Recipe, **options) -> None:
         super().__init__(global_spec, recipe, **options)
@@ -95,6 +99,8 @@ class HeteroFL(WidthSharedMethod):
                 f"method 'heterofl': option train_widths_weight takes a number > 0, got {weight!r}")
         if self.options.narrowest_owns:
             self.weighted_sum = None  # module docstring
+            self.not_a_sum = ("with narrowest_owns it averages each element over the narrowest "
+                              "windows trained over it, not over every covering update")
 
     def initial_weights(self, seed: int) -> Weights:
         """A fresh full model, each ``fresh_windows`` window overwritten by a fresh model of its
