@@ -6,7 +6,8 @@ tier's devices train that tier's model among themselves), Dirichlet α (each ``-
 several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>``
 (``methods/tier_accuracy.py``) averaged over the last ``--last-k`` rounds. Families:
 
-* ``width``: HeteroFL on lenet5, tiers 1.0 / 0.5 / 0.25; AllSmall at width 0.25;
+* ``width``: HeteroFL on lenet5, tiers 1.0 / 0.5 / 0.25 (``--width-tiers`` sets others, e.g.
+  1.0 0.5 0.125); AllSmall at the smallest tier's width;
 * ``exit``: DepthFL on lenet5_multi_exit, tiers 2 / 1; AllSmall = FedAvg-S (the tier-1 prefix);
 * ``exit-vgg``: the same on vgg_multi_exit, tiers 3 / 2 / 1 (heavy);
 * ``exit-sd``: DepthFL with and without its self-distillation, lenet5_multi_exit;
