@@ -6,7 +6,8 @@ tier's devices train that tier's model among themselves), Dirichlet α (each ``-
 several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>``
 (``methods/tier_accuracy.py``) averaged over the last ``--last-k`` rounds. Families:
 
-* ``width``: HeteroFL on lenet5, tiers 1.0 / 0.5 / 0.25; AllSmall at width 0.25;
+* ``width``: HeteroFL on lenet5, tiers 1.0 / 0.5 / 0.25 (``--width-tiers`` sets others, e.g.
+  1.0 0.5 0.125); AllSmall at the smallest tier's width;
 * ``exit``: DepthFL on lenet5_multi_exit, tiers 2 / 1; AllSmall = FedAvg-S (the tier-1 prefix);
 * ``exit-vgg``: the same on vgg_multi_exit, tiers 3 / 2 / 1 (heavy);
 * ``exit-sd``: DepthFL with and without its self-distillation, lenet5_multi_exit;
@@ -120,12 +121,28 @@ def method_rows(family: str, names: list[str], options: dict) -> list[tuple[str,
     return rows
 
 
+def with_width_tiers(family: str, tiers: list[str] | None) -> tuple:
+    """``FAMILIES[family]``; for the width family with ``tiers`` given (e.g. 1.0, 0.5, 0.125),
+    those tiers and AllSmall at the smallest of them (the fleet's weakest device's model)."""
+    model, default_tiers, entries, extra = FAMILIES[family]
+    if family != "width" or not tiers:
+        return model, default_tiers, entries, extra
+    try:
+        smallest = min(float(t) for t in tiers)
+    except ValueError:
+        raise SystemExit(f"--width-tiers {tiers}: expected width ratios, e.g. 1.0 0.5 0.125") from None
+    small = {**ALL_SMALL_WIDTH, "small_model": f"width:{smallest:g}"}
+    entries = [(label, method, small if method == "allsmall" else options)
+               for label, method, options in entries]
+    return model, list(tiers), entries, extra
+
+
 def selected(family: str, arms: list[str] | None, methods: list[str] | None = None,
-             options: dict | None = None) -> tuple:
-    """``FAMILIES[family]``, its method row replaced by ``methods``' rows when given
-    (``method_rows``), with only the entries whose label is in ``arms`` (all if None);
+             options: dict | None = None, width_tiers: list[str] | None = None) -> tuple:
+    """``FAMILIES[family]`` (``with_width_tiers``), its method row replaced by ``methods``' rows
+    when given (``method_rows``), with only the entries whose label is in ``arms`` (all if None);
     SystemExit naming the family's labels if one of ``arms`` is not among them."""
-    model, tiers, entries, extra = FAMILIES[family]
+    model, tiers, entries, extra = with_width_tiers(family, width_tiers)
     if methods:
         entries = method_rows(family, methods, options or {}) + entries[1:]
     if arms is not None:
@@ -138,7 +155,8 @@ def selected(family: str, arms: list[str] | None, methods: list[str] | None = No
 
 def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """{label: {tier or "global": [value per seed]}} of one family at Dirichlet ``alpha``."""
-    model, tiers, entries, extra = selected(family, args.arms, args.methods, args.method_option)
+    model, tiers, entries, extra = selected(family, args.arms, args.methods, args.method_option,
+                                            args.width_tiers)
     results: dict[str, dict[str, list[float]]] = {}
     for seed in args.seeds:  # seeds outermost: a bench stopped early has every arm of its first seeds
         for label, method, options in entries:
@@ -187,11 +205,14 @@ def main() -> None:
     parser.add_argument("--method-option", type=method_option, action="append", default=None,
                         help="KEY=JSON option of the --methods rows (repeatable), e.g. "
                         "'fresh_windows=[0.5,0.25]'; named in the row's label.")
+    parser.add_argument("--width-tiers", nargs="+", default=None,
+                        help="The width family's tiers (ratios, largest first), e.g. 1.0 0.5 0.125; AllSmall "
+                        "then trains the smallest (default: 1.0 0.5 0.25).")
     args = parser.parse_args()
     args.method_option = dict(args.method_option or [])
     started = time.monotonic()
     for family in args.families:
-        _, tiers, entries, _ = selected(family, args.arms, args.methods, args.method_option)
+        _, tiers, entries, _ = selected(family, args.arms, args.methods, args.method_option, args.width_tiers)
         for alpha in args.alphas:
             results = run_family(family, alpha, args)
             print(f"{family}: {args.dataset}, α {alpha}, seeds {args.seeds}, {args.rounds} rounds",

@@ -51,3 +51,39 @@ def test_train_widths_draws_each_round_a_ratio_at_most_the_devices_own_and_deplo
     assert drawn["1.0"] == [method.plan_for(r, full).ratio for r in range(1, 61)]  # deterministic
     assert method.deployable(method.initial_weights(0), full)[0] == method.layout.plan(1.0, {}).spec
     assert {method_class("heterofl")(SPEC, Recipe()).plan_for(r, full).ratio for r in range(1, 9)} == {1.0}
+
+
+def test_train_widths_weight_makes_the_narrower_windows_rarer_or_more_frequent_than_the_own_one() -> None:
+    full = DeviceInfo("d1.0", 100, tier="1.0")
+
+    def own_share(weight: float) -> float:
+        method = method_class("heterofl")(SPEC, Recipe(), train_widths=[0.5, 0.25],
+                                          train_widths_weight=weight)
+        drawn = [method.training_ratio(r, full) for r in range(1, 601)]
+        assert set(drawn) == {1.0, 0.5, 0.25}
+        return drawn.count(1.0) / len(drawn)
+
+    # own ratio's probability 1 / (1 + 2 w): 2/3 at w 0.25, 1/3 at w 1, 1/5 at w 2
+    assert abs(own_share(0.25) - 2 / 3) < 0.06 and abs(own_share(2.0) - 1 / 5) < 0.06
+    assert abs(own_share(1.0) - 1 / 3) < 0.06
+    with pytest.raises(OptionError, match=r"train_widths_weight takes a number > 0, got 0"):
+        method_class("heterofl")(SPEC, Recipe(), train_widths=[0.5], train_widths_weight=0)
+
+
+def test_narrowest_owns_gives_each_element_the_mean_of_the_narrowest_windows_trained_over_it() -> None:
+    from server_toolkit.methods.width.coverage import coverage_average, narrowest_average
+
+    zeros = {"w": np.zeros((4, 4))}
+    rows = (np.arange(2), np.arange(2))
+    whole = (np.arange(4), np.arange(4))
+    small = ({"w": np.ones((2, 2))}, {"w": rows}, 10.0)
+    wide = ({"w": np.full((4, 4), 3.0)}, {"w": whole}, 10.0)
+    owned = narrowest_average(zeros, [(1.0, wide), (0.5, small)])["w"]
+    assert np.all(owned[:2, :2] == 1.0) and np.all(owned[2:, :] == 3.0) and np.all(owned[:, 2:] == 3.0)
+    assert np.all(coverage_average(zeros, [wide, small])["w"][:2, :2] == 2.0)  # plain HeteroFL mixes them
+    from server_toolkit.methods.capability import EDGES, why_not
+
+    owning = method_class("heterofl")(SPEC, Recipe(), narrowest_owns=True)
+    assert "narrowest_owns" in why_not(owning, EDGES)
+    assert why_not(method_class("heterofl")(SPEC, Recipe()), EDGES) is None  # still a sum by default
+    assert why_not(method_class("heterofl"), EDGES) is None

@@ -53,3 +53,22 @@ def coverage_average(global_weights: Weights, contributions: list[Contribution])
         merged = np.where(counts > 0, total, current)
         out[name] = (np.rint(merged) if current.dtype.kind in "iu" else merged).astype(current.dtype)
     return out
+
+
+def narrowest_average(global_weights: Weights, contributions: list[tuple[float, Contribution]]) -> Weights:
+    """``coverage_average`` where each element takes only the covering contributions of the
+    smallest trained ratio among them: ``contributions`` are (ratio, contribution) pairs,
+    averaged one ratio at a time from the narrowest, each group writing the elements no
+    narrower group covered (HeteroFL's ``narrowest_owns``)."""
+    out = dict(global_weights)
+    owned = {name: np.zeros(value.shape, bool) for name, value in global_weights.items()}
+    for ratio in sorted({r for r, _ in contributions}):
+        group = [c for r, c in contributions if r == ratio and c[2] > 0]
+        merged = coverage_average(global_weights, group)
+        for name in global_weights:
+            blocks = [(index_map[name], 1.0) for _, index_map, _ in group if name in index_map]
+            covered = coverage_counts(global_weights[name].shape, blocks) > 0
+            fresh = covered & ~owned[name]
+            out[name] = np.where(fresh, merged[name], out[name]).astype(global_weights[name].dtype)
+            owned[name] |= covered
+    return out
