@@ -101,6 +101,54 @@ void gather_pixel(const float* const* src, const float* const* wt, int taps, int
   if (n0 < n_count) gather_tail(src, wt, taps, m_count, n_count, n0, init, out);
 }
 
+// gather_block for kQuad pixels at once: pixel p reads src[tap] + p * step and writes out + p * out_step.
+// Each weight vector loaded feeds kQuad FMAs (gather_block: one), which is what makes it fast; each
+// output's sum runs in one fixed order (taps, then m), whatever the slicing.
+constexpr int kQuad = 4;
+
+FK_INLINE void gather_quad_block(const float* const* src, size_t step, const float* const* wt, int taps,
+                                 int m_count, int n_count, int n0, const float* init, float* out,
+                                 size_t out_step) {
+  v8 a0 = {}, a1 = {}, b0 = {}, b1 = {}, c0 = {}, c1 = {}, d0 = {}, d1 = {};
+  const size_t stride = n_count;
+  for (int tap = 0; tap < taps; ++tap) {
+    const float* s = src[tap];
+    const float* w = wt[tap] + n0;
+    for (int m = 0; m < m_count; ++m, w += stride) {
+      const v8 w0 = load8(w), w1 = load8(w + 8);
+      const float sa = s[m], sb = s[step + m], sc = s[2 * step + m], sd = s[3 * step + m];
+      a0 += sa * w0, a1 += sa * w1;
+      b0 += sb * w0, b1 += sb * w1;
+      c0 += sc * w0, c1 += sc * w1;
+      d0 += sd * w0, d1 += sd * w1;
+    }
+  }
+  if (init) {
+    const v8 lo = load8(init + n0), hi = load8(init + n0 + 8);
+    a0 += lo, a1 += hi, b0 += lo, b1 += hi, c0 += lo, c1 += hi, d0 += lo, d1 += hi;
+  }
+  float* o = out + n0;
+  store8(o, a0), store8(o + 8, a1);
+  store8(o + out_step, b0), store8(o + out_step + 8, b1);
+  store8(o + 2 * out_step, c0), store8(o + 2 * out_step + 8, c1);
+  store8(o + 3 * out_step, d0), store8(o + 3 * out_step + 8, d1);
+}
+
+// kQuad neighbouring pixels that read the same taps (src[tap] + p * step): full blocks together,
+// the channel tail per pixel.
+void gather_quad(const float** src, size_t step, const float* const* wt, int taps, int m_count, int n_count,
+                 const float* init, float* out, size_t out_step) {
+  int n0 = 0;
+  for (; n0 + kBlock <= n_count; n0 += kBlock)
+    gather_quad_block(src, step, wt, taps, m_count, n_count, n0, init, out, out_step);
+  if (n0 == n_count) return;
+  for (int p = 0; p < kQuad; ++p) {
+    gather_tail(src, wt, taps, m_count, n_count, n0, init, out + p * out_step);
+    for (int tap = 0; tap < taps; ++tap) src[tap] += step;
+  }
+  for (int tap = 0; tap < taps; ++tap) src[tap] -= kQuad * step;
+}
+
 // Forward: out (B,Ho,Wo,O); wf = weight as [tap][c][o]. Output rows (b, oh) are sliced over threads.
 void conv_forward(const Geometry& g, const float* x, const float* weight, const float* bias, float* out) {
   const int kk = g.k * g.k;
@@ -112,7 +160,10 @@ void conv_forward(const Geometry& g, const float* x, const float* weight, const 
     std::vector<const float*> src(kk), wt(kk);
     for (size_t row = begin; row < end; ++row) {
       const int b = static_cast<int>(row / g.ho), oh = static_cast<int>(row % g.ho);
-      for (int ow = 0; ow < g.wo; ++ow) {
+      for (int ow = 0; ow < g.wo;) {
+        // kQuad pixels whose windows lie inside the row share their taps (pixel step stride * C).
+        const bool quad = ow + kQuad <= g.wo && ow * g.stride - g.pad >= 0 &&
+                          (ow + kQuad - 1) * g.stride - g.pad + g.k <= g.w;
         int taps = 0;
         for (int i = 0; i < g.k; ++i) {
           const int ih = oh * g.stride - g.pad + i;
@@ -125,7 +176,13 @@ void conv_forward(const Geometry& g, const float* x, const float* weight, const 
           }
         }
         float* dst = out + ((static_cast<size_t>(b) * g.ho + oh) * g.wo + ow) * g.o;
-        gather_pixel(src.data(), wt.data(), taps, g.c, g.o, bias, dst);
+        if (quad) {
+          gather_quad(src.data(), static_cast<size_t>(g.stride) * g.c, wt.data(), taps, g.c, g.o, bias, dst, g.o);
+          ow += kQuad;
+        } else {
+          gather_pixel(src.data(), wt.data(), taps, g.c, g.o, bias, dst);
+          ++ow;
+        }
       }
     }
   });
@@ -142,7 +199,10 @@ void conv_grad_input(const Geometry& g, const float* gy, const float* weight, fl
     std::vector<const float*> src(kk), wt(kk);
     for (size_t row = begin; row < end; ++row) {
       const int b = static_cast<int>(row / g.h), ih = static_cast<int>(row % g.h);
-      for (int iw = 0; iw < g.w; ++iw) {
+      for (int iw = 0; iw < g.w;) {
+        // Stride 1: kQuad pixels whose every tap lands inside grad_out share their taps (step O).
+        const bool quad = g.stride == 1 && iw + kQuad <= g.w && iw + g.pad - (g.k - 1) >= 0 &&
+                          iw + kQuad - 1 + g.pad < g.wo;
         int taps = 0;
         for (int i = 0; i < g.k; ++i) {
           const int sh = ih + g.pad - i;  // = oh * stride
@@ -155,7 +215,13 @@ void conv_grad_input(const Geometry& g, const float* gy, const float* weight, fl
           }
         }
         float* dst = gx + ((static_cast<size_t>(b) * g.h + ih) * g.w + iw) * g.c;
-        gather_pixel(src.data(), wt.data(), taps, g.o, g.c, nullptr, dst);
+        if (quad) {
+          gather_quad(src.data(), g.o, wt.data(), taps, g.o, g.c, nullptr, dst, g.c);
+          iw += kQuad;
+        } else {
+          gather_pixel(src.data(), wt.data(), taps, g.o, g.c, nullptr, dst);
+          ++iw;
+        }
       }
     }
   });
