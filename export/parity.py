@@ -120,8 +120,8 @@ def gradient_parity(program: bytes, spec: dict, weights: dict[str, np.ndarray], 
 
 def kink_margin(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray) -> float:
     """How far a float64 train-mode forward pass of ``x`` stays from the kinks of the loss:
-    the smallest |input| of any ReLU and the smallest gap between the largest and the second
-    largest value of any max-pool window.
+    the smallest |input| of any ReLU and the smallest non-zero gap between the largest and the
+    second largest value of any max-pool window.
 
     A gradient is only defined to float32 precision where this margin is larger than float32
     rounding (~1e-6 of the activations): closer, two correct float32 implementations may put
@@ -141,7 +141,10 @@ def kink_margin(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray) -> fl
         windows = torch.nn.functional.unfold(inputs[0].detach(), k, stride=k)  # (B, C*k*k, L)
         b, _, count = windows.shape
         top = windows.reshape(b, -1, k * k, count).topk(2, dim=2).values
-        smallest[0] = min(smallest[0], float((top[:, :, 0] - top[:, :, 1]).min()))
+        gaps = top[:, :, 0] - top[:, :, 1]
+        gaps = gaps[gaps > 0]  # exact ties (windows of ReLU zeros) go to the first maximum on every side
+        if gaps.numel():
+            smallest[0] = min(smallest[0], float(gaps.min()))
 
     hooks = [m.register_forward_hook(relu) for m in model.modules() if isinstance(m, nn.ReLU)]
     hooks += [m.register_forward_hook(pool) for m in model.modules() if isinstance(m, nn.MaxPool2d)]

@@ -134,62 +134,88 @@ FK_INLINE void gather_quad_block(const float* const* src, size_t step, const flo
   store8(o + 3 * out_step, d0), store8(o + 3 * out_step + 8, d1);
 }
 
-// kQuad neighbouring pixels that read the same taps (src[tap] + p * step): full blocks together,
-// the channel tail per pixel.
-void gather_quad(const float** src, size_t step, const float* const* wt, int taps, int m_count, int n_count,
-                 const float* init, float* out, size_t out_step) {
-  int n0 = 0;
-  for (; n0 + kBlock <= n_count; n0 += kBlock)
-    gather_quad_block(src, step, wt, taps, m_count, n_count, n0, init, out, out_step);
-  if (n0 == n_count) return;
-  for (int p = 0; p < kQuad; ++p) {
-    gather_tail(src, wt, taps, m_count, n_count, n0, init, out + p * out_step);
-    for (int tap = 0; tap < taps; ++tap) src[tap] += step;
-  }
-  for (int tap = 0; tap < taps; ++tap) src[tap] -= kQuad * step;
+// x (B,H,W,C) with `pad` zero rows and columns on every side: (B,H+2p,W+2p,C).
+std::vector<float> zero_padded(const float* x, int b, int h, int w, int c, int pad) {
+  const int hp = h + 2 * pad, wp = w + 2 * pad;
+  std::vector<float> padded(static_cast<size_t>(b) * hp * wp * c, 0.0f);
+  const size_t row = static_cast<size_t>(w) * c;
+  for (int n = 0; n < b; ++n)
+    for (int y = 0; y < h; ++y)
+      std::copy(x + (static_cast<size_t>(n) * h + y) * row, x + (static_cast<size_t>(n) * h + y + 1) * row,
+                padded.data() + ((static_cast<size_t>(n) * hp + y + pad) * wp + pad) * c);
+  return padded;
 }
 
-// Forward: out (B,Ho,Wo,O); wf = weight as [tap][c][o]. Output rows (b, oh) are sliced over threads.
-void conv_forward(const Geometry& g, const float* x, const float* weight, const float* bias, float* out) {
+// The gather convolution on a packed weight wf = [tap][c][o]: out (B,Ho,Wo,O). Output rows (b, oh)
+// are sliced over threads. A padded input is first copied into a zero-bordered buffer, so every
+// pixel has all k*k taps and every run of kQuad pixels along a row is one gather_quad (on 4x4 and
+// 8x8 maps the border pixels are most of the map; the zero taps add exact zeros, so the sums are
+// the unpadded ones).
+void conv_packed(const Geometry& g, const float* x, const float* wf, const float* bias, float* out) {
+  if (g.pad > 0) {
+    const std::vector<float> padded = zero_padded(x, g.b, g.h, g.w, g.c, g.pad);
+    conv_packed(geometry(g.b, g.h + 2 * g.pad, g.w + 2 * g.pad, g.c, g.o, g.k, g.stride, 0), padded.data(), wf,
+                bias, out);
+    return;
+  }
   const int kk = g.k * g.k;
-  std::vector<float> wf(static_cast<size_t>(kk) * g.c * g.o);
-  for (int o = 0; o < g.o; ++o)
-    for (int c = 0; c < g.c; ++c)
-      for (int t = 0; t < kk; ++t) wf[(static_cast<size_t>(t) * g.c + c) * g.o + o] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
+  const size_t step = static_cast<size_t>(g.stride) * g.c;  // from one pixel's window to the next's
   parallel_slices(static_cast<size_t>(g.b) * g.ho, [&](size_t, size_t begin, size_t end) {
     std::vector<const float*> src(kk), wt(kk);
-    for (size_t row = begin; row < end; ++row) {
-      const int b = static_cast<int>(row / g.ho), oh = static_cast<int>(row % g.ho);
-      for (int ow = 0; ow < g.wo;) {
-        // kQuad pixels whose windows lie inside the row share their taps (pixel step stride * C).
-        const bool quad = ow + kQuad <= g.wo && ow * g.stride - g.pad >= 0 &&
-                          (ow + kQuad - 1) * g.stride - g.pad + g.k <= g.w;
-        int taps = 0;
-        for (int i = 0; i < g.k; ++i) {
-          const int ih = oh * g.stride - g.pad + i;
-          if (ih < 0 || ih >= g.h) continue;
-          for (int j = 0; j < g.k; ++j) {
-            const int iw = ow * g.stride - g.pad + j;
-            if (iw < 0 || iw >= g.w) continue;
-            src[taps] = x + ((static_cast<size_t>(b) * g.h + ih) * g.w + iw) * g.c;
-            wt[taps++] = wf.data() + static_cast<size_t>(i * g.k + j) * g.c * g.o;
-          }
-        }
-        float* dst = out + ((static_cast<size_t>(b) * g.ho + oh) * g.wo + ow) * g.o;
-        if (quad) {
-          gather_quad(src.data(), static_cast<size_t>(g.stride) * g.c, wt.data(), taps, g.c, g.o, bias, dst, g.o);
-          ow += kQuad;
-        } else {
-          gather_pixel(src.data(), wt.data(), taps, g.c, g.o, bias, dst);
-          ++ow;
+    for (int t = 0; t < kk; ++t) wt[t] = wf + static_cast<size_t>(t) * g.c * g.o;
+    // One block of output channels over all of the slice's pixels, then the next: the block's
+    // weights (taps x C x 16 floats) stay in cache for all of them.
+    for (int n0 = 0; n0 < g.o; n0 += kBlock) {
+      const bool full = n0 + kBlock <= g.o;
+      for (size_t row = begin; row < end; ++row) {
+        const int b = static_cast<int>(row / g.ho), oh = static_cast<int>(row % g.ho);
+        for (int ow = 0; ow < g.wo;) {
+          for (int t = 0; t < kk; ++t)
+            src[t] = x + ((static_cast<size_t>(b) * g.h + oh * g.stride + t / g.k) * g.w + ow * g.stride + t % g.k) * g.c;
+          float* dst = out + ((static_cast<size_t>(b) * g.ho + oh) * g.wo + ow) * g.o;
+          const int pixels = ow + kQuad <= g.wo ? kQuad : 1;  // kQuad pixels share their taps
+          if (full && pixels == kQuad)
+            gather_quad_block(src.data(), step, wt.data(), kk, g.c, g.o, n0, bias, dst, g.o);
+          else if (full)
+            gather_block(src.data(), wt.data(), kk, g.c, g.o, n0, bias, dst);
+          else
+            for (int p = 0; p < pixels; ++p) {
+              gather_tail(src.data(), wt.data(), kk, g.c, g.o, n0, bias, dst + p * g.o);
+              for (int t = 0; t < kk; ++t) src[t] += step;
+            }
+          ow += pixels;
         }
       }
     }
   });
 }
 
-// Grad-input: the adjoint gather; wg = weight as [tap][o][c]. Input rows (b, ih) are sliced over threads.
+// Forward: out (B,Ho,Wo,O); the weight packed as [tap][c][o].
+void conv_forward(const Geometry& g, const float* x, const float* weight, const float* bias, float* out) {
+  const int kk = g.k * g.k;
+  std::vector<float> wf(static_cast<size_t>(kk) * g.c * g.o);
+  for (int o = 0; o < g.o; ++o)
+    for (int c = 0; c < g.c; ++c)
+      for (int t = 0; t < kk; ++t) wf[(static_cast<size_t>(t) * g.c + c) * g.o + o] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
+  conv_packed(g, x, wf.data(), bias, out);
+}
+
+// Stride-1 grad-input is itself a convolution: of grad_out padded by k-1-pad with the weight
+// flipped in both spatial axes and its channels swapped, packed as [flipped tap][o][c].
+void conv_grad_input_stride1(const Geometry& g, const float* gy, const float* weight, float* gx) {
+  const int kk = g.k * g.k;
+  std::vector<float> wg(static_cast<size_t>(kk) * g.o * g.c);
+  for (int o = 0; o < g.o; ++o)
+    for (int c = 0; c < g.c; ++c)
+      for (int t = 0; t < kk; ++t)
+        wg[(static_cast<size_t>(kk - 1 - t) * g.o + o) * g.c + c] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
+  conv_packed(geometry(g.b, g.ho, g.wo, g.o, g.c, g.k, 1, g.k - 1 - g.pad), gy, wg.data(), nullptr, gx);
+}
+
+// Grad-input: the adjoint gather; wg = weight as [tap][o][c]. Input rows (b, ih) are sliced over
+// threads. Stride 1 (pad < k) goes through conv_grad_input_stride1.
 void conv_grad_input(const Geometry& g, const float* gy, const float* weight, float* gx) {
+  if (g.stride == 1 && g.pad < g.k) return conv_grad_input_stride1(g, gy, weight, gx);
   const int kk = g.k * g.k;
   std::vector<float> wg(static_cast<size_t>(kk) * g.o * g.c);
   for (int o = 0; o < g.o; ++o)
@@ -199,10 +225,7 @@ void conv_grad_input(const Geometry& g, const float* gy, const float* weight, fl
     std::vector<const float*> src(kk), wt(kk);
     for (size_t row = begin; row < end; ++row) {
       const int b = static_cast<int>(row / g.h), ih = static_cast<int>(row % g.h);
-      for (int iw = 0; iw < g.w;) {
-        // Stride 1: kQuad pixels whose every tap lands inside grad_out share their taps (step O).
-        const bool quad = g.stride == 1 && iw + kQuad <= g.w && iw + g.pad - (g.k - 1) >= 0 &&
-                          iw + kQuad - 1 + g.pad < g.wo;
+      for (int iw = 0; iw < g.w; ++iw) {
         int taps = 0;
         for (int i = 0; i < g.k; ++i) {
           const int sh = ih + g.pad - i;  // = oh * stride
@@ -214,14 +237,7 @@ void conv_grad_input(const Geometry& g, const float* gy, const float* weight, fl
             wt[taps++] = wg.data() + static_cast<size_t>(i * g.k + j) * g.o * g.c;
           }
         }
-        float* dst = gx + ((static_cast<size_t>(b) * g.h + ih) * g.w + iw) * g.c;
-        if (quad) {
-          gather_quad(src.data(), g.o, wt.data(), taps, g.o, g.c, nullptr, dst, g.c);
-          iw += kQuad;
-        } else {
-          gather_pixel(src.data(), wt.data(), taps, g.o, g.c, nullptr, dst);
-          ++iw;
-        }
+        gather_pixel(src.data(), wt.data(), taps, g.o, g.c, nullptr, gx + ((static_cast<size_t>(b) * g.h + ih) * g.w + iw) * g.c);
       }
     }
   });
