@@ -101,37 +101,47 @@ void gather_pixel(const float* const* src, const float* const* wt, int taps, int
   if (n0 < n_count) gather_tail(src, wt, taps, m_count, n_count, n0, init, out);
 }
 
-// gather_block for kQuad pixels at once: pixel p reads src[tap] + p * step and writes out + p * out_step.
-// Each weight vector loaded feeds kQuad FMAs (gather_block: one), which is what makes it fast; each
-// output's sum runs in one fixed order (taps, then m), whatever the slicing.
-constexpr int kQuad = 4;
+// out[p][n0..n0+16) = init + sum_t sum_m win[p][off[t] + m] * wt[t][m * N + n] for P pixels whose
+// windows start at win[p] (any pixels: the tap offsets off[t] are the same for all of them).
+// 2P accumulators: P = kPixels keeps 12 FMA chains in flight, enough to hide the FMA latency
+// (8 chains were not); each output's sum runs in one fixed order (taps, then m) for every P.
+constexpr int kPixels = 6;
 
-FK_INLINE void gather_quad_block(const float* const* src, size_t step, const float* const* wt, int taps,
-                                 int m_count, int n_count, int n0, const float* init, float* out,
-                                 size_t out_step) {
-  v8 a0 = {}, a1 = {}, b0 = {}, b1 = {}, c0 = {}, c1 = {}, d0 = {}, d1 = {};
+template <int P>
+FK_INLINE void gather_pixels(const float* const* win, const size_t* off, const float* const* wt, int taps,
+                             int m_count, int n_count, int n0, const float* init, float* const* out) {
+  v8 lo[P], hi[P];
+  for (int p = 0; p < P; ++p) lo[p] = v8{}, hi[p] = v8{};
   const size_t stride = n_count;
   for (int tap = 0; tap < taps; ++tap) {
-    const float* s = src[tap];
+    const float* s[P];
+    for (int p = 0; p < P; ++p) s[p] = win[p] + off[tap];
     const float* w = wt[tap] + n0;
     for (int m = 0; m < m_count; ++m, w += stride) {
       const v8 w0 = load8(w), w1 = load8(w + 8);
-      const float sa = s[m], sb = s[step + m], sc = s[2 * step + m], sd = s[3 * step + m];
-      a0 += sa * w0, a1 += sa * w1;
-      b0 += sb * w0, b1 += sb * w1;
-      c0 += sc * w0, c1 += sc * w1;
-      d0 += sd * w0, d1 += sd * w1;
+      for (int p = 0; p < P; ++p) {
+        lo[p] += s[p][m] * w0;
+        hi[p] += s[p][m] * w1;
+      }
     }
   }
-  if (init) {
-    const v8 lo = load8(init + n0), hi = load8(init + n0 + 8);
-    a0 += lo, a1 += hi, b0 += lo, b1 += hi, c0 += lo, c1 += hi, d0 += lo, d1 += hi;
+  for (int p = 0; p < P; ++p) {
+    if (init) lo[p] += load8(init + n0), hi[p] += load8(init + n0 + 8);
+    store8(out[p] + n0, lo[p]);
+    store8(out[p] + n0 + 8, hi[p]);
   }
-  float* o = out + n0;
-  store8(o, a0), store8(o + 8, a1);
-  store8(o + out_step, b0), store8(o + out_step + 8, b1);
-  store8(o + 2 * out_step, c0), store8(o + 2 * out_step + 8, c1);
-  store8(o + 3 * out_step, d0), store8(o + 3 * out_step + 8, d1);
+}
+
+void gather_pixels_any(int pixels, const float* const* win, const size_t* off, const float* const* wt, int taps,
+                       int m_count, int n_count, int n0, const float* init, float* const* out) {
+  switch (pixels) {
+    case 6: return gather_pixels<6>(win, off, wt, taps, m_count, n_count, n0, init, out);
+    case 5: return gather_pixels<5>(win, off, wt, taps, m_count, n_count, n0, init, out);
+    case 4: return gather_pixels<4>(win, off, wt, taps, m_count, n_count, n0, init, out);
+    case 3: return gather_pixels<3>(win, off, wt, taps, m_count, n_count, n0, init, out);
+    case 2: return gather_pixels<2>(win, off, wt, taps, m_count, n_count, n0, init, out);
+    default: return gather_pixels<1>(win, off, wt, taps, m_count, n_count, n0, init, out);
+  }
 }
 
 // x (B,H,W,C) with `pad` zero rows and columns on every side: (B,H+2p,W+2p,C).
@@ -146,11 +156,10 @@ std::vector<float> zero_padded(const float* x, int b, int h, int w, int c, int p
   return padded;
 }
 
-// The gather convolution on a packed weight wf = [tap][c][o]: out (B,Ho,Wo,O). Output rows (b, oh)
-// are sliced over threads. A padded input is first copied into a zero-bordered buffer, so every
-// pixel has all k*k taps and every run of kQuad pixels along a row is one gather_quad (on 4x4 and
-// 8x8 maps the border pixels are most of the map; the zero taps add exact zeros, so the sums are
-// the unpadded ones).
+// The gather convolution on a packed weight wf = [tap][c][o]: out (B,Ho,Wo,O). Output pixels
+// (b, oh, ow) are sliced over threads and taken kPixels at a time. A padded input is first copied
+// into a zero-bordered buffer, so every pixel has all k*k taps at the same offsets from its window
+// (on 4x4 and 8x8 maps the border pixels are most of the map; the zero taps add exact zeros).
 void conv_packed(const Geometry& g, const float* x, const float* wf, const float* bias, float* out) {
   if (g.pad > 0) {
     const std::vector<float> padded = zero_padded(x, g.b, g.h, g.w, g.c, g.pad);
@@ -159,32 +168,35 @@ void conv_packed(const Geometry& g, const float* x, const float* wf, const float
     return;
   }
   const int kk = g.k * g.k;
-  const size_t step = static_cast<size_t>(g.stride) * g.c;  // from one pixel's window to the next's
-  parallel_slices(static_cast<size_t>(g.b) * g.ho, [&](size_t, size_t begin, size_t end) {
-    std::vector<const float*> src(kk), wt(kk);
+  std::vector<size_t> off(kk);
+  for (int t = 0; t < kk; ++t) off[t] = (static_cast<size_t>(t / g.k) * g.w + t % g.k) * g.c;
+  parallel_slices(static_cast<size_t>(g.b) * g.ho * g.wo, [&](size_t, size_t begin, size_t end) {
+    std::vector<const float*> wt(kk);
     for (int t = 0; t < kk; ++t) wt[t] = wf + static_cast<size_t>(t) * g.c * g.o;
+    const float* win[kPixels];
+    float* dst[kPixels];
     // One block of output channels over all of the slice's pixels, then the next: the block's
     // weights (taps x C x 16 floats) stay in cache for all of them.
     for (int n0 = 0; n0 < g.o; n0 += kBlock) {
-      const bool full = n0 + kBlock <= g.o;
-      for (size_t row = begin; row < end; ++row) {
-        const int b = static_cast<int>(row / g.ho), oh = static_cast<int>(row % g.ho);
-        for (int ow = 0; ow < g.wo;) {
-          for (int t = 0; t < kk; ++t)
-            src[t] = x + ((static_cast<size_t>(b) * g.h + oh * g.stride + t / g.k) * g.w + ow * g.stride + t % g.k) * g.c;
-          float* dst = out + ((static_cast<size_t>(b) * g.ho + oh) * g.wo + ow) * g.o;
-          const int pixels = ow + kQuad <= g.wo ? kQuad : 1;  // kQuad pixels share their taps
-          if (full && pixels == kQuad)
-            gather_quad_block(src.data(), step, wt.data(), kk, g.c, g.o, n0, bias, dst, g.o);
-          else if (full)
-            gather_block(src.data(), wt.data(), kk, g.c, g.o, n0, bias, dst);
-          else
-            for (int p = 0; p < pixels; ++p) {
-              gather_tail(src.data(), wt.data(), kk, g.c, g.o, n0, bias, dst + p * g.o);
-              for (int t = 0; t < kk; ++t) src[t] += step;
-            }
-          ow += pixels;
+      for (size_t q = begin; q < end; q += kPixels) {
+        const int pixels = static_cast<int>(std::min<size_t>(kPixels, end - q));
+        for (int p = 0; p < pixels; ++p) {
+          const size_t pixel = q + p, b = pixel / (static_cast<size_t>(g.ho) * g.wo);
+          const int oh = static_cast<int>(pixel / g.wo % g.ho), ow = static_cast<int>(pixel % g.wo);
+          win[p] = x + ((b * g.h + oh * g.stride) * g.w + ow * g.stride) * g.c;
+          dst[p] = out + pixel * g.o;
         }
+        if (n0 + kBlock <= g.o) {
+          gather_pixels_any(pixels, win, off.data(), wt.data(), kk, g.c, g.o, n0, bias, dst);
+          continue;
+        }
+        for (int p = 0; p < pixels; ++p)
+          for (int n = n0; n < g.o; ++n) {
+            float acc = bias ? bias[n] : 0.0f;
+            for (int t = 0; t < kk; ++t)
+              for (int m = 0; m < g.c; ++m) acc += win[p][off[t] + m] * wt[t][static_cast<size_t>(m) * g.o + n];
+            dst[p][n] = acc;
+          }
       }
     }
   });
