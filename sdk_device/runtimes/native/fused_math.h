@@ -13,7 +13,7 @@
 namespace {
 
 constexpr int kBlock = 16;  // output channels per register block
-constexpr int kRows = 4;    // input channels per grad-weight block
+constexpr int kRows = 6;    // input channels per grad-weight block (12 FMA chains)
 
 // The kernels' threads (fedsdk_kernels.cpp: ExecuTorch's shared threadpool, sized by the runtime).
 int worker_count();
@@ -282,6 +282,8 @@ template <int NB>
 FK_INLINE void outer_dispatch(int rows, const float* xp, size_t x_step, const float* gp, size_t g_step, int cols,
                               int nb, float (*acc)[kBlock]) {
   switch (rows) {
+    case 6: outer_row<6, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
+    case 5: outer_row<5, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
     case 4: outer_row<4, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
     case 3: outer_row<3, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
     case 2: outer_row<2, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
