@@ -17,7 +17,7 @@ timed as an eval forward pass against torch eval.
 Usage:
     .venv/bin/python bench/runtimes.py [--batch 32] [--threads 1] [--steps 8] [--repeats 3]
                                        [--models small_cnn,vgg_multi_exit,resnet18_tier] [--variants]
-                                       [--fused] [--only-fused]
+                                       [--fused] [--only-fused] [--stock] [--stock-steps 2]
 
 ``--fused`` adds the row ``executorch-native, fused``: the program exported with
 ``kernels="fused"`` (groups == 1 convolutions, train-mode BatchNorm, ReLU and max-pool as
