@@ -18,9 +18,9 @@
 //   weight) on a zero-padded copy of the input: 6 output pixels x 16 output channels per register
 //   block (12 FMA chains, enough to hide the FMA latency), a sum over the k*k taps of (input row) x
 //   (weight block); output-channel blocks outermost so a block's weights stay in cache. Stride-2
-//   grad-input gathers per pixel over its valid taps. Grad-weight accumulates per sample in float
-//   registers (blocks of 6 input x 16 output channels) and across samples in double, so its error
-//   does not grow with the batch.
+//   grad-input gathers per pixel over its valid taps. Grad-weight accumulates in float registers
+//   (blocks of 6 input x 16 output channels) over groups of ~256 output pixels (whole samples) and
+//   across groups in double, so its error does not grow with the batch.
 // * Vectors are GCC vector extensions (8 floats), lowered to whatever the build targets:
 //   native_build compiles with -march=native for the build machine (AVX2/FMA here: ~5x the
 //   baseline SSE code; GCC's target_clones did not vectorise these loops), NEON on arm64.

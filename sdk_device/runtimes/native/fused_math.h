@@ -255,77 +255,84 @@ void conv_grad_input(const Geometry& g, const float* gy, const float* weight, fl
   });
 }
 
-// acc[r][t] += x[ow][c0 + r] * gy[ow][o0 + t] over one output row's valid columns (summed in
-// a local copy: through the pointer the compiler would reload/store it on every FMA).
+// acc[r][t] += x[line][col][c0 + r] * gy[line][col][o0 + t] over lines x cols (steps x_step / g_step
+// per column, x_line / g_line per line), summed in registers (not through the pointer).
 template <int R, int NB>
-FK_INLINE void outer_row(const float* xp, size_t x_step, const float* gp, size_t g_step, int cols, int nb,
-                         float (*acc)[kBlock]) {
+FK_INLINE void outer_rows(const float* xp, size_t x_step, size_t x_line, const float* gp, size_t g_step,
+                          size_t g_line, int lines, int cols, int nb, float (*acc)[kBlock]) {
   if constexpr (NB == kBlock) {
     v8 lo[R], hi[R];
     for (int r = 0; r < R; ++r) lo[r] = load8(acc[r]), hi[r] = load8(acc[r] + 8);
-    for (int col = 0; col < cols; ++col, xp += x_step, gp += g_step) {
-      const v8 g0 = load8(gp), g1 = load8(gp + 8);
-      for (int r = 0; r < R; ++r) {
-        lo[r] += xp[r] * g0;
-        hi[r] += xp[r] * g1;
+    for (int line = 0; line < lines; ++line, xp += x_line, gp += g_line) {
+      const float *xc = xp, *gc = gp;
+      for (int col = 0; col < cols; ++col, xc += x_step, gc += g_step) {
+        const v8 g0 = load8(gc), g1 = load8(gc + 8);
+        for (int r = 0; r < R; ++r) {
+          lo[r] += xc[r] * g0;
+          hi[r] += xc[r] * g1;
+        }
       }
     }
     for (int r = 0; r < R; ++r) store8(acc[r], lo[r]), store8(acc[r] + 8, hi[r]);
   } else {
-    for (int col = 0; col < cols; ++col, xp += x_step, gp += g_step)
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < nb; ++t) acc[r][t] += xp[r] * gp[t];
+    for (int line = 0; line < lines; ++line, xp += x_line, gp += g_line)
+      for (int col = 0; col < cols; ++col)
+        for (int r = 0; r < R; ++r)
+          for (int t = 0; t < nb; ++t) acc[r][t] += xp[col * x_step + r] * gp[col * g_step + t];
   }
 }
 
 template <int NB>
-FK_INLINE void outer_dispatch(int rows, const float* xp, size_t x_step, const float* gp, size_t g_step, int cols,
-                              int nb, float (*acc)[kBlock]) {
+FK_INLINE void outer_dispatch(int rows, const float* xp, size_t x_step, size_t x_line, const float* gp,
+                              size_t g_step, size_t g_line, int lines, int cols, int nb, float (*acc)[kBlock]) {
   switch (rows) {
-    case 6: outer_row<6, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
-    case 5: outer_row<5, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
-    case 4: outer_row<4, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
-    case 3: outer_row<3, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
-    case 2: outer_row<2, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
-    default: outer_row<1, NB>(xp, x_step, gp, g_step, cols, nb, acc); break;
+    case 6: outer_rows<6, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    case 5: outer_rows<5, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    case 4: outer_rows<4, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    case 3: outer_rows<3, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    case 2: outer_rows<2, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    default: outer_rows<1, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
   }
 }
 
-// One sample's contribution to grad-weight block (tap (i, j), channels c0.., outputs o0..).
+// One sample's contribution to grad-weight block (tap (i, j), channels c0.., outputs o0..) over the
+// output pixels whose input pixel for this tap is inside the image.
 void grad_weight_block(const Geometry& g, const float* x, const float* gy, int i, int j, int c0, int rows,
-                              int o0, int nb, float (*acc)[kBlock]) {
+                       int o0, int nb, float (*acc)[kBlock]) {
   const int ow_lo = std::max(0, (g.pad - j + g.stride - 1) / g.stride);
   const int ow_hi = std::min(g.wo, (g.w - 1 + g.pad - j) / g.stride + 1);
-  if (ow_hi <= ow_lo) return;
-  for (int oh = 0; oh < g.ho; ++oh) {
-    const int ih = oh * g.stride - g.pad + i;
-    if (ih < 0 || ih >= g.h) continue;
-    const float* xp = x + (static_cast<size_t>(ih) * g.w + ow_lo * g.stride - g.pad + j) * g.c + c0;
-    const float* gp = gy + (static_cast<size_t>(oh) * g.wo + ow_lo) * g.o + o0;
-    const size_t x_step = static_cast<size_t>(g.stride) * g.c;
-    if (nb == kBlock)
-      outer_dispatch<kBlock>(rows, xp, x_step, gp, g.o, ow_hi - ow_lo, nb, acc);
-    else
-      outer_dispatch<0>(rows, xp, x_step, gp, g.o, ow_hi - ow_lo, nb, acc);
-  }
+  const int oh_lo = std::max(0, (g.pad - i + g.stride - 1) / g.stride);
+  const int oh_hi = std::min(g.ho, (g.h - 1 + g.pad - i) / g.stride + 1);
+  if (ow_hi <= ow_lo || oh_hi <= oh_lo) return;
+  const float* xp = x + (static_cast<size_t>(oh_lo * g.stride - g.pad + i) * g.w + ow_lo * g.stride - g.pad + j) * g.c + c0;
+  const float* gp = gy + (static_cast<size_t>(oh_lo) * g.wo + ow_lo) * g.o + o0;
+  const size_t x_step = static_cast<size_t>(g.stride) * g.c, x_line = static_cast<size_t>(g.stride) * g.w * g.c;
+  const size_t g_line = static_cast<size_t>(g.wo) * g.o;
+  if (nb == kBlock)
+    outer_dispatch<kBlock>(rows, xp, x_step, x_line, gp, g.o, g_line, oh_hi - oh_lo, ow_hi - ow_lo, nb, acc);
+  else
+    outer_dispatch<0>(rows, xp, x_step, x_line, gp, g.o, g_line, oh_hi - oh_lo, ow_hi - ow_lo, nb, acc);
 }
 
-// grad_weight (O,C,k,k) and grad_bias (O,), sums over samples in double. The blocks (tap, input
+// grad_weight (O,C,k,k) and grad_bias (O,), sums over sample groups in double. The blocks (tap, input
 // channels, output channels) are sliced over the threads; each slice walks the samples in order.
 void conv_grad_weight(const Geometry& g, const float* x, const float* gy, float* gw, float* gb) {
   const int kk = g.k * g.k;
   std::vector<double> total(static_cast<size_t>(kk) * g.c * g.o, 0.0), bias_total(g.o, 0.0);
   const size_t x_sample = static_cast<size_t>(g.h) * g.w * g.c, g_sample = static_cast<size_t>(g.ho) * g.wo * g.o;
   const int c_blocks = (g.c + kRows - 1) / kRows, o_blocks = (g.o + kBlock - 1) / kBlock;
+  // Samples summed in float per group of ~256 output pixels (4x4 maps: 16 samples), groups in double.
+  const int group = std::max(1, 256 / std::max(1, g.ho * g.wo));
   parallel_slices(static_cast<size_t>(kk) * c_blocks * o_blocks, [&](size_t, size_t begin, size_t end) {
-    for (int b = 0; b < g.b; ++b)
+    for (int b0 = 0; b0 < g.b; b0 += group)
       for (size_t block = begin; block < end; ++block) {
         const int tap = static_cast<int>(block / (c_blocks * o_blocks)), i = tap / g.k, j = tap % g.k;
         const int c0 = static_cast<int>(block / o_blocks % c_blocks) * kRows;
         const int o0 = static_cast<int>(block % o_blocks) * kBlock;
         const int rows = std::min(kRows, g.c - c0), nb = std::min(kBlock, g.o - o0);
         float acc[kRows][kBlock] = {};
-        grad_weight_block(g, x + b * x_sample, gy + b * g_sample, i, j, c0, rows, o0, nb, acc);
+        for (int b = b0; b < std::min(g.b, b0 + group); ++b)
+          grad_weight_block(g, x + b * x_sample, gy + b * g_sample, i, j, c0, rows, o0, nb, acc);
         for (int r = 0; r < rows; ++r)
           for (int t = 0; t < nb; ++t) total[(static_cast<size_t>(tap) * g.c + c0 + r) * g.o + o0 + t] += acc[r][t];
       }
