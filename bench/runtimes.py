@@ -17,14 +17,22 @@ timed as an eval forward pass against torch eval.
 Usage:
     .venv/bin/python bench/runtimes.py [--batch 32] [--threads 1] [--steps 8] [--repeats 3]
                                        [--models small_cnn,vgg_multi_exit,resnet18_tier] [--variants]
-                                       [--fused] [--only-fused]
+                                       [--fused] [--only-fused] [--stock] [--stock-steps 2]
 
 ``--fused`` adds the row ``executorch-native, fused``: the program exported with
 ``kernels="fused"`` (groups == 1 convolutions, train-mode BatchNorm, ReLU and max-pool as
 ``fedsdk::`` ops, run by libfedsdk_kernels) on the torch-free runtime, timed in the same alternation;
 ``--only-fused`` times torch and that program alone (no default export: minutes saved on the
 VGG and the ResNet tier). With ``--threads 2`` the fused kernels' convolutions run on two threads
-of ExecuTorch's pool, torch on two threads.
+of ExecuTorch's pool, torch on two threads. ``--stock`` adds ``executorch-native, stock``: the
+stock ExecuTorch training export (``bench/stock_export.py``: ATen layer ops, ``to_edge`` with no
+partitioner, portable kernels), timed over ``--stock-steps`` steps per repeat (its steps take
+seconds) in the same alternation.
+
+Gradient parity runs on the first of the bench's batches whose float64 forward pass stays at
+least ``PARITY_MARGIN`` (1e-6) from the loss's kinks (``export.parity.kink_margin``: ReLU inputs near 0,
+max-pool windows with two near-equal maxima): closer, float32 rounding may put an input on either
+side and the gradient is not defined to 1e-5. The samples and their margin are printed.
 
 The ``executorch-native`` row is the torch-free runtime (the same program through the native
 shim, ``sdk_device.runtimes.native_program``), timed in turn with torch and ``executorch``.
@@ -38,6 +46,7 @@ less sensitive to load). The machine's load average is printed with the table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -53,8 +62,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench.stock_export import export_stock  # noqa: E402
 from export.executorch import export_with_stats  # noqa: E402
-from export.parity import gradient_parity  # noqa: E402
+from export.parity import gradient_parity, kink_margin  # noqa: E402
 from fedcore import modelspec  # noqa: E402
 from fedcore.recipe import Recipe  # noqa: E402
 from fedcore.torch_model import build_model, state_numpy  # noqa: E402
@@ -64,6 +74,7 @@ from sdk_device.runtimes.torch_runtime import TorchRuntime  # noqa: E402
 from server_toolkit.models.zoo import model_spec  # noqa: E402
 
 INPUT = (3, 32, 32)
+PARITY_MARGIN = 1e-6
 MODELS: dict[str, Callable[[], dict]] = {
     "small_cnn": lambda: model_spec("small_cnn", INPUT, 10),
     "vgg_multi_exit": lambda: model_spec("vgg_multi_exit", INPUT, 10),
@@ -135,10 +146,33 @@ def torch_timer(setup: Setup) -> Callable[[], float]:
     return time_train(runtime, setup)
 
 
+def parity_batch(setup: Setup) -> tuple[slice, float]:
+    """(samples, kink margin) of the first of the bench's batches whose first n samples stay
+    PARITY_MARGIN from the kinks, n = the batch, then halved down to 2 (a big model's full
+    batch has millions of ReLU inputs, some always within 1e-6 of 0); else the largest margin
+    seen. The program pads and masks a short batch."""
+    b = setup.recipe.batch_size
+    seen = []
+    n = b
+    while n >= 2:
+        for start in range(0, len(setup.y) - b + 1, b):
+            samples = slice(start, start + n)
+            seen.append((kink_margin(setup.spec, setup.weights, setup.x[samples]), samples))
+            if seen[-1][0] >= PARITY_MARGIN:
+                return samples, seen[-1][0]
+        n //= 2
+    margin, samples = max(seen, key=lambda pair: pair[0])
+    return samples, margin
+
+
 def executorch_rows(setup: Setup, reference: Callable[[], float]) -> list[Row]:
     """torch, the Python-bindings ``executorch`` runtime and the torch-free ``executorch-native``
     runtime on the same program, timed in alternation (one of each per repeat)."""
     b = setup.recipe.batch_size
+    samples, margin = parity_batch(setup)
+    px, py = setup.x[samples], setup.y[samples]
+    print(f"{setup.name}: gradient parity on samples {samples.start}..{samples.stop - 1} "
+          f"(kink margin {margin:.1e})", flush=True)
     arms = []
     if not setup.args.only_fused:
         program, stats = export_with_stats(setup.spec, {"kind": "ce"}, b)
@@ -146,14 +180,17 @@ def executorch_rows(setup: Setup, reference: Callable[[], float]) -> list[Row]:
     if setup.args.fused or setup.args.only_fused:
         fused, fused_stats = export_with_stats(setup.spec, {"kind": "ce"}, b, kernels="fused")
         arms.append((NativeExecutorchRuntime, fused, fused_stats, ", fused"))
+    if setup.args.stock:
+        stock, stock_stats = export_stock(setup.spec, b)
+        arms.append((NativeExecutorchRuntime, stock, stock_stats, ", stock"))
     rows = [Row(setup.name, "torch", 0.0, 1.0)]
     timers = [reference]
     for runtime_class, arm_program, arm_stats, suffix in arms:
         runtime = runtime_class(threads=setup.args.threads)
         runtime.load_program(arm_program, "pte/1")
-        parity = gradient_parity(arm_program, setup.spec, setup.weights, setup.x[:b], setup.y[:b],
-                                 {"kind": "ce"}, runtime_class=runtime_class)
-        timers.append(time_train(runtime, setup))
+        parity = gradient_parity(arm_program, setup.spec, setup.weights, px, py, {"kind": "ce"},
+                                 runtime_class=runtime_class)
+        timers.append(time_train(runtime, stock_setup(setup) if suffix == ", stock" else setup))
         rows.append(Row(setup.name, runtime.name + suffix, 0.0, None, len(arm_program) / 1024,
                         arm_stats["export_s"], parity.loss_error, parity.grad_error))
     samples = measure_alternating(timers, setup.args.repeats)
@@ -162,7 +199,16 @@ def executorch_rows(setup: Setup, reference: Callable[[], float]) -> list[Row]:
         row.ratio = row.ms_per_step / statistics.median(samples[0])
         best = min(times) / min(samples[0])
         row.note = f"fastest repeat {best:.2f}x torch's fastest" if row.runtime != "torch" else ""
+        if row.runtime.endswith(", stock"):
+            row.note += f"; {setup.args.stock_steps} steps per repeat"
     return rows
+
+
+def stock_setup(setup: Setup) -> Setup:
+    """``setup`` with only ``--stock-steps`` batches (a stock step takes seconds)."""
+    n = setup.recipe.batch_size * setup.args.stock_steps
+    args = argparse.Namespace(**{**vars(setup.args), "steps": setup.args.stock_steps})
+    return dataclasses.replace(setup, x=setup.x[:n], y=setup.y[:n], args=args)
 
 
 def measure_alternating(timers: list[Callable[[], float]], repeats: int) -> list[list[float]]:
@@ -304,6 +350,11 @@ def main() -> None:
     parser.add_argument("--only-fused", action="store_true",
                         help="time torch and the fused program only (skips the default export, which takes "
                              "minutes for the VGG and the ResNet tier)")
+    parser.add_argument("--stock", action="store_true",
+                        help="add the stock ExecuTorch training export (ATen layer ops, to_edge, no "
+                             "partitioner, portable kernels) on the torch-free runtime")
+    parser.add_argument("--stock-steps", type=int, default=2,
+                        help="stock program training steps per repeat (default 2: a step takes seconds)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)

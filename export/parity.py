@@ -118,6 +118,45 @@ def gradient_parity(program: bytes, spec: dict, weights: dict[str, np.ndarray], 
     return GradientParity(loss_p, loss_t, errors[worst], worst, running_error)
 
 
+def kink_margin(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray) -> float:
+    """How far a float64 train-mode forward pass of ``x`` stays from the kinks of the loss:
+    the smallest |input| of any ReLU and the smallest non-zero gap between the largest and the
+    second largest value of any max-pool window.
+
+    A gradient is only defined to float32 precision where this margin is larger than float32
+    rounding (~1e-6 of the activations): closer, two correct float32 implementations may put
+    an input on different sides of a kink (or pick different maxima), and that sample's
+    gradient then differs by O(1e-3). Parity batches are checked against it (bench/runtimes.py).
+    """
+    model = build_model(spec)
+    load_numpy(model, weights)
+    model.double().train()
+    smallest = [float("inf")]
+
+    def relu(_module, inputs, _output) -> None:
+        smallest[0] = min(smallest[0], float(inputs[0].detach().abs().min()))
+
+    def pool(module, inputs, _output) -> None:
+        k = module.kernel_size
+        windows = torch.nn.functional.unfold(inputs[0].detach(), k, stride=k)  # (B, C*k*k, L)
+        b, _, count = windows.shape
+        top = windows.reshape(b, -1, k * k, count).topk(2, dim=2).values
+        gaps = top[:, :, 0] - top[:, :, 1]
+        gaps = gaps[gaps > 0]  # exact ties (windows of ReLU zeros) go to the first maximum on every side
+        if gaps.numel():
+            smallest[0] = min(smallest[0], float(gaps.min()))
+
+    hooks = [m.register_forward_hook(relu) for m in model.modules() if isinstance(m, nn.ReLU)]
+    hooks += [m.register_forward_hook(pool) for m in model.modules() if isinstance(m, nn.MaxPool2d)]
+    try:
+        with torch.no_grad():
+            model(torch.from_numpy(np.ascontiguousarray(x, np.float64)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return smallest[0]
+
+
 def reference_training(spec: dict, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
                        recipe: Recipe, loss: dict, extras: dict[str, np.ndarray] | None = None
                        ) -> dict[str, np.ndarray]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from export.parity import eval_parity, gradient_parity, training_parity
+from export.parity import eval_parity, gradient_parity, kink_margin, training_parity
 from fedcore import modelspec
 from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model, state_numpy
@@ -151,3 +151,15 @@ def test_the_check_fails_on_a_different_loss(program_for):
     extras = _extras(KD, BATCH, spec, 1)
     result = gradient_parity(program_for(spec, KD, BATCH), spec, _weights(spec, 2), x, y, CE, extras)
     assert result.loss_error > LOSS_TOL and result.grad_error > GRAD_TOL
+
+
+def test_the_kink_margin_is_the_closest_relu_input_to_zero_or_max_pool_near_tie():
+    """ReLU inputs (the identity layer's outputs) and max-pool windows (ties of exact zeros
+    do not count: every implementation gives them to the first maximum)."""
+    spec = modelspec.make((1, 2, 4), 2, [
+        {"op": "relu"}, {"op": "maxpool2d", "k": 2}, {"op": "flatten"}, {"op": "linear", "in": 2, "out": 2}])
+    weights = state_numpy(build_model(spec, seed=0))
+    x = np.array([[[[1.0, 0.9997, -0.1, -2.0], [0.5, 0.25, -0.5, -1.0]]]], np.float32)  # gaps 3e-4 and 0
+    assert kink_margin(spec, weights, x) == pytest.approx(1.0 - np.float64(np.float32(0.9997)))
+    x[0, 0, 1, 1] = -1e-5  # a ReLU input nearer 0 than the pool gap
+    assert kink_margin(spec, weights, x) == pytest.approx(np.float64(np.float32(1e-5)))

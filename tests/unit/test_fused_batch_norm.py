@@ -1,8 +1,8 @@
 """Train-mode BatchNorm of the fused kernel set: libfedsdk_kernels' forward and backward against
 torch autograd of the ATen lowering (``export.decompositions.batch_norm_train``, float64), with
 padded samples masked out, the ``fedsdk::batch_norm_nhwc`` op's registrations, and two fused
-programs with BatchNorm (tracked and static; the multi-exit VGG) against torch on the
-torch-free runtime."""
+programs with BatchNorm (tracked and static; the multi-exit VGG; a small ResNet) against torch
+on the torch-free runtime."""
 
 from __future__ import annotations
 
@@ -146,7 +146,8 @@ def test_batch_norm_op_fake_shapes():
     assert [tuple(t.shape) for t in grads] == [(2, 3, 3, 7), (7,), (7,)]
 
 
-@pytest.mark.parametrize("name", ["cnn_batchnorm", "vgg_multi_exit"])
+# "residual": the ResNet layout (stride-2 convolutions, 1x1 stride-2 shortcuts, padded 3x3 on 8x8 / 4x4 maps)
+@pytest.mark.parametrize("name", ["cnn_batchnorm", "vgg_multi_exit", "residual"])
 def test_fused_programs_with_batch_norm_match_torch_gradients_running_stats_steps_and_eval(name, program_for):
     spec = MODELS[name]
     program = program_for(spec, CE, BATCH, kernels="fused")

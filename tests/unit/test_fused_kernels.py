@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from export import fused_ops
 from export.parity import gradient_parity, training_parity
+from fedcore import modelspec
 from fedcore.recipe import Recipe
 from sdk_device.runtimes import fused_kernels
 from sdk_device.runtimes.executorch_native_runtime import NativeExecutorchRuntime
@@ -67,6 +68,45 @@ def test_conv_kernels_match_torch_forward_and_both_gradients(geometry):
                            b, h, w, c, o, k, stride, pad)
     for got, want in ((out, y), (gx, x.grad), (gw, weight.grad), (gb, bias.grad)):
         assert _relative(got, want) <= 1e-5
+
+
+def _conv_geometries(layers: list, shape: tuple, found: list) -> tuple:
+    """Appends (h, w, in, out, k, stride, pad) of every groups-1 conv2d in ``layers`` (residual
+    bodies and shortcuts too) and returns the shape after them."""
+    for layer in layers:
+        if layer["op"] == "residual":
+            _conv_geometries(layer.get("shortcut", []), shape, found)
+            shape = _conv_geometries(layer["body"], shape, found)
+            continue
+        if layer["op"] == "conv2d" and layer.get("groups", 1) == 1:
+            found.append((shape[1], shape[2], layer["in"], layer["out"], layer["k"], layer.get("stride", 1),
+                          layer.get("pad", 0)))
+        shape = modelspec.infer_shapes([layer], shape, "layer")[0]
+    return shape
+
+
+RESNET_TIER = model_spec("resnet_small", (3, 32, 32), 10, widths=(16, 32, 64, 128), blocks_per_stage=2)
+_found: list = []
+_conv_geometries(RESNET_TIER["layers"], tuple(RESNET_TIER["input_shape"]), _found)
+# The ResNet tier's distinct conv geometries (bench/runtimes.py's resnet18_tier: 32x32 down to
+# 4x4 maps, 3x3 stride 1 and 2, 1x1 stride-2 shortcuts), then odd ones: output rows that are
+# not a multiple of the 4-pixel blocks, channel counts off the blocks of 16.
+TIER_GEOMETRIES = sorted(set(_found)) + [
+    (7, 7, 5, 18, 3, 1, 1), (9, 9, 17, 33, 3, 1, 1), (9, 9, 6, 20, 3, 2, 1), (11, 11, 17, 33, 1, 2, 0),
+    (10, 10, 3, 16, 5, 1, 2), (10, 6, 8, 16, 3, 1, 0)]
+
+
+@pytest.mark.parametrize("geometry", TIER_GEOMETRIES, ids=lambda g: "x".join(map(str, g)))
+def test_conv_kernels_match_float64_torch_on_every_resnet_tier_geometry_and_odd_row_ends(geometry):
+    """Two samples (the kernels slice per row, so the batch adds nothing); forward and both
+    gradients within 1e-5 of float64 torch, relative to the largest value."""
+    h, w, c, o, k, stride, pad = geometry
+    test_conv_kernels_match_torch_forward_and_both_gradients((2, h, w, c, o, k, stride, pad))
+
+
+def test_the_resnet_tier_sweep_covers_its_real_layers():
+    assert {(32, 32, 16, 32, 3, 2, 1), (32, 32, 16, 32, 1, 2, 0), (4, 4, 128, 128, 3, 1, 1)} <= set(_found)
+    assert len(set(_found)) == 11
 
 
 @pytest.mark.parametrize("shape", [(2, 8, 8, 5, 2), (3, 7, 9, 16, 2), (2, 9, 9, 3, 3)])

@@ -13,12 +13,14 @@
 // * Threads: convolution forward, grad-input and grad-weight slice their outputs over ExecuTorch's
 //   threadpool (the runtime's thread count); each output's arithmetic does not depend on the
 //   slicing, so 1 and 2 threads give the same bits.
-// * Plain C++17, no XNNPACK (its C API header is not shipped by the wheel; this is the first,
-//   correctness-first slice). Forward and grad-input are "gather" convolutions: for each
-//   output pixel, a sum over the valid kernel taps of (input row) x (weight block), with the
-//   output channels in register-sized blocks of 16. Grad-weight accumulates per sample in
-//   float registers (blocks of 4 input x 16 output channels) and across samples in double,
-//   so its error does not grow with the batch.
+// * Plain C++17, no XNNPACK (its C API header is not shipped by the wheel). Forward and stride-1
+//   grad-input are one "gather" convolution (grad-input: of the padded grad_out with the flipped
+//   weight) on a zero-padded copy of the input: 6 output pixels x 16 output channels per register
+//   block (12 FMA chains, enough to hide the FMA latency), a sum over the k*k taps of (input row) x
+//   (weight block); output-channel blocks outermost so a block's weights stay in cache. Stride-2
+//   grad-input gathers per pixel over its valid taps. Grad-weight accumulates in float registers
+//   (blocks of 6 input x 16 output channels) over groups of ~256 output pixels (whole samples) and
+//   across groups in double, so its error does not grow with the batch.
 // * Vectors are GCC vector extensions (8 floats), lowered to whatever the build targets:
 //   native_build compiles with -march=native for the build machine (AVX2/FMA here: ~5x the
 //   baseline SSE code; GCC's target_clones did not vectorise these loops), NEON on arm64.
