@@ -55,7 +55,8 @@ class Hyper(nn.Module):
 
     def forward(self, device: int) -> dict[str, torch.Tensor]:
         f = self.mlp(self.embed.weight[device])
-        return {name: head(f).view(shape) for (name, shape), head in zip(self.shapes.items(), self.heads)}
+        pairs = zip(self.shapes.items(), self.heads, strict=True)
+        return {name: head(f).view(shape) for (name, shape), head in pairs}
 
 
 def local_train(net: nn.Module, weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
@@ -144,7 +145,7 @@ def main() -> None:
                                         grad_outputs=[theta[n].detach() - trained[i][n] for n in names],
                                         allow_unused=True)
             opt.zero_grad()
-            for param, g in zip(hn.parameters(), grads):
+            for param, g in zip(hn.parameters(), grads, strict=True):
                 param.grad = g
             nn.utils.clip_grad_norm_(hn.parameters(), 50.0)
             opt.step()
