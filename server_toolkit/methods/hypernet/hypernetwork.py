@@ -25,7 +25,10 @@ start again from zero.
 Options (``--method-option key=value``, ``HypernetOptions``; ``fedsdk-server methods show
 mh-pfedhn`` prints the table): ``embed_dim`` (64), ``hidden`` (128), ``hn_layers`` (3),
 ``chunk`` (3072, MH heads), ``hn_lr`` (1e-2), ``max_norm`` (50), ``embed_std`` (0.002),
-plus the client recipe of ``methods.hypernet.personalized``. A device's architecture comes
+``hn_optimizer`` (adam; sgd = momentum 0.9, the pFedHN authors' choice, whose step scales
+with generated - trained where Adam's is ~hn_lr per element however small a device's update;
+issue 32: neither lifts pFedHN off one class with 2 local steps per round,
+``bench/pfedhn_reference.py``), plus the client recipe of ``methods.hypernet.personalized``. A device's architecture comes
 from its tier (``DeviceInfo.tier``). The shape options (embed_dim, hidden, hn_layers,
 embed_std, chunk) are checkpointed and a resumed run takes them from its checkpoint.
 
