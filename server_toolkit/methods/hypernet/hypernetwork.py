@@ -28,9 +28,10 @@ mh-pfedhn`` prints the table): ``embed_dim`` (64), ``hidden`` (128), ``hn_layers
 ``hn_optimizer`` (adam; sgd = momentum 0.9, the pFedHN authors' choice, whose step scales
 with generated - trained where Adam's is ~hn_lr per element however small a device's update;
 issue 32: neither lifts pFedHN off one class with 2 local steps per round,
-``bench/pfedhn_reference.py``), plus the client recipe of ``methods.hypernet.personalized``. A device's architecture comes
-from its tier (``DeviceInfo.tier``). The shape options (embed_dim, hidden, hn_layers,
-embed_std, chunk) are checkpointed and a resumed run takes them from its checkpoint.
+``bench/pfedhn_reference.py``), plus the client recipe of ``methods.hypernet.personalized``.
+A device's architecture comes from its tier (``DeviceInfo.tier``). The shape options
+(embed_dim, hidden, hn_layers, embed_std, chunk) are checkpointed and a resumed run takes
+them from its checkpoint.
 
 ``hn_lr``: the paper's 2e-4 goes with its client lr 1e-3; with the user's recipe (SGD lr
 0.05, 5 epochs: the default when this was measured, lr 0.02 since issue 26) devices move their
