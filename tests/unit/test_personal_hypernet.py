@@ -74,6 +74,21 @@ def test_one_vjp_step_moves_generated_weights_toward_trained_and_the_printed_sig
     assert distances[-1.0][1] > distances[-1.0][0]
 
 
+@pytest.mark.parametrize(("optimizer", "ratio"), [("sgd", (9.0, 11.0)), ("adam", (0.5, 2.0))])
+def test_sgd_moves_the_generated_weights_in_proportion_to_the_update_and_adam_does_not(optimizer, ratio):
+    # issue 32: a 2-step device update is tiny; Adam still moves every element by ~hn_lr
+    moved = []
+    for scale in (1e-4, 1e-3):
+        m, weights = method(PFedHN, hn_optimizer=optimizer)
+        m.configure_train(1, weights, devices(["lenet"]))
+        client = m.clients["d0"]
+        start = m.generate(client).detach().numpy()
+        trained = start + scale * np.random.default_rng(0).standard_normal(start.shape).astype(np.float32)
+        m.step_toward(client, trained)
+        moved.append(np.linalg.norm(m.generate(client).detach().numpy() - start))
+    assert ratio[0] < moved[1] / moved[0] < ratio[1]
+
+
 def test_aggregate_train_pulls_every_client_toward_its_trained_weights():
     m, weights = method()
     instructions = m.configure_train(1, weights, devices(["lenet", "vgg8", "mlp"]))
