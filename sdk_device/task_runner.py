@@ -13,8 +13,12 @@ task exactly as a real one does:
   exactly the tensors they were sent;
 * local differential privacy: when the last step's recipe has ``dp_clip`` > 0, the model
   it trained goes back clipped and noised (``privacy.noised_delta``);
+* a held-back split (``holdout`` > 0, ``sdk_device.holdout``): before any step, the last
+  step's model as received is scored on the held-back samples; the steps and the outputs
+  then see only the rest;
 * metrics: ``samples``, ``loss``, ``accuracy`` of the last step, ``<model>_loss`` and
-  ``<model>_accuracy`` of the others, and the metric outputs asked for.
+  ``<model>_accuracy`` of the others, the metric outputs asked for, then ``holdout_accuracy``,
+  ``holdout_loss``, ``holdout_samples`` when a split was held back.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 
 from fedcore.recipe import LOSS_KINDS, Recipe, StepStats
 
+from .holdout import holdout_metrics, split_holdout
 from .local_tensors import LocalTensors
 from .outputs import OUTPUTS, OutputContext
 from .privacy import noised_delta
@@ -68,9 +73,16 @@ def teacher_extras(teacher_runtime, x: np.ndarray, recipe: Recipe) -> dict[str, 
 
 def run_task(plan: TaskPlan, models: dict[str, LoadedModel], x: np.ndarray, y: np.ndarray,
              local: LocalTensors, progress: Progress | None = None,
-             share_features: bool = True) -> TaskOutput:
-    """Train ``plan``'s steps on (x, y) with ``models``; returns the array records and metrics."""
+             share_features: bool = True, holdout: float = 0.0) -> TaskOutput:
+    """Train ``plan``'s steps on (x, y) with ``models``; returns the array records and metrics.
+    ``holdout``: the fraction of (x, y) held back and scored before training (0: none)."""
     metrics: dict = {}
+    held: dict = {}
+    if holdout > 0:
+        train_idx, held_idx = split_holdout(y, holdout)
+        if len(held_idx):
+            held = holdout_metrics(models[plan.steps[-1].model].runtime, x[held_idx], y[held_idx])
+            x, y = x[train_idx], y[train_idx]
     stats = StepStats(len(y), float("nan"), 0.0)
     for i, step in enumerate(plan.steps):
         loaded = models[step.model]
@@ -104,6 +116,7 @@ def run_task(plan: TaskPlan, models: dict[str, LoadedModel], x: np.ndarray, y: n
             arrays[name] = value
         else:
             metrics[name] = value
+    metrics.update(held)
     return TaskOutput(arrays, metrics)
 
 

@@ -59,6 +59,7 @@ class RoundSettings:
     min_devices: int = 1  # devices online before a round starts
     fleet_timeout_s: float = 180.0  # how long a round waits for min_devices before the run fails
     on_divergence: str = "rollback"  # --on-divergence: rollback, stop or continue (rounds/quality_guard.py)
+    holdout: float = 0.0  # --holdout: share of each device's samples held back (sdk_device/holdout.py)
 
 
 @dataclass
@@ -113,7 +114,7 @@ class ServerConfig(FleetSettings, FeatureSettings, RoundSettings, TaskSettings):
                           round_timeout_s=self.round_timeout_s, seed=self.seed, tier_map=tier_map,
                           min_devices=self.min_devices, fleet_timeout_s=self.fleet_timeout_s,
                           norm_bound=None if self.secagg else self.norm_bound,  # secagg: none in the clear
-                          on_divergence=self.on_divergence)
+                          on_divergence=self.on_divergence, holdout=self.holdout)
 
     def aggregation(self, method, async_settings=None):
         """The run's aggregation stack over ``method`` (``assembly.py:aggregation_stack``)."""
@@ -170,7 +171,7 @@ class RunConfig(PairingSettings, BrokerSettings, ServerConfig):
                 "method_options": self.method_options, "mode": self.mode, "buffer": self.buffer,
                 "max_staleness": self.max_staleness, "concurrency": self.concurrency,
                 "server_lr": self.server_lr, "eval_every": self.eval_every,
-                "on_divergence": self.on_divergence}
+                "on_divergence": self.on_divergence, "holdout": self.holdout}
 
 
 @dataclass

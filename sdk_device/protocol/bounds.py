@@ -29,7 +29,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "round": (0, MAX_INT32), "num_samples": (1, MAX_SAMPLES), "size": (0, 2**53),
     "chunk_bytes": (0, MAX_INT32), "indices": (0, MAX_INT32),  # (holders judge chunk_bytes, §7.2)
     "sent_at": (0, MAX_TIME), "deadline": (0, MAX_TIME), "server_time": (0, MAX_TIME),
-    "expires_at": (0, MAX_TIME), "progress": (0.0, 1.0),
+    "expires_at": (0, MAX_TIME), "progress": (0.0, 1.0), "holdout": (0.0, 0.5),  # holdout.MAX_FRACTION
 }
 # field name -> the whole-string pattern of its value (for a list: of each item)
 PATTERNS: dict[str, re.Pattern] = {name: re.compile(pattern) for name, pattern in {

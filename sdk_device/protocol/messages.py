@@ -97,6 +97,9 @@ class Task(Message):
     accepted; ``server_time``: the server's clock when it published the task (unix seconds,
     null from servers older than the clock rule) -- a device has ``deadline - server_time``
     seconds from the task's arrival (``protocol.clock``), whatever its own clock says.
+    ``holdout``: the fraction of its samples (0..0.5) the device holds back, scores the
+    received model on before training and never trains on (``sdk_device.holdout``); null or
+    absent: none (servers without ``--holdout``; older devices ignore the field).
     """
 
     TYPE: ClassVar[str] = "task"
@@ -107,6 +110,7 @@ class Task(Message):
     config: dict
     deadline: float
     server_time: float | None = None
+    holdout: float | None = None
 
     def __post_init__(self) -> None:
         if set(self.programs) != set(self.arrays) or not self.programs:

@@ -96,6 +96,13 @@ divergence_option = click.option(
     "stop); stop = end the run; continue = only record it. The best model is kept either way "
     "(checkpoints/best.safetensors).")
 
+holdout_option = click.option(
+    "--holdout", type=click.FloatRange(0.0, 0.5), default=0.0, show_default=True, metavar="FRACTION",
+    help="Each device holds back this fraction of its samples (stratified by label, the same every "
+    "round), never trains on it and scores the model it received on it before training; rows get "
+    "accuracy_holdout and accuracy_holdout_tier_<tier>. 0: off (devices train on all their data). "
+    "Devices that do not know it train on everything and report nothing.")
+
 method_option = click.option(
     "--method-option",
     "method_options",

@@ -14,6 +14,7 @@ from .config_file import config_option
 from .observe_options import observe_options
 from .options import (
     divergence_option,
+    holdout_option,
     method_choice,
     method_option,
     norm_bound_option,
@@ -84,6 +85,7 @@ round_options = stacked(
     click.option("--seed", default=0, show_default=True, help="Seed of the models and device sampling."),
     click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --run-dir."),
     divergence_option,
+    holdout_option,
 )
 
 run_options = stacked(broker_options, task_options, round_options, pairing_options, privacy_options,

@@ -14,6 +14,7 @@ from .config_file import config_option
 from .observe_options import observe_options
 from .options import (
     divergence_option,
+    holdout_option,
     kernels_option,
     method_choice,
     method_option,
@@ -103,6 +104,7 @@ place_options = stacked(
     click.option("--resume", "resume_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
                  help="Continue the run in this directory from its last checkpoint."),
     divergence_option,
+    holdout_option,
 )
 
 simulate_options = stacked(data_options, device_options, place_options, privacy_options, observe_options,

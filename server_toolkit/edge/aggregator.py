@@ -62,6 +62,7 @@ from sdk_device.transport.mqtt_link import BrokerAddress
 from ..fleet.registry import FleetRegistry
 from ..methods.base import MODEL, ModelRecord, TrainInstruction
 from ..methods.fedconv.relay import TRAIN, WARMUP, EdgeOptions, EdgeRelay, ForwardedTask
+from ..methods.holdout_accuracy import reported, weighted
 from ..methods.records import FEATURES
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..secagg.mqtt_grid import SecAggMqttGrid
@@ -333,6 +334,7 @@ class EdgeAggregator:
         self.relay.phase = phase
         self.group.global_weights = weights
         self.group.config.round_timeout_s = max(timeout_s, 1.0)
+        self.group.config.holdout = task.holdout or 0.0  # the server's --holdout, for the group's tasks
         self._current = (task.task_id, rnd)
         row = self.group.run_round(rnd)
         log.info("group round %d (%s, server round %d): %d/%d updates", rnd, phase, task.round,
@@ -348,6 +350,9 @@ class EdgeAggregator:
             metrics["loss"] = row["device_loss"]
         if "device_accuracy" in row:
             metrics["accuracy"] = row["device_accuracy"]
+        held = weighted(found for u in updates if (found := reported(u["metrics"])) is not None)
+        if held is not None:  # the group's held-back splits, as one device's (methods/holdout_accuracy.py)
+            metrics.update(holdout_accuracy=held[0], holdout_samples=held[1])
         counts = [u["metrics"].get("label_counts") for u in updates]
         if label_counts and counts and all(isinstance(c, list) for c in counts):
             total = [0] * max(len(c) for c in counts)

@@ -33,7 +33,8 @@ from .layer import edge_stack
 
 log = logging.getLogger(__name__)
 
-MEMBER_METRICS = ("loss", "accuracy", "label_counts", "wall_time_s", "runtime")  # forwarded per member
+MEMBER_METRICS = ("loss", "accuracy", "label_counts", "wall_time_s", "runtime",  # forwarded per member
+                  "holdout_accuracy", "holdout_loss", "holdout_samples")
 
 
 class BundleRelay(Method):
@@ -62,16 +63,19 @@ class BundleRelay(Method):
         return global_weights
 
 
-def member_tasks(template: TrainInstruction, plan: TaskPlan, online: set[str]) -> dict[str, TrainInstruction]:
+def member_tasks(template: TrainInstruction, plan: TaskPlan, online: set[str],
+                 holdout: float = 0.0) -> dict[str, TrainInstruction]:
     """{device id: its task} for the bundle's members that are online (``template``: the
-    bundle as the edge loaded it, every model's spec and weights)."""
+    bundle as the edge loaded it, every model's spec and weights; ``holdout``: the bundle
+    task's ``task.holdout``, passed on to every member)."""
     reports = dict(template.reports)  # features already dropped by the template
     tasks = {}
     for name, entry in plan.members.items():
         if entry["device"] in online:
             record = template.models[name]
             tasks[entry["device"]] = TrainInstruction(entry["device"], record.spec, record.weights,
-                                                      Recipe.from_dict(entry["recipe"]), reports=reports)
+                                                      Recipe.from_dict(entry["recipe"]), reports=reports,
+                                                      holdout=holdout)
     return tasks
 
 
@@ -95,7 +99,7 @@ def relay_bundle(edge: Any, task: msgs.Task, plan: TaskPlan) -> None:
     except (ProtocolError, TimeoutError, ValueError) as exc:
         edge._refuse(task, "bad_task", f"could not load the task: {exc}")
         return
-    tasks = member_tasks(template, plan, set(edge.grid.devices))
+    tasks = member_tasks(template, plan, set(edge.grid.devices), task.holdout or 0.0)
     if not tasks:
         edge._refuse(task, "device_failure", f"none of the bundle's {len(plan.members)} member(s) is online")
         return

@@ -67,7 +67,10 @@ class TrainInstruction:
     reads; ``returns`` = the models whose trained weights come back; ``reports`` = extra
     outputs asked of the device (``sdk_device.outputs``: ``label_counts``, ``features``).
     ``programs``: ready-made ``(format, bytes)`` programs of ``"model"`` (an edge forwards
-    its server's); empty: the MQTT grid exports them from ``spec``.
+    its server's); empty: the MQTT grid exports them from ``spec``. ``holdout``: the fraction
+    of its samples the device holds back and scores the received model on before training
+    (``task.holdout``, ``sdk_device.holdout``; 0: none), set by the round loop from
+    ``--holdout``, not by methods.
     """
 
     device_id: str
@@ -81,6 +84,7 @@ class TrainInstruction:
     returns: tuple[str, ...] = (MODEL,)
     reports: dict[str, dict] = field(default_factory=dict)
     programs: tuple[tuple[str, bytes], ...] = ()
+    holdout: float = 0.0
 
     def plan(self) -> TaskPlan:
         """The task's plan: ``steps_before``, then ``"model"`` by ``recipe``; a bundle's

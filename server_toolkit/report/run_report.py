@@ -33,6 +33,8 @@ SUMMARY_JSON = "summary.json"
 # Columns shown by summary_table(), in this order, when present in the rows.
 _TABLE_COLUMNS = ("round", "accuracy", "loss", "accepted", "rejected", "seconds")
 TIER_PREFIX = "accuracy_tier_"  # each tier's deployable accuracy (methods/tier_accuracy.py)
+HOLDOUT_PREFIX = "accuracy_holdout_tier_"  # ... on the devices' held-back data (methods/holdout_accuracy.py)
+_PREFIXES = {TIER_PREFIX: "tier ", HOLDOUT_PREFIX: "holdout "}  # a tier column's key prefix -> its header
 
 
 def final_accuracy(rows: list[dict[str, Any]]) -> float | None:
@@ -178,15 +180,17 @@ class RunReport:
 
     def summary_table(self, title: str | None = None) -> Table:
         """A rich Table with one line per round (round, accuracy, each tier's deployable
-        accuracy ``accuracy_tier_<t>`` as "tier <t>", loss, accepted, rejected, seconds -
+        accuracy ``accuracy_tier_<t>`` as "tier <t>", then on the devices' held-back splits
+        ``accuracy_holdout_tier_<t>`` as "holdout <t>", loss, accepted, rejected, seconds -
         whichever of these the rows have)."""
-        tiers = sorted({key for row in self._rows for key in row if key.startswith(TIER_PREFIX)})
+        tiers = [key for prefix in _PREFIXES
+                 for key in sorted({k for row in self._rows for k in row if k.startswith(prefix)})]
         columns = [key for key in _TABLE_COLUMNS if any(key in row for row in self._rows)]
         after = columns.index("accuracy") + 1 if "accuracy" in columns else int("round" in columns)
         columns[after:after] = tiers
         table = Table(title=title if title is not None else f"Run {self.name}")
         for key in columns:
-            table.add_column(f"tier {key[len(TIER_PREFIX):]}" if key in tiers else key, justify="right")
+            table.add_column(_header(key), justify="right")
         for row in self._rows:
             table.add_row(*[_table_cell(key, row.get(key)) for key in columns])
         return table
@@ -299,6 +303,12 @@ def _points(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
     return points
 
 
+def _header(key: str) -> str:
+    """A summary_table column's header: "tier 0.5", "holdout 0.5", else the key."""
+    prefix = next((p for p in _PREFIXES if key.startswith(p)), None)
+    return key if prefix is None else _PREFIXES[prefix] + key[len(prefix):]
+
+
 def _table_cell(key: str, value: Any) -> str:
     """Format one summary_table cell."""
     if value is None:
@@ -307,7 +317,7 @@ def _table_cell(key: str, value: Any) -> str:
         return str(len(value))  # e.g. the ids of accepted clients: show how many
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return str(value)
-    if key == "accuracy" or key.startswith(TIER_PREFIX):
+    if key == "accuracy" or key.startswith(tuple(_PREFIXES)):
         return f"{value:.3f}"
     if key == "loss":
         return f"{value:.4f}"

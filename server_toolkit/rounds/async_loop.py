@@ -59,6 +59,7 @@ from dataclasses import dataclass
 
 from ..methods.abilities import async_refusal
 from ..methods.base import Method
+from ..methods.holdout_accuracy import holdout_row
 from .aggregator import Aggregator, MethodAggregate, RoundInput, StopRun
 from .async_grid import Arrival, AsyncGrid
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -209,6 +210,7 @@ class AsyncLoop(RoundLoop):
         updates = [b.update for b in batch]
         self.global_weights = self.aggregator.aggregate(version, self.global_weights, updates, info)
         row.update(self.method.aggregate_evaluate(version, updates))
+        row.update(holdout_row(updates, self.tiers.devices))  # the devices' held-back splits
         aggregate_s = time.perf_counter() - clock
         clock = time.perf_counter()
         every = max(1, self.async_config.eval_every)

@@ -64,7 +64,8 @@ def train_on_device(device: LocalDevice, instruction: TrainInstruction,
         runtime, program_id = runtimes.get(model.spec, role=name)
         runtime.set_weights(device.local.complete(program_id, model.weights, runtime.get_weights()))
         loaded[name] = LoadedModel(runtime, program_id, model.weights)
-    output = run_task(instruction.plan(), loaded, device.x, device.y, device.local)
+    output = run_task(instruction.plan(), loaded, device.x, device.y, device.local,
+                      holdout=instruction.holdout)
     arrays = dict(output.arrays)
     return ClientUpdate(instruction.device_id, output.metrics["samples"], arrays.pop(MODEL), output.metrics,
                         instruction, arrays)

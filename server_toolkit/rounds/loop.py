@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..methods.base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..methods.holdout_accuracy import holdout_row
 from ..methods.tier_accuracy import TierAccuracy
 from ..methods.tiers import with_tier_overrides
 from .aggregator import Aggregator, MethodAggregate, RoundInput, StopRun
@@ -80,6 +81,7 @@ class LoopConfig:
     status_every_s: float = 30.0
     norm_bound: float | None = DEFAULT_FACTOR  # read by the plain stack (plain_stack)
     on_divergence: str = "rollback"  # --on-divergence: rollback, stop or continue (rounds/quality_guard.py)
+    holdout: float = 0.0  # --holdout: task.holdout of every task (sdk_device/holdout.py)
 
 
 class FleetLost(RuntimeError):
@@ -219,6 +221,7 @@ class RoundLoop:
             self.global_weights = self.aggregator.aggregate(rnd, self.global_weights, updates,
                                                             RoundInput(rate, row, exchange))
             row.update(self.method.aggregate_evaluate(rnd, updates))
+            row.update(holdout_row(updates, self.tiers.devices))  # the devices' held-back splits
         else:
             log.warning("round %d: no update accepted (%s); global model unchanged", rnd,
                         _why_empty(selected, exchange, deadline))
@@ -283,7 +286,7 @@ class RoundLoop:
                                                                           lr=s.recipe.lr * scale))
                        for s in instruction.steps_before)
         recipe = dataclasses.replace(instruction.recipe, seed=seed, lr=instruction.recipe.lr * scale)
-        out = dataclasses.replace(instruction, recipe=recipe,
+        out = dataclasses.replace(instruction, recipe=recipe, holdout=self.config.holdout,
                                   steps_before=before, reports={**self.method.asks, **instruction.reports})
         return self.aggregator.finish(out, lambda member: self._finish(rnd, member))  # a bundle's members
 

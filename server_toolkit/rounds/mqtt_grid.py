@@ -195,7 +195,8 @@ class MqttGrid(ResultPulls, Presence, KernelFallback, Grid):
                 sent_bytes[name] = len(blob)
                 references[name] = {k: (tuple(v.shape), str(v.dtype)) for k, v in model.weights.items()}
         task = msgs.Task(task_id=msgs.new_id(), round=rnd, programs=programs, arrays=arrays,
-                         config=plan_config(instruction.plan()), deadline=deadline)
+                         config=plan_config(instruction.plan()), deadline=deadline,
+                         holdout=instruction.holdout or None)
         self.registry.add_task(task.task_id, rnd, dev, task_record(
             instruction, {name: ref.id for name, ref in arrays.items()}, program_blobs))
         self._pending[task.task_id] = PendingTask(task.task_id, rnd, instruction, sent_bytes, references,

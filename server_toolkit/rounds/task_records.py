@@ -34,6 +34,7 @@ def task_record(instruction: TrainInstruction, weights_blobs: dict[str, str],
         "teacher": instruction.teacher,
         "returns": list(instruction.returns),
         "reports": instruction.reports,
+        "holdout": instruction.holdout,
     }
 
 
@@ -49,7 +50,7 @@ def instruction_from_record(record: dict, store: BlobStore) -> TrainInstruction:
         steps_before=tuple(TrainStep(s["model"], Recipe.from_dict(s["recipe"]), s.get("teacher"))
                            for s in record.get("steps_before", [])),
         teacher=record.get("teacher"), returns=tuple(record.get("returns", [MODEL])),
-        reports=record.get("reports") or {}, programs=main.programs,
+        reports=record.get("reports") or {}, programs=main.programs, holdout=record.get("holdout") or 0.0,
     )
 
 

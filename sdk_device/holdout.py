@@ -1,0 +1,68 @@
+"""A device's held-back split: local samples it never trains on, to score the model it can deploy.
+
+A task may carry ``holdout`` (protocol §5.4 ``task``): the fraction f of this device's samples
+to keep back, 0 < f ≤ 0.5. Then, before training, the device evaluates the model the task's
+last step trains, as received (completed by the tensors the device keeps: its width window,
+exit prefix or personal model, i.e. what it could deploy this round), on the held-back
+samples, reports ``holdout_accuracy`` (0..1, final output), ``holdout_loss`` (mean
+cross-entropy per sample, null when not finite) and ``holdout_samples`` (int) among its
+result metrics, and trains (and computes its outputs, e.g. ``label_counts``) on the rest
+only, so ``samples`` counts the training part.
+
+Decisions: the split is stratified by label (each label holds back its share of the
+``round(f·N)`` samples, largest remainders first, ties to the smaller label) and deterministic:
+it depends only on the labels and f (a fixed seed, not the task's), so the same samples are
+held back every round and never trained on while f stays the same. At least one sample is
+left to train on; a device with fewer than 2 samples holds back nothing (and reports no
+holdout keys). Devices that do not know the field (older agents, the C++ client) ignore it,
+train on everything and report none of these keys; the server tolerates their absence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+MAX_FRACTION = 0.5  # at most half the local data is held back
+SPLIT_SEED = 0  # the same split every round (never the task's seed)
+
+
+def check_fraction(fraction: float) -> float:
+    """``fraction`` as a float in [0, MAX_FRACTION] (0: no held-back split); ValueError otherwise."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not math.isfinite(fraction) \
+            or not 0.0 <= fraction <= MAX_FRACTION:
+        raise ValueError(f"holdout must be a fraction in 0..{MAX_FRACTION}, got {fraction!r}")
+    return float(fraction)
+
+
+def split_holdout(y: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(training indices, held-back indices) into labels ``y`` (N,), both sorted; the held-back
+    part has ``min(round(fraction·N), N − 1)`` samples, stratified by label (module docstring)."""
+    fraction = check_fraction(fraction)
+    y = np.asarray(y).astype(np.int64, copy=False).reshape(-1)
+    n = len(y)
+    want = min(int(math.floor(fraction * n + 0.5)), n - 1) if n >= 2 else 0
+    if want <= 0:
+        return np.arange(n), np.zeros(0, np.int64)
+    labels, counts = np.unique(y, return_counts=True)
+    quota = counts * (want / n)
+    take = np.floor(quota).astype(np.int64)
+    order = sorted(range(len(labels)), key=lambda i: (-(quota[i] - take[i]), labels[i]))
+    for i in order[: want - int(take.sum())]:
+        take[i] += 1
+    rng = np.random.default_rng(SPLIT_SEED)
+    held = [rng.permutation(np.flatnonzero(y == label))[:k] for label, k in zip(labels, take, strict=True)]
+    held_idx = np.sort(np.concatenate(held)) if held else np.zeros(0, np.int64)
+    mask = np.ones(n, bool)
+    mask[held_idx] = False
+    return np.flatnonzero(mask), held_idx
+
+
+def holdout_metrics(runtime, x: np.ndarray, y: np.ndarray) -> dict:
+    """``runtime``'s model (weights set, before training) scored on the held-back (x, y):
+    ``holdout_accuracy``, ``holdout_loss`` (None when not finite), ``holdout_samples``."""
+    stats = runtime.evaluate(x, y)
+    loss = float(stats.loss)
+    return {"holdout_accuracy": float(stats.accuracy), "holdout_loss": loss if math.isfinite(loss) else None,
+            "holdout_samples": int(len(y))}
