@@ -1,0 +1,88 @@
+"""Devices' held-back splits in real federations (``--holdout``, ``methods/holdout_accuracy.py``).
+
+* ``fedsdk-server simulate --method heterofl --tiers 1.0,0.5,0.25 --holdout 0.1`` on digits:
+  six real ``fedsdk run`` device processes over the embedded broker. Every row of
+  metrics.jsonl has ``accuracy_holdout_tier_<t>`` for the three tiers; the held-back samples
+  the devices report add up to what ``split_holdout`` holds back of their own data files, and
+  each trained on the rest; the closing table shows a "holdout <t>" column per tier.
+* The torch-free runtimes over mosquitto: devices on ``executorch-native`` (``pte/1``) and
+  on ``onnxruntime`` (``ort-training/1``, from the ORT environment) report the held-back
+  accuracy of the program they train, scored by that runtime.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from fedcore.recipe import Recipe
+from sdk_device.data.npz import load_npz
+from sdk_device.holdout import split_holdout
+from server_toolkit.cli import main
+from server_toolkit.fleet.registry import FleetRegistry
+from server_toolkit.sim.simulate import Simulation, SimulationConfig
+
+from ..ort_env import ort_python
+
+pytestmark = pytest.mark.integration
+
+TIERS = ("1.0", "0.5", "0.25")
+
+
+def _updates(run_dir, rounds: int) -> list[list[dict]]:
+    registry = FleetRegistry(run_dir / "registry.sqlite")
+    try:
+        return [registry.updates(rnd) for rnd in range(1, rounds + 1)]
+    finally:
+        registry.close()
+
+
+def test_simulate_with_holdout_writes_each_tiers_held_back_accuracy(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "240")  # the closing table's headers unabridged
+    args = ["simulate", "--method", "heterofl", "--tiers", ",".join(TIERS), "--devices", "6", "--rounds", "2",
+            "--holdout", "0.1", "--local-epochs", "1", "--round-timeout", "240", "--run-dir", "run"]
+    result = CliRunner().invoke(main, args, prog_name="fedsdk-server", catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert json.loads((run / "config.json").read_text())["holdout"] == 0.1
+    held = {}
+    for dev_dir in sorted((run / "devices").iterdir()):
+        _, y = load_npz(dev_dir / "data.npz")
+        held[dev_dir.name] = (len(y), len(split_holdout(y, 0.1)[1]))
+    assert len(held) == 6 and all(h > 0 for _, h in held.values())
+    for row in rows:
+        assert row["accepted"] == 6, row
+        for tier in TIERS:
+            assert 0.0 <= row[f"accuracy_holdout_tier_{tier}"] <= 1.0, row
+        assert row["holdout_samples"] == sum(h for _, h in held.values()), row
+    for updates in _updates(run, len(rows)):
+        for u in updates:
+            n, h = held[u["device_id"]]
+            assert u["metrics"]["holdout_samples"] == h and u["metrics"]["samples"] == n - h, u
+            assert 0.0 <= u["metrics"]["holdout_accuracy"] <= 1.0
+    for tier in TIERS:
+        assert f"holdout {tier}" in result.output and f"tier {tier}" in result.output
+
+
+@pytest.mark.parametrize("runtime", ["executorch-native", "onnxruntime"])
+def test_torch_free_runtimes_score_their_own_program_on_the_held_back_split(runtime, mosquitto, tmp_path):
+    program = {"executorch-native": "pte/1", "onnxruntime": "ort-training/1"}[runtime]
+    config = SimulationConfig(method="fedavg", devices=2, rounds=2, partition="iid", seed=0, holdout=0.2,
+                              recipe=Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9).to_dict(),
+                              round_timeout_s=240.0, broker_url=mosquitto.url, fleet="lab",
+                              program_formats=[program, "torchspec/1"], device_runtime=runtime,
+                              device_python=ort_python() if runtime == "onnxruntime" else None)
+    run_dir = tmp_path / "run"
+    rows = Simulation(config, run_dir).run().rows
+    assert [r["accepted"] for r in rows] == [2, 2], rows
+    for row in rows:
+        assert 0.0 <= row["accuracy_holdout_tier_default"] <= 1.0 and row["holdout_samples"] > 0, row
+    updates = [u for rnd in _updates(run_dir, 2) for u in rnd]
+    assert {u["metrics"]["runtime"] for u in updates} == {runtime}
+    assert all(u["metrics"]["holdout_samples"] > 0 for u in updates)
+    # round 2's devices received the aggregate of round 1: it scores above round 1's random model
+    assert rows[1]["accuracy_holdout"] > rows[0]["accuracy_holdout"], rows
