@@ -86,3 +86,34 @@ def test_torch_free_runtimes_score_their_own_program_on_the_held_back_split(runt
     assert all(u["metrics"]["holdout_samples"] > 0 for u in updates)
     # round 2's devices received the aggregate of round 1: it scores above round 1's random model
     assert rows[1]["accuracy_holdout"] > rows[0]["accuracy_holdout"], rows
+
+
+def test_an_edge_passes_its_groups_held_back_accuracy_up(mosquitto, tmp_path):
+    recipe = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9).to_dict()
+    config = SimulationConfig(method="fedavg", devices=3, rounds=2, edges=1, partition="iid", seed=0,
+                              holdout=0.2, recipe=recipe, round_timeout_s=240.0, broker_url=mosquitto.url,
+                              fleet="lab", device_runtime="torch")
+    run_dir = tmp_path / "run"
+    rows = Simulation(config, run_dir).run().rows
+    held = {}
+    for dev_dir in sorted((run_dir / "devices").iterdir()):
+        _, y = load_npz(dev_dir / "data.npz")
+        held[dev_dir.name] = len(split_holdout(y, 0.2)[1])
+    assert len(held) == 3
+    group = FleetRegistry(run_dir / "edges" / "edge-1" / "registry.sqlite")
+    try:  # the edge's own rounds over its group: each device reported its split
+        group_rounds = [updates for rnd in range(1, 6) if (updates := group.updates(rnd))]
+    finally:
+        group.close()
+    means = []
+    for updates in group_rounds:
+        assert {u["device_id"]: u["metrics"]["holdout_samples"] for u in updates} == held
+        means.append(sum(u["metrics"]["holdout_accuracy"] * held[u["device_id"]] for u in updates)
+                     / sum(held.values()))
+    for row, updates in zip(rows, _updates(run_dir, 2), strict=True):
+        (edge,) = updates
+        assert edge["device_id"] == "edge-1" and edge["metrics"]["holdout_samples"] == sum(held.values())
+        assert edge["metrics"]["holdout_accuracy"] == pytest.approx(row["accuracy_holdout"])
+        assert row["accuracy_holdout_tier_default"] == pytest.approx(row["accuracy_holdout"])
+        assert row["holdout_samples"] == sum(held.values())
+        assert any(edge["metrics"]["holdout_accuracy"] == pytest.approx(m) for m in means)
