@@ -16,6 +16,12 @@ several seeds; prints per tier the mean ± std over seeds of ``accuracy_tier_<t>
 * ``conv``: FedConv on small_cnn, tiers 1.0 / 0.5 / 0.25; AllSmall at width 0.25; Alone trains
   the width sub-models (FedConv's tier shapes) without FedConv's 5 % server data.
 
+``--holdout F`` runs every arm with ``simulate --holdout F`` (each device holds back a
+fraction F of its data, ``methods/holdout_accuracy.py``) and prints under each tier's line the
+same arms scored on the devices' own held-back data (``accuracy_holdout_tier_<t>``, the model the
+devices received: one round behind the server's figure); those runs live in ``seed<s>-holdout<F>``
+beside the others (their devices train on 1 − F of the data, so the server's figures differ too).
+
 A run whose ``metrics.jsonl`` under ``--runs-dir`` is complete for the same configuration is
 read back instead of run again (a long bench can be stopped and restarted). ``--arms`` runs
 some arms only (e.g. the controls in one process and the method in another on a shared
@@ -65,6 +71,7 @@ FAMILIES = {
                                         ("Alone", "alone", {"of": "heterofl"})], {}),
 }
 SEPARATORS = (",", ":")  # compact JSON in labels
+HELD = "holdout"  # the key prefix of a tier's accuracy on the devices' held-back data
 LABELS = {"heterofl": "HeteroFL", "fedrolex": "FedRolex", "feddm": "FedDM"}  # --methods' row labels
 
 
@@ -88,9 +95,13 @@ def run_rows(config: SimulationConfig, run_dir: Path) -> list[dict]:
 def tier_accuracies(config: SimulationConfig, run_dir: Path, last_k: int) -> dict[str, float]:
     """{tier: its deployable accuracy averaged over the last ``last_k`` rounds} of one run,
     the global model's ``accuracy`` under "global" and a multi-exit model's ``accuracy_exit<k>``
-    and ``accuracy_ensemble`` under "exit<k>" and "ensemble"."""
+    and ``accuracy_ensemble`` under "exit<k>" and "ensemble"; with a held-back split, each
+    tier's ``accuracy_holdout_tier_<t>`` under "holdout <t>"."""
     rows = run_rows(config, run_dir)[-last_k:]
     found = {t: statistics.fmean(r[f"accuracy_tier_{t}"] for r in rows) for t in dict.fromkeys(config.tiers)}
+    if config.holdout:  # on the devices' held-back data, under "holdout <t>"
+        found.update({f"{HELD} {t}": statistics.fmean(r[f"accuracy_holdout_tier_{t}"] for r in rows)
+                      for t in dict.fromkeys(config.tiers)})
     exits = [k for k in rows[-1] if k.startswith("accuracy_exit") or k == "accuracy_ensemble"]
     return {**found, "global": statistics.fmean(r["accuracy"] for r in rows),
             **{k.removeprefix("accuracy_"): statistics.fmean(r[k] for r in rows) for k in exits}}
@@ -158,6 +169,7 @@ def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str,
     model, tiers, entries, extra = selected(family, args.arms, args.methods, args.method_option,
                                             args.width_tiers)
     results: dict[str, dict[str, list[float]]] = {}
+    holdout = getattr(args, "holdout", 0.0)
     for seed in args.seeds:  # seeds outermost: a bench stopped early has every arm of its first seeds
         for label, method, options in entries:
             config = SimulationConfig(**{
@@ -165,9 +177,10 @@ def run_family(family: str, alpha: float, args: argparse.Namespace) -> dict[str,
                 "devices": args.devices, "rounds": args.rounds, "alpha": alpha, "seed": seed,
                 "tiers": tiers, "method_options": options, "grid": "inprocess",
                 "train_samples": args.train_samples, "test_samples": args.test_samples, "label": label,
-                "setting": family, **extra})
+                "setting": family, "holdout": holdout, **extra})
             arm = label.lower().replace(" ", "-").replace("(", "").replace(")", "")
-            run_dir = args.runs_dir / family / f"alpha{alpha}" / arm / f"seed{seed}"
+            run_dir = args.runs_dir / family / f"alpha{alpha}" / arm / (
+                f"seed{seed}-holdout{holdout:g}" if holdout else f"seed{seed}")
             for key, value in tier_accuracies(config, run_dir, args.last_k).items():
                 results.setdefault(label, {}).setdefault(key, []).append(value)
     return results
@@ -208,7 +221,12 @@ def main() -> None:
     parser.add_argument("--width-tiers", nargs="+", default=None,
                         help="The width family's tiers (ratios, largest first), e.g. 1.0 0.5 0.125; AllSmall "
                         "then trains the smallest (default: 1.0 0.5 0.25).")
+    parser.add_argument("--holdout", type=float, default=0.0, metavar="F",
+                        help="Each device holds back this fraction of its data (simulate --holdout); "
+                        "prints each tier on it too (default 0: off).")
     args = parser.parse_args()
+    if not 0.0 <= args.holdout <= 0.5:
+        parser.error(f"--holdout {args.holdout}: a fraction in 0..0.5")
     args.method_option = dict(args.method_option or [])
     started = time.monotonic()
     for family in args.families:
@@ -221,6 +239,10 @@ def main() -> None:
                 name = "global model (accuracy)" if tier == "global" else f"tier {tier}"
                 print(f"  {name}: " + " vs ".join(f"{label} {mean_std(results[label][tier])}"
                                                   for label, _, _ in entries), flush=True)
+                if args.holdout and tier != "global":
+                    print("    on the devices' held-back data: " + " vs ".join(
+                        f"{label} {mean_std(results[label][f'{HELD} {tier}'])}" for label, _, _ in entries),
+                          flush=True)
             for label, _, _ in entries:  # a multi-exit global model's exits, for the reasons
                 exits = sorted(k for k in results[label] if k.startswith("exit") or k == "ensemble")
                 if exits:

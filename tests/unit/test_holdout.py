@@ -191,3 +191,26 @@ def test_a_round_loop_with_holdout_writes_per_tier_held_back_accuracy():
     assert all(u.num_samples == 90 and u.instruction.holdout == 0.25 for u in loop.last_updates)
     # round 2 scores what round 1 built: better than the random initial model of round 1
     assert rows[1]["accuracy_holdout"] > rows[0]["accuracy_holdout"]
+
+
+def test_a_bundle_passes_holdout_to_its_members_and_forwards_what_they_report():
+    from sdk_device.protocol.task_plan import TaskPlan as Plan
+    from server_toolkit.edge.bundle_relay import member_metrics, member_tasks
+    from server_toolkit.methods.base import ModelRecord
+
+    template = TrainInstruction("", _spec(), {}, Recipe(), models={"m_a": ModelRecord(_spec(), {})})
+    plan = Plan((TrainStep("model", Recipe()),), ("model", "m_a"),
+                members={"m_a": {"device": "a", "recipe": Recipe().to_dict()}})
+    assert member_tasks(template, plan, {"a"}, 0.1)["a"].holdout == 0.1
+    update = _update("a", holdout_accuracy=0.7, holdout_loss=0.9, holdout_samples=4)
+    assert {k: v for k, v in member_metrics(update).items() if k.startswith("holdout")} == \
+        {"holdout_accuracy": 0.7, "holdout_loss": 0.9, "holdout_samples": 4}
+
+
+def test_the_report_and_the_dashboard_chart_the_held_back_keys_as_accuracy_parts():
+    from server_toolkit.observe.pages import part_keys
+    from server_toolkit.report.series import is_accuracy_part
+
+    keys = ["accuracy", "accuracy_holdout", "accuracy_holdout_tier_0.5", "holdout_samples", "loss"]
+    assert part_keys(keys) == ["accuracy_holdout", "accuracy_holdout_tier_0.5"]
+    assert [k for k in keys if is_accuracy_part(k)] == ["accuracy_holdout", "accuracy_holdout_tier_0.5"]

@@ -21,7 +21,7 @@ from server_toolkit.sim.simulate import SimulationConfig
 
 RUN_CONFIG_JSON = ["method", "model", "dataset", "fleet", "rounds", "clients_per_round", "fraction",
                    "round_timeout_s", "seed", "recipe", "method_options", "mode", "buffer", "max_staleness",
-                   "concurrency", "server_lr", "eval_every", "on_divergence"]
+                   "concurrency", "server_lr", "eval_every", "on_divergence", "holdout"]
 
 
 class Captured(Exception):
@@ -114,7 +114,7 @@ def test_the_options_run_and_simulate_share_read_alike_in_both():
     run, simulate = options("run"), options("simulate")
     alike = ["method", "rounds", "clients_per_round", "fraction", "over_select", "round_timeout",
              "norm_bound", "program_formats", "local_epochs", "batch_size", "lr", "max_steps", "optimizer",
-             "on_divergence", "method_options", "dp_clip", "secagg", "mode", "dashboard", "log_to",
+             "on_divergence", "holdout", "method_options", "dp_clip", "secagg", "mode", "dashboard", "log_to",
              "config_file"]
     for name in alike:
         assert (run[name].opts, run[name].help, run[name].default) == \
