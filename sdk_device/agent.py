@@ -19,6 +19,7 @@ from fedcore import modelspec
 
 from .announce import Announcer
 from .data.npz import load_npz
+from .holdout import split_holdout
 from .local_tensors import LocalTensors
 from .outputs import OUTPUTS, check_reports
 from .policy import DevicePolicy
@@ -231,7 +232,8 @@ class DeviceAgent:
         metrics = {**output.metrics, "wall_time_s": train_s, "fetch_s": fetch_s, "peak_rss_mb": peak_rss_mb(),
                    "runtime": placement[main][0]}
         if self.secagg.expects(task.round):  # a secure round: the update leaves masked (secagg_client.py)
-            self.secagg.start(task.round, output.arrays[main], metrics["samples"], self.y, metrics,
+            trained = self.y[split_holdout(self.y, task.holdout)[0]] if task.holdout else self.y
+            self.secagg.start(task.round, output.arrays[main], metrics["samples"], trained, metrics,
                               loaded[main].sent, plan.steps[-1].recipe.dp_secure_clip,
                               local_dp=plan.steps[-1].recipe.dp_clip > 0)
             return
@@ -250,6 +252,8 @@ class DeviceAgent:
         (a teacher, a model trained first) to the torch runtime, which can also predict."""
         main = plan.steps[-1].model
         placement = {}
+        # the self-test's samples: never a held-back one (sdk_device/holdout.py)
+        sample = split_holdout(self.y, task.holdout)[0][:256] if task.holdout else slice(0, 256)
         for name, programs in task.programs.items():
             formats = [p.format for p in programs]
             if name != main:
@@ -262,8 +266,8 @@ class DeviceAgent:
             offers = trainable_offers(programs, self.config.runtimes)
             try:  # the fastest runtime that passes parity on this very program, tested once
                 chosen = self.chooser.choose(programs, task.arrays[name], plan.steps[-1].recipe, offers,
-                                             lambda ref: self.endpoint.fetch(SERVER, ref), self.x[:256],
-                                             self.y[:256])
+                                             lambda ref: self.endpoint.fetch(SERVER, ref), self.x[sample],
+                                             self.y[sample])
             except Exception:  # a failing self-test must not cost the round
                 log.exception("runtime self-test failed; using the preference order")
                 chosen = None
