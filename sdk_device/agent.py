@@ -196,6 +196,9 @@ class DeviceAgent:
         try:
             plan = parse_plan(task.config, set(task.programs), set(OUTPUTS))
             plan = replace(plan, reports=check_reports(plan.reports, set(task.programs)))
+            if task.holdout_model is not None and task.holdout_model not in task.programs:
+                raise ProtocolError("invalid_field", f"task.holdout_model names {task.holdout_model!r}, "
+                                                     "which the task lacks")
             why = self.secagg.refusal(task.round, plan.steps[-1].recipe)  # DP it cannot honour masked
             if why is not None:
                 raise ValueError(why)
@@ -221,7 +224,8 @@ class DeviceAgent:
         train_started = time.perf_counter()
         output = run_task(plan, loaded, self.x, self.y, self.local,
                           progress=lambda f: self._heartbeat("training", task.task_id, f),
-                          share_features=self.config.share_smashed, holdout=task.holdout or 0.0)
+                          share_features=self.config.share_smashed, holdout=task.holdout or 0.0,
+                          holdout_model=task.holdout_model)
         train_s = time.perf_counter() - train_started
         if self.config.slowdown > 1.0 and self._trained:  # a simulated straggler (not while warming up)
             self._stop.wait((self.config.slowdown - 1.0) * train_s)

@@ -1,13 +1,13 @@
 """A device's held-back split: local samples it never trains on, to score the model it can deploy.
 
 A task may carry ``holdout`` (protocol §5.4 ``task``): the fraction f of this device's samples
-to keep back, 0 < f ≤ 0.5. Then, before training, the device evaluates the model the task's
-last step trains, as received (completed by the tensors the device keeps: its width window,
-exit prefix or personal model, i.e. what it could deploy this round), on the held-back
-samples, reports ``holdout_accuracy`` (0..1, final output), ``holdout_loss`` (mean
-cross-entropy per sample, null when not finite) and ``holdout_samples`` (int) among its
-result metrics, and trains (and computes its outputs, e.g. ``label_counts``) on the rest
-only, so ``samples`` counts the training part.
+to keep back, 0 < f ≤ 0.5. Then, before training, the device evaluates the model it deploys
+(``task.holdout_model``, else the one the task's last step trains), as received (completed
+by the tensors the device keeps: its width window, exit prefix or personal model, i.e. what
+it could deploy this round), on the held-back samples; reports ``holdout_accuracy`` (0..1,
+final output), ``holdout_loss`` (mean cross-entropy per sample, null when not finite) and
+``holdout_samples`` (int) among its result metrics; and trains (and computes its outputs,
+e.g. ``label_counts``) on the rest only, so ``samples`` counts the training part.
 
 Decisions: the split is stratified by label (each label holds back its share of the
 ``round(f·N)`` samples, largest remainders first, ties to the smaller label) and deterministic:

@@ -13,8 +13,9 @@ task exactly as a real one does:
   exactly the tensors they were sent;
 * local differential privacy: when the last step's recipe has ``dp_clip`` > 0, the model
   it trained goes back clipped and noised (``privacy.noised_delta``);
-* a held-back split (``holdout`` > 0, ``sdk_device.holdout``): before any step, the last
-  step's model as received is scored on the held-back samples; the steps and the outputs
+* a held-back split (``holdout`` > 0, ``sdk_device.holdout``): before any step, the model
+  the device deploys (``holdout_model``, else the last step's) as received is scored on the
+  held-back samples; the steps and the outputs
   then see only the rest;
 * metrics: ``samples``, ``loss``, ``accuracy`` of the last step, ``<model>_loss`` and
   ``<model>_accuracy`` of the others, the metric outputs asked for, then ``holdout_accuracy``,
@@ -73,15 +74,18 @@ def teacher_extras(teacher_runtime, x: np.ndarray, recipe: Recipe) -> dict[str, 
 
 def run_task(plan: TaskPlan, models: dict[str, LoadedModel], x: np.ndarray, y: np.ndarray,
              local: LocalTensors, progress: Progress | None = None,
-             share_features: bool = True, holdout: float = 0.0) -> TaskOutput:
+             share_features: bool = True, holdout: float = 0.0, holdout_model: str | None = None,
+             ) -> TaskOutput:
     """Train ``plan``'s steps on (x, y) with ``models``; returns the array records and metrics.
-    ``holdout``: the fraction of (x, y) held back and scored before training (0: none)."""
+    ``holdout``: the fraction of (x, y) held back on which model ``holdout_model`` (None: the
+    last step's) is scored before training (0: none)."""
     metrics: dict = {}
     held: dict = {}
     if holdout > 0:
         train_idx, held_idx = split_holdout(y, holdout)
         if len(held_idx):
-            held = holdout_metrics(models[plan.steps[-1].model].runtime, x[held_idx], y[held_idx])
+            scored = models[holdout_model or plan.steps[-1].model]
+            held = holdout_metrics(scored.runtime, x[held_idx], y[held_idx])
             x, y = x[train_idx], y[train_idx]
     stats = StepStats(len(y), float("nan"), 0.0)
     for i, step in enumerate(plan.steps):

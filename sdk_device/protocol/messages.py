@@ -99,7 +99,8 @@ class Task(Message):
     seconds from the task's arrival (``protocol.clock``), whatever its own clock says.
     ``holdout``: the fraction of its samples (0..0.5) the device holds back, scores the
     received model on before training and never trains on (``sdk_device.holdout``); null or
-    absent: none (servers without ``--holdout``; older devices ignore the field).
+    absent: none (servers without ``--holdout``; older devices ignore the field);
+    ``holdout_model``: the model of the task scored on it (null: the last step's).
     """
 
     TYPE: ClassVar[str] = "task"
@@ -111,6 +112,7 @@ class Task(Message):
     deadline: float
     server_time: float | None = None
     holdout: float | None = None
+    holdout_model: str | None = None
 
     def __post_init__(self) -> None:
         if set(self.programs) != set(self.arrays) or not self.programs:

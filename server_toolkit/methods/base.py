@@ -70,7 +70,9 @@ class TrainInstruction:
     its server's); empty: the MQTT grid exports them from ``spec``. ``holdout``: the fraction
     of its samples the device holds back and scores the received model on before training
     (``task.holdout``, ``sdk_device.holdout``; 0: none), set by the round loop from
-    ``--holdout``, not by methods.
+    ``--holdout``, not by methods. ``deploys``: the model of the task this device can deploy,
+    the one it scores on that split (``task.holdout_model``; RecipFL's strong devices: the
+    teacher, their large model); default ``"model"``.
     """
 
     device_id: str
@@ -85,6 +87,7 @@ class TrainInstruction:
     reports: dict[str, dict] = field(default_factory=dict)
     programs: tuple[tuple[str, bytes], ...] = ()
     holdout: float = 0.0
+    deploys: str = MODEL
 
     def plan(self) -> TaskPlan:
         """The task's plan: ``steps_before``, then ``"model"`` by ``recipe``; a bundle's

@@ -194,9 +194,10 @@ class MqttGrid(ResultPulls, Presence, KernelFallback, Grid):
             if name in instruction.returns:
                 sent_bytes[name] = len(blob)
                 references[name] = {k: (tuple(v.shape), str(v.dtype)) for k, v in model.weights.items()}
+        scored = instruction.deploys if instruction.holdout and instruction.deploys != MODEL else None
         task = msgs.Task(task_id=msgs.new_id(), round=rnd, programs=programs, arrays=arrays,
                          config=plan_config(instruction.plan()), deadline=deadline,
-                         holdout=instruction.holdout or None)
+                         holdout=instruction.holdout or None, holdout_model=scored)
         self.registry.add_task(task.task_id, rnd, dev, task_record(
             instruction, {name: ref.id for name, ref in arrays.items()}, program_blobs))
         self._pending[task.task_id] = PendingTask(task.task_id, rnd, instruction, sent_bytes, references,

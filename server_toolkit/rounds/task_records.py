@@ -35,6 +35,7 @@ def task_record(instruction: TrainInstruction, weights_blobs: dict[str, str],
         "returns": list(instruction.returns),
         "reports": instruction.reports,
         "holdout": instruction.holdout,
+        "deploys": instruction.deploys,
     }
 
 
@@ -51,6 +52,7 @@ def instruction_from_record(record: dict, store: BlobStore) -> TrainInstruction:
                            for s in record.get("steps_before", [])),
         teacher=record.get("teacher"), returns=tuple(record.get("returns", [MODEL])),
         reports=record.get("reports") or {}, programs=main.programs, holdout=record.get("holdout") or 0.0,
+        deploys=record.get("deploys") or MODEL,
     )
 
 

@@ -120,6 +120,36 @@ def test_without_a_holdout_the_device_trains_on_everything_and_reports_no_holdou
     assert out.metrics["samples"] == 50 and not any(k.startswith("holdout") for k in out.metrics)
 
 
+def test_the_device_scores_the_model_the_server_names_when_it_is_not_the_last_steps():
+    x, y = _data(60)
+    torch.manual_seed(1)
+    model, teacher = RecordingRuntime(), RecordingRuntime()
+    for runtime in (model, teacher):
+        runtime.load_program(modelspec.dumps(_spec()), modelspec.FORMAT)
+    train_idx, held_idx = split_holdout(y, 0.25)
+    expected = teacher.evaluate(x[held_idx], y[held_idx]).accuracy
+    assert expected != model.evaluate(x[held_idx], y[held_idx]).accuracy  # the two can be told apart
+    plan = TaskPlan((TrainStep("teacher", Recipe(epochs=1, batch_size=8)),
+                     TrainStep("model", Recipe(epochs=1, batch_size=8))), ("model", "teacher"))
+    loaded = {"model": LoadedModel(model, "p", model.get_weights()),
+              "teacher": LoadedModel(teacher, "q", teacher.get_weights())}
+    out = run_task(plan, loaded, x, y, LocalTensors(), holdout=0.25, holdout_model="teacher")
+    assert out.metrics["holdout_accuracy"] == pytest.approx(expected)
+    assert [len(b) for b in teacher.trained_on] == [len(train_idx)]  # the teacher too: training part only
+
+
+def test_recipfl_strong_devices_deploy_their_large_model():
+    data = load_dataset("digits", seed=0)
+    spec = model_spec("lenet5", data.input_shape, data.num_classes)
+    method = method_class("recipfl")(spec, Recipe(), small_model="width:0.3")
+    weights = method.initial_weights(0)
+    strong, weak = DeviceInfo("s", 100, "strong"), DeviceInfo("w", 100, "weak")
+    by_device = {i.device_id: i for i in method.configure_train(1, weights, [strong, weak])}
+    assert by_device["s"].deploys == "teacher" and by_device["w"].deploys == "model"
+    large_spec, _ = method.deployable(weights, strong)
+    assert by_device["s"].models["teacher"].spec == large_spec
+
+
 # -- on the wire -------------------------------------------------------------------------------
 def _task(**extra) -> bytes:
     ref = {"id": "a" * 64, "size": 1, "kind": "weights", "format": "safetensors"}
@@ -134,9 +164,11 @@ def test_task_holdout_travels_and_is_checked():
     assert msgs.decode(_task()).holdout is None  # a server without --holdout
     task = msgs.decode(_task(holdout=0.25))
     assert msgs.decode(msgs.encode(task)).holdout == 0.25
-    for bad in (0.75, -0.1, "0.1"):
+    assert msgs.decode(_task(holdout=0.1, holdout_model="teacher")).holdout_model == "teacher"
+    for bad in ({"holdout": 0.75}, {"holdout": -0.1}, {"holdout": "0.1"}, {"holdout_model": "Teacher!"},
+                {"holdout_model": 3}):
         with pytest.raises(ProtocolError) as err:
-            msgs.decode(_task(holdout=bad))
+            msgs.decode(_task(**bad))
         assert err.value.code == "invalid_field"
 
 

@@ -228,8 +228,9 @@ class RecipFL(Method):
                 student = TrainInstruction(device.device_id, self.specs[SMALL], small, self.student_recipe,
                                            {"role": STRONG})
                 teacher_recipe = dataclasses.replace(self.student_recipe, loss="ce")  # the large model: CE
-                instructions.append(with_teacher(student, self.specs[LARGE], large, teacher_recipe,
-                                                 returned=True))
+                instructions.append(dataclasses.replace(  # it deploys the large model (its held-back split)
+                    with_teacher(student, self.specs[LARGE], large, teacher_recipe, returned=True),
+                    deploys=TEACHER))
             else:
                 instructions.append(TrainInstruction(device.device_id, self.specs[SMALL], small, self.recipe,
                                                      {"role": "weak"}))
