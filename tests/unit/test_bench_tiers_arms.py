@@ -43,3 +43,20 @@ def test_methods_replace_the_method_row_under_the_same_controls_and_another_fami
         bench.selected("width", None, ["depthfl"])
     with pytest.raises(SystemExit, match="--methods: unknown method 'fedrolexx'"):
         bench.selected("width", None, ["fedrolexx"])
+
+
+def test_a_holdout_run_reports_each_tier_on_the_devices_held_back_data_too(monkeypatch) -> None:
+    from server_toolkit.sim.simulate import SimulationConfig
+
+    bench = _load_bench()
+    config = SimulationConfig(method="heterofl", tiers=["1.0", "0.5"], rounds=2, holdout=0.1)
+    rows = [{"round": r, "accuracy": 0.5 + r / 10, "accuracy_tier_1.0": 0.5 + r / 10,
+             "accuracy_tier_0.5": 0.4, "accuracy_holdout_tier_1.0": 0.3 + r / 10,
+             "accuracy_holdout_tier_0.5": 0.2} for r in (1, 2)]
+    monkeypatch.setattr(bench, "run_rows", lambda c, run_dir: rows if c is config else [])
+    found = bench.tier_accuracies(config, None, last_k=2)
+    assert found["holdout 1.0"] == pytest.approx(0.45) and found["holdout 0.5"] == pytest.approx(0.2)
+    assert found["1.0"] == pytest.approx(0.65)
+    without = SimulationConfig(method="heterofl", tiers=["1.0", "0.5"], rounds=2)
+    monkeypatch.setattr(bench, "run_rows", lambda c, run_dir: rows)
+    assert not any(k.startswith("holdout") for k in bench.tier_accuracies(without, None, last_k=2))
