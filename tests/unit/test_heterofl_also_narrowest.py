@@ -129,3 +129,25 @@ def test_on_digits_the_narrowest_tier_deploys_allsmalls_model_and_the_wide_tiers
     assert small[-1]["accuracy"] > 0.3
     assert nested[-1]["accuracy_tier_1.0"] > nested[0]["accuracy_tier_1.0"] + 0.2
     assert nested[-1]["accuracy_tier_0.5"] > nested[0]["accuracy_tier_0.5"] + 0.2
+
+
+def test_a_bundle_edge_is_left_out_in_one_line_since_a_bundle_carries_one_model_per_member(caplog) -> None:
+    from server_toolkit.edge.bundle import expand
+
+    members = [{"device_id": "m1", "num_samples": 10, "tier": "1.0"}]
+    edge = DeviceInfo("edge-1", 10, profile={"role": "edge", "members": members, "aggregates": "sums"})
+    nested = method_class("heterofl")(SPEC, Recipe(), also_narrowest=0.125)
+    assert expand(nested, 1, [edge, DEVICES[0]]) == ([DEVICES[0]], {})
+    assert "edge edge-1 left out: edges do not support heterofl: with also_narrowest" in caplog.text
+    owning = method_class("heterofl")(SPEC, Recipe(), narrowest_owns=True)  # one model a task: relayed
+    assert expand(owning, 1, [edge])[1] == {"m1": "edge-1"}
+
+
+@pytest.mark.parametrize("feature", [{"secagg": {"threshold": 0.5}}, {"edges": 2}])
+def test_simulate_refuses_secagg_and_edges_before_starting_anything(tmp_path, feature) -> None:
+    config = SimulationConfig(method="heterofl", dataset="digits", model="small_cnn", devices=4, rounds=1,
+                              grid="mqtt", tiers=["1.0", "0.25"], method_options={"also_narrowest": 0.25},
+                              **feature)
+    with pytest.raises(ValueError, match=r"support heterofl: with also_narrowest each device returns two"):
+        Simulation(config, tmp_path / "run").run()
+    assert not (tmp_path / "run" / "blobs").exists()  # refused before the broker and the devices

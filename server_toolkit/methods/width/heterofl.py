@@ -133,6 +133,7 @@ class HeteroFL(WidthSharedMethod):
             raise OptionError("method 'heterofl': also_narrowest and narrowest_owns exclude each other "
                               "(both decide who owns the narrow window)")
         self.weighted_sum = None  # module docstring
+        self.bundles = False  # a bundle edge carries one model per member
         self.not_a_sum = ("with also_narrowest each device returns two models (its window and the "
                           "narrowest one), and this feature reads one")
 
