@@ -38,6 +38,25 @@ update changes only the channels outside the narrower windows trained this round
 alone the 0.125 window, also averaged with the wider models' updates of its elements, stayed
 5.7 pts below AllSmall. With it the aggregate is no longer one weighted mean per element
 (``weighted_sum`` None: edges, async, DP and secure aggregation refuse it).
+
+Option ``also_narrowest=r_min`` (issue 32; default 0, off): a device wider than r_min trains,
+in the same task, the narrowest window too (``nested.py``: step ``"narrow"``, then its own
+window; both returned), and the r_min window is the sample-weighted mean of every device's
+narrow model, in the updates' order: exactly AllSmall's FedAvg (with ``fresh_windows``
+holding r_min, the 0.125 tier's deployable model equals AllSmall's bit for bit, measured and
+tested). The other elements are the coverage mean of the wide windows. Why: with
+``train_widths`` / ``narrowest_owns`` the narrowest window matched AllSmall only when the wide
+devices gave up their own rounds for it (BENCHMARKS "A smallest tier that is really small");
+here every device trains it every round, at about (r_min / r)² of its own window's compute
+(1/64 for a full device at r_min 0.125). Decisions, measured at seed 0, α 0.5 (tiers 1.0 /
+0.5 / 0.125, BENCHMARKS "also_narrowest"): ``also_narrowest_inner="narrow"`` (default; a wide
+window's values inside the narrow window are discarded: 0.842 / 0.816 / 0.763, AllSmall 0.763)
+over ``"average"`` (averaged in: 0.861 / 0.826 / 0.726, the smallest tier −3.7); no
+distillation by default (``also_narrowest_kd=0.5``, the wide step's kd loss from the fresh
+narrow model: 0.798 / 0.779 / 0.763). Each device returns two models, which edges (a bundle
+carries one model per member), async, DP and secure aggregation do not read: ``weighted_sum``
+None and ``bundles`` False, so each refuses it in one line. A device without the torch
+runtime trains only its own window (the narrow model is offered as ``torchspec/1`` only).
 """
 
 from __future__ import annotations
