@@ -67,6 +67,13 @@ def test_a_wide_device_gets_a_two_model_task_and_the_narrowest_one_its_own_model
     step = kd.configure_train(1, weights, DEVICES[:1])[0].plan().steps
     assert step[0].recipe.loss == "ce" and (step[1].recipe.loss, step[1].recipe.alpha, step[1].teacher) == \
         ("kd", 0.5, NARROW)
+    global_kd = method_class("heterofl")(SPEC, Recipe(), also_narrowest=0.125, also_narrowest_kd=0.5,
+                                         also_narrowest_kd_teacher="global")
+    frozen = global_kd.configure_train(1, weights, DEVICES[:1])[0]
+    assert frozen.plan().steps[1].teacher == "teacher" and frozen.returns == (MODEL, NARROW)
+    assert frozen.models["teacher"].spec == narrow_plan.spec  # the fleet's narrow model, as received
+    assert all(np.array_equal(frozen.models["teacher"].weights[k], frozen.models[NARROW].weights[k])
+               for k in frozen.models[NARROW].weights)
 
 
 def _trained(instruction, seed: int) -> dict:
@@ -103,6 +110,7 @@ def test_every_feature_refuses_it_in_one_line_and_bad_options_are_refused() -> N
     for options, message in (({"also_narrowest": 1.0}, "also_narrowest takes a ratio in"),
                              ({"also_narrowest": 0.125, "also_narrowest_inner": "x"}, "'narrow' or"),
                              ({"also_narrowest": 0.125, "also_narrowest_kd": 2}, "also_narrowest_kd takes"),
+                             ({"also_narrowest_kd_teacher": "x"}, "'trained' or"),
                              ({"also_narrowest": 0.125, "narrowest_owns": True}, "exclude each other")):
         with pytest.raises(OptionError, match=message):
             method_class("heterofl")(SPEC, Recipe(), **options)

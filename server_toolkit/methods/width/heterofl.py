@@ -102,6 +102,9 @@ class HeteroFLOptions(WidthOptions):
     also_narrowest_kd: float = option(
         0.0, "With also_narrowest, the wide step distils from the device's fresh narrow model with the "
         "kd loss at this alpha in [0, 1], temperature 1 (default 0: plain cross-entropy).")
+    also_narrowest_kd_teacher: str = option(
+        "trained", "With also_narrowest_kd, the teacher: 'trained' (the device's narrow model after its "
+        "step) or 'global' (the narrow model as received, frozen).")
 
 
 class HeteroFL(WidthSharedMethod):
@@ -146,6 +149,9 @@ class HeteroFL(WidthSharedMethod):
                 or not 0 <= o.also_narrowest_kd <= 1:
             raise OptionError(f"method 'heterofl': option also_narrowest_kd takes a number in [0, 1], "
                               f"got {o.also_narrowest_kd!r}")
+        if o.also_narrowest_kd_teacher not in ("trained", "global"):
+            raise OptionError("method 'heterofl': option also_narrowest_kd_teacher takes 'trained' or "
+                              f"'global', got {o.also_narrowest_kd_teacher!r}")
         if not o.also_narrowest:
             return
         if o.narrowest_owns:
@@ -224,7 +230,8 @@ class HeteroFL(WidthSharedMethod):
                 continue
             plan = self.layout.plan(float(r_min), self.offsets(round_number, device, float(r_min)))
             out.append(with_narrow(instruction, plan, extract(global_weights, plan.index_map),
-                                   float(self.options.also_narrowest_kd)))
+                                   float(self.options.also_narrowest_kd),
+                                   self.options.also_narrowest_kd_teacher))
         return out
 
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
