@@ -53,7 +53,12 @@ here every device trains it every round, at about (r_min / r)² of its own windo
 window's values inside the narrow window are discarded: 0.842 / 0.816 / 0.763, AllSmall 0.763)
 over ``"average"`` (averaged in: 0.861 / 0.826 / 0.726, the smallest tier −3.7); no
 distillation by default (``also_narrowest_kd=0.5``, the wide step's kd loss from the fresh
-narrow model: 0.798 / 0.779 / 0.763). Each device returns two models, which edges (a bundle
+narrow model: 0.798 / 0.779 / 0.763; from the fleet's narrow model as received,
+``also_narrowest_kd_teacher="global"``: 0.805 / 0.787 / 0.760, and its small wide deltas let the
+norm bound clip the 0.125 devices' own updates). Seeds 0-2: at α 0.5 the 0.125 tier equals
+AllSmall (0.761 ± 0.018), the 0.5 tier 0.804 ± 0.010 (beyond both stds), the full tier 0.805 ±
+0.042 (ahead in every seed, +1.6 to +7.9, within the stds); at α 0.1 the wide tiers were not
+above AllSmall (0.677 / 0.649 vs 0.674). Each device returns two models, which edges (a bundle
 carries one model per member), async, DP and secure aggregation do not read: ``weighted_sum``
 None and ``bundles`` False, so each refuses it in one line. A device without the torch
 runtime trains only its own window (the narrow model is offered as ``torchspec/1`` only).
