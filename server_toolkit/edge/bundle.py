@@ -90,6 +90,11 @@ def expand(method: Method, rnd: int, devices: list[DeviceInfo],
     if method.folds_edges or not any(is_bundle_edge(method, d, forward) for d in devices):
         return devices, {}
     plain = [d for d in devices if not is_bundle_edge(method, d, forward)]
+    if not method.bundles:  # its tasks have several models: a bundle cannot carry them
+        for edge in (d for d in devices if is_bundle_edge(method, d, forward)):
+            log.error("round %d: edge %s left out: edges do not support %s: %s", rnd, edge.device_id,
+                      method.name, method.not_a_sum)
+        return plain, {}
     taken = {d.device_id for d in plain}
     owners: dict[str, str] = {}
     for edge in (d for d in devices if is_bundle_edge(method, d, forward)):

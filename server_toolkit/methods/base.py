@@ -163,6 +163,9 @@ class Method(ABC):
     None: it is not, and they refuse it."""
     not_a_sum: str = ""
     """Why the aggregate is not a weighted sum (one clause, for the features' refusals; "": generic)."""
+    bundles: bool = True
+    """A bundle edge can relay its tasks to the edge's members (``edge/bundle.py``: one model per
+    member); False (tasks of several models, HeteroFL's ``also_narrowest``): edges refuse it."""
     classifiers: tuple[str, ...] | list[str] = ()
     """Global tensors whose rows are classes, weighted per class (``present`` layout; DepthFL)."""
     ignores_tiers: bool = False

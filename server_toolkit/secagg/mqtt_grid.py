@@ -28,7 +28,7 @@ from ..rounds.async_loop import AsyncConfig
 from ..rounds.grid import Exchange
 from ..rounds.modes import mqtt_grid_class
 from ..rounds.mqtt_grid import MqttGrid
-from .aggregate import UnmaskedSum, layout_for
+from .aggregate import UnmaskedSum, layout_for, refusal
 from .protocol import SecAggFailed, SecAggRound
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class SecAggMqttGrid(MqttGrid):
 
     def __init__(self, endpoint, registry, method: Method, settings: SecAggSettings, seed: int = 0,
                  **kwargs) -> None:
+        if why := refusal(method):  # the instance's answer: its options may make it no sum (HeteroFL's)
+            raise ValueError(why)
         super().__init__(endpoint, registry, **kwargs)
         self.method, self.settings, self.seed = method, settings, seed
         self._template: Weights | None = None  # the global tensors' names and shapes (offsets)

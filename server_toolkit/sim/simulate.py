@@ -45,6 +45,7 @@ from ..rounds.local_device import LocalDevice
 from ..rounds.loop import LoopConfig, RoundLoop
 from ..rounds.modes import make_loop
 from ..rounds.quality_guard import guard_summary
+from ..secagg.aggregate import refusal as secagg_refusal
 from ..server_config import DEFAULT_RECIPE, ServerConfig  # noqa: F401 - DEFAULT_RECIPE: still importable here
 from ..torch_utils import one_torch_thread
 from .edges import deal_edges, plan_edges, register_group, start_edge_process
@@ -241,6 +242,10 @@ class Simulation:
         setup = assemble(c.method, c.model, c.dataset, c.data_dir, c.device_recipe(),
                          c.method_options, c.seed, c.train_samples, c.test_samples)
         data, method = setup.data, setup.method
+        if c.edges and not method.bundles:
+            raise ValueError(f"--edges does not support {method.name}: {method.not_a_sum}")
+        if c.secagg is not None and (why := secagg_refusal(method)):  # the instance: its options count
+            raise ValueError(why)
         share = method.server_fraction if wants_server_data(method) else 0.0
         devices, server_data = self.prepare_data(data, share)
         if server_data is not None:

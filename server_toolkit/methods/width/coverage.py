@@ -72,3 +72,26 @@ def narrowest_average(global_weights: Weights, contributions: list[tuple[float, 
             out[name] = np.where(fresh, merged[name], out[name]).astype(global_weights[name].dtype)
             owned[name] |= covered
     return out
+
+
+def nested_average(global_weights: Weights, narrow: list[Contribution], wide: list[Contribution],
+                   inner: str = "narrow") -> Weights:
+    """HeteroFL's ``also_narrowest`` aggregate. ``narrow``: every returned model of the
+    narrowest window (a wide device's second model and the narrowest devices' own);
+    ``wide``: the wider windows. ``inner="narrow"``: the elements a narrow model covers are
+    the sample-weighted mean of the narrow models alone (AllSmall's FedAvg when they all share
+    one window), every other element the coverage mean of the wide windows (a wide window's
+    values inside the narrow window are discarded); ``inner="average"``: one coverage mean of
+    all of them (a wide window's inner values averaged in beside the narrow models')."""
+    if inner == "average":
+        return coverage_average(global_weights, [*narrow, *wide])
+    if inner != "narrow":
+        raise ValueError(f"inner must be 'narrow' or 'average', got {inner!r}")
+    small = coverage_average(global_weights, narrow)
+    large = coverage_average(global_weights, wide)
+    out: Weights = {}
+    for name, current in global_weights.items():
+        blocks = [(index_map[name], 1.0) for _, index_map, n in narrow if name in index_map and n > 0]
+        owned = coverage_counts(current.shape, blocks) > 0
+        out[name] = np.where(owned, small[name], large[name]).astype(current.dtype)
+    return out

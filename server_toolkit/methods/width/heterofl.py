@@ -38,6 +38,30 @@ update changes only the channels outside the narrower windows trained this round
 alone the 0.125 window, also averaged with the wider models' updates of its elements, stayed
 5.7 pts below AllSmall. With it the aggregate is no longer one weighted mean per element
 (``weighted_sum`` None: edges, async, DP and secure aggregation refuse it).
+
+Option ``also_narrowest=r_min`` (issue 32; default 0, off): a device wider than r_min trains,
+in the same task, the narrowest window too (``nested.py``: step ``"narrow"``, then its own
+window; both returned), and the r_min window is the sample-weighted mean of every device's
+narrow model, in the updates' order: exactly AllSmall's FedAvg (with ``fresh_windows``
+holding r_min, the 0.125 tier's deployable model equals AllSmall's bit for bit, measured and
+tested). The other elements are the coverage mean of the wide windows. Why: with
+``train_widths`` / ``narrowest_owns`` the narrowest window matched AllSmall only when the wide
+devices gave up their own rounds for it (BENCHMARKS "A smallest tier that is really small");
+here every device trains it every round, at about (r_min / r)² of its own window's compute
+(1/64 for a full device at r_min 0.125). Decisions, measured at seed 0, α 0.5 (tiers 1.0 /
+0.5 / 0.125, BENCHMARKS "also_narrowest"): ``also_narrowest_inner="narrow"`` (default; a wide
+window's values inside the narrow window are discarded: 0.842 / 0.816 / 0.763, AllSmall 0.763)
+over ``"average"`` (averaged in: 0.861 / 0.826 / 0.726, the smallest tier −3.7); no
+distillation by default (``also_narrowest_kd=0.5``, the wide step's kd loss from the fresh
+narrow model: 0.798 / 0.779 / 0.763; from the fleet's narrow model as received,
+``also_narrowest_kd_teacher="global"``: 0.805 / 0.787 / 0.760, and its small wide deltas let the
+norm bound clip the 0.125 devices' own updates). Seeds 0-2: at α 0.5 the 0.125 tier equals
+AllSmall (0.761 ± 0.018), the 0.5 tier 0.804 ± 0.010 (beyond both stds), the full tier 0.805 ±
+0.042 (ahead in every seed, +1.6 to +7.9, within the stds); at α 0.1 the wide tiers were not
+above AllSmall (0.677 / 0.649 vs 0.674). Each device returns two models, which edges (a bundle
+carries one model per member), async, DP and secure aggregation do not read: ``weighted_sum``
+None and ``bundles`` False, so each refuses it in one line. A device without the torch
+runtime trains only its own window (the narrow model is offered as ``torchspec/1`` only).
 """
 
 from __future__ import annotations
@@ -55,7 +79,8 @@ from ..base import ClientUpdate, DeviceInfo, TrainInstruction, Weights
 from ..capability import WINDOW, WeightedSum
 from ..options import OptionError, option
 from ..target_accuracy import TargetAccuracy, role_by_tier_name
-from .coverage import narrowest_average
+from .coverage import narrowest_average, nested_average
+from .nested import narrow_returns, with_narrow
 from .width_shared import WidthOptions, WidthSharedMethod
 
 
@@ -73,6 +98,18 @@ class HeteroFLOptions(WidthOptions):
     narrowest_owns: bool = option(
         False, "Average each element over only the updates of the narrowest window trained over it "
         "this round (default false: over every covering update).")
+    also_narrowest: float = option(
+        0.0, "Ratio r_min in (0, 1) of the narrowest window: a wider device also trains it, in the same "
+        "task, and it is averaged over every device's copy, e.g. 0.125 (default 0: off).")
+    also_narrowest_inner: str = option(
+        "narrow", "With also_narrowest, what a wide window's values inside the narrowest window do: "
+        "'narrow' (discarded, the narrow models own them) or 'average' (averaged in beside them).")
+    also_narrowest_kd: float = option(
+        0.0, "With also_narrowest, the wide step distils from the device's fresh narrow model with the "
+        "kd loss at this alpha in [0, 1], temperature 1 (default 0: plain cross-entropy).")
+    also_narrowest_kd_teacher: str = option(
+        "trained", "With also_narrowest_kd, the teacher: 'trained' (the device's narrow model after its "
+        "step) or 'global' (the narrow model as received, frozen).")
 
 
 class HeteroFL(WidthSharedMethod):
@@ -101,6 +138,34 @@ class HeteroFL(WidthSharedMethod):
             self.weighted_sum = None  # module docstring
             self.not_a_sum = ("with narrowest_owns it averages each element over the narrowest "
                               "windows trained over it, not over every covering update")
+        self._check_also_narrowest()
+
+    def _check_also_narrowest(self) -> None:
+        """OptionError for a bad ``also_narrowest*`` option; with it on, not a weighted sum."""
+        o = self.options
+        if not isinstance(o.also_narrowest, int | float) or isinstance(o.also_narrowest, bool) \
+                or not 0 <= o.also_narrowest < 1:
+            raise OptionError(f"method 'heterofl': option also_narrowest takes a ratio in (0, 1) or 0 (off), "
+                              f"got {o.also_narrowest!r}")
+        if o.also_narrowest_inner not in ("narrow", "average"):
+            raise OptionError("method 'heterofl': option also_narrowest_inner takes 'narrow' or 'average', "
+                              f"got {o.also_narrowest_inner!r}")
+        if not isinstance(o.also_narrowest_kd, int | float) or isinstance(o.also_narrowest_kd, bool) \
+                or not 0 <= o.also_narrowest_kd <= 1:
+            raise OptionError(f"method 'heterofl': option also_narrowest_kd takes a number in [0, 1], "
+                              f"got {o.also_narrowest_kd!r}")
+        if o.also_narrowest_kd_teacher not in ("trained", "global"):
+            raise OptionError("method 'heterofl': option also_narrowest_kd_teacher takes 'trained' or "
+                              f"'global', got {o.also_narrowest_kd_teacher!r}")
+        if not o.also_narrowest:
+            return
+        if o.narrowest_owns:
+            raise OptionError("method 'heterofl': also_narrowest and narrowest_owns exclude each other "
+                              "(both decide who owns the narrow window)")
+        self.weighted_sum = None  # module docstring
+        self.bundles = False  # a bundle edge carries one model per member
+        self.not_a_sum = ("with also_narrowest each device returns two models (its window and the "
+                          "narrowest one), and this feature reads one")
 
     def initial_weights(self, seed: int) -> Weights:
         """A fresh full model, each ``fresh_windows`` window overwritten by a fresh model of its
@@ -139,6 +204,13 @@ class HeteroFL(WidthSharedMethod):
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
+        if r_min := self.options.also_narrowest:
+            narrow, wide = [], []
+            for update, own in zip(updates, self.contributions(updates), strict=True):
+                # in the updates' order, as FedAvg sums: the narrow window then equals AllSmall's bit for bit
+                (narrow if plan_args(update.instruction.context)[0] <= r_min else wide).append(own)
+                narrow += narrow_returns([update], self.index_map)
+            return nested_average(global_weights, narrow, wide, self.options.also_narrowest_inner)
         if not self.options.narrowest_owns:
             return super().aggregate_train(round_number, global_weights, updates)
         return narrowest_average(global_weights, [
@@ -151,7 +223,21 @@ class HeteroFL(WidthSharedMethod):
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:
         self.targets.see(devices, self.role_of)
-        return super().configure_train(round_number, global_weights, devices)
+        instructions = super().configure_train(round_number, global_weights, devices)
+        if not (r_min := self.options.also_narrowest):
+            return instructions
+        by_id = {d.device_id: d for d in devices}
+        out = []
+        for instruction in instructions:
+            device = by_id[instruction.device_id]
+            if plan_args(instruction.context)[0] <= r_min or "torch" not in device.runtimes:
+                out.append(instruction)  # the narrowest devices' own model; no torch: no second model
+                continue
+            plan = self.layout.plan(float(r_min), self.offsets(round_number, device, float(r_min)))
+            out.append(with_narrow(instruction, plan, extract(global_weights, plan.index_map),
+                                   float(self.options.also_narrowest_kd),
+                                   self.options.also_narrowest_kd_teacher))
+        return out
 
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
         self.targets.report(updates)
