@@ -41,11 +41,8 @@ def new_id() -> str:
 
 @dataclass(frozen=True)
 class BlobRef:
-    """Names a blob: its sha256 (the id), its size in bytes and what it holds.
-
-    kind: "weights" (safetensors) or "program" (a runtime's training program).
-    format: "safetensors", "torchspec/1", "pte/1", "ort-training/1", ...
-    """
+    """Names a blob: its sha256 (the id), its size in bytes and what it holds: ``kind`` "weights"
+    (safetensors) or "program"; ``format`` "safetensors", "torchspec/1", "pte/1", ...."""
 
     id: str
     size: int
@@ -88,19 +85,14 @@ class Hello(Message):
 class Task(Message):
     """Server -> device: train the task's models as its ``config`` says (``protocol.task_plan``).
 
-    ``programs``: per model name, its training program in one or more formats (the device
-    pulls the one its runtime runs); ``arrays``: per model name, its weights (a safetensors
-    blob); ``config``: the steps, the models to return and the extra outputs to report.
-    An array record may omit tensors of its program (e.g. BatchNorm running statistics that
-    stay on the device): the device keeps its own values for those and returns exactly the
-    tensors it received. ``deadline``: unix seconds (server clock) after which no result is
-    accepted; ``server_time``: the server's clock when it published the task (unix seconds,
-    null from servers older than the clock rule) -- a device has ``deadline - server_time``
-    seconds from the task's arrival (``protocol.clock``), whatever its own clock says.
-    ``holdout``: the fraction of its samples (0..0.5) the device holds back, scores the
-    received model on before training and never trains on (``sdk_device.holdout``); null or
-    absent: none (servers without ``--holdout``; older devices ignore the field);
-    ``holdout_model``: the model of the task scored on it (null: the last step's).
+    ``programs``: per model, its training program in one or more formats (the device pulls the
+    one its runtime runs); ``arrays``: per model, its weights (a safetensors blob), which may omit
+    tensors that stay on the device (it keeps its own and returns exactly those received);
+    ``config``: the steps, the models to return, the outputs to report. ``deadline``: unix s
+    (server clock) after which no result is accepted; ``server_time``: the server's clock at
+    publishing (null from older servers): a device has ``deadline - server_time`` s from arrival
+    (``protocol.clock``). ``holdout``: the fraction (0..0.5) of its samples the device holds back
+    and scores ``holdout_model`` (null: the last step's) on before training (``sdk_device.holdout``).
     """
 
     TYPE: ClassVar[str] = "task"

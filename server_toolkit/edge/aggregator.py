@@ -4,12 +4,10 @@ FedConv puts edge servers between its server and the clients of one shrinkage ra
 fedsdk they are also the scale-out path. An edge speaks wire protocol v2 on both sides
 and needs no edge-specific code on the server or on the devices:
 
-* **Upward** it is an ordinary *device* of the server's fleet (``--fleet``), with its own
-  device id (e.g. ``edge-1``), registered on the server like any device. Its hello
-  reports the group: ``num_samples`` = the sum over its online devices, ``runtimes`` =
-  theirs, ``profile`` = ``{"role": "edge", "tier": …, "devices": n, "group_fleet": …}``.
-  It says hello again when the group changes. Its MQTT will tells the server when it dies,
-  so the server stops waiting for it.
+* **Upward** it is an ordinary *device* of the server's fleet (``--fleet``, own device id, e.g.
+  ``edge-1``). Its hello reports the group (``num_samples`` summed over its online devices,
+  their ``runtimes``, ``profile`` = ``{"role": "edge", "tier": …, "devices": n, "group_fleet":
+  …}``), again when the group changes; its MQTT will tells the server when it dies.
 * **Downward** it is the *server* of its own fleet (``<fleet>.<edge id>`` by default,
   possibly on another broker): the round loop over an MQTT grid of its own (an
   ``Endpoint``, a registry, a blob store and checkpoints in ``--run-dir``), driving
@@ -23,9 +21,9 @@ For each server task: pull the task's programs and weights, and its teacher if i
 (all forwarded as received; programs in every format offered) → a warm-up round on the
 group if clustering is due → one training round on the group with the server's recipe
 (round deadline = the server's, minus a margin for the way up) → one ``result`` up: the
-relay's aggregate, ``samples`` = the accepted devices' samples, plus the group's
-loss/accuracy, label counts and the clustering / projection figures. No accepted update →
-the task is refused with ``device_failure``. The edge never sends smashed data up.
+relay's aggregate, ``samples`` = the accepted devices' samples, plus the group's loss/accuracy,
+label counts, held-back accuracy and the clustering / projection figures (never smashed data).
+No accepted update → the task is refused with ``device_failure``.
 
 With ``method`` set (``--method``) the edge is *generic* instead: no clustering, no
 warm-up; its group round runs the server's method over the global model the server sends
@@ -82,10 +80,9 @@ def default_group_fleet(fleet: str, edge_id: str) -> str:
 
 @dataclass
 class EdgeConfig:
-    """Everything an edge aggregator needs. ``group_fleet`` defaults to
-    ``<fleet>.<edge_id>``, ``group_broker_url`` to ``broker_url``; the group side logs in
-    with ``group_username``/``group_password``/``group_ca_file`` when given (a secured group
-    broker: its server account), else with the upward credentials."""
+    """Everything an edge aggregator needs. ``group_fleet`` defaults to ``<fleet>.<edge_id>``,
+    ``group_broker_url`` to ``broker_url``; the group side logs in with ``group_username`` /
+    ``group_password`` / ``group_ca_file`` when given (a secured group broker), else upward's."""
 
     broker_url: str
     fleet: str
@@ -295,8 +292,8 @@ class EdgeAggregator:
 
     @staticmethod
     def _group_time(task: msgs.Task, started: float) -> float:
-        """Seconds the group round(s) of ``task`` may take from ``started``: its time left minus a
-        margin for the way up (15 %, at least 5 s)."""
+        """Seconds the group round(s) of ``task`` may take from ``started``: time left minus a 15 %
+        (≥ 5 s) margin."""
         return task.deadline - started - max(5.0, 0.15 * (task.deadline - started))
 
     def _answer(self, task: msgs.Task, records: dict[str, dict], metrics: dict) -> None:
@@ -388,8 +385,7 @@ class EdgeAggregator:
         self.up.send(SERVER, msgs.Error(code=code, detail=detail[:500], ref=task.task_id))
 
     def _heartbeats(self) -> None:
-        """Every ``heartbeat_s``: "idle", or "relaying" with the share of the group that
-        answered the open group round."""
+        """Every ``heartbeat_s``: "idle", or "relaying" with the share of the group that answered."""
         while not self._stop.wait(self.config.heartbeat_s):
             current = self._current
             try:
