@@ -139,7 +139,7 @@ bool same_shape(const Tensor& t, std::initializer_list<int64_t> sizes) {
 bool conv_geometry(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, int64_t stride, int64_t pad,
                    Geometry* g) {
   if (!is_float(x, 4) || !is_float(weight, 4) || weight.size(1) != x.size(3) || weight.size(2) != weight.size(3) ||
-      stride < 1 || pad < 0) {
+      weight.size(2) > 64 || stride < 1 || pad < 0) {
     ET_LOG(Error, "fedsdk::conv2d_nhwc: bad arguments");
     ctx.fail(Error::InvalidArgument);
     return false;

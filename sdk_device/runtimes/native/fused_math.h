@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -49,75 +50,25 @@ typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
 FK_INLINE v8 load8(const float* p) { return *reinterpret_cast<const v8u*>(p); }
 FK_INLINE void store8(float* p, v8 v) { *reinterpret_cast<v8u*>(p) = v; }
 
-// out[n] = init[n] + sum_t sum_m src[t][m] * wt[t][m * N + n], n in [n0, n0 + 16). Four
-// partial sums over m keep eight independent FMA chains in flight (one chain is
-// latency-bound at a quarter of the FMA throughput).
-FK_INLINE void gather_block(const float* const* src, const float* const* wt, int taps, int m_count, int n_count,
-                            int n0, const float* init, float* out) {
-  v8 a0 = {}, a1 = {}, b0 = {}, b1 = {}, c0 = {}, c1 = {}, d0 = {}, d1 = {};
-  const size_t stride = n_count;
-  for (int tap = 0; tap < taps; ++tap) {
-    const float* s = src[tap];
-    const float* w = wt[tap] + n0;
-    int m = 0;
-    for (; m + 4 <= m_count; m += 4, w += 4 * stride) {
-      a0 += s[m] * load8(w);
-      a1 += s[m] * load8(w + 8);
-      b0 += s[m + 1] * load8(w + stride);
-      b1 += s[m + 1] * load8(w + stride + 8);
-      c0 += s[m + 2] * load8(w + 2 * stride);
-      c1 += s[m + 2] * load8(w + 2 * stride + 8);
-      d0 += s[m + 3] * load8(w + 3 * stride);
-      d1 += s[m + 3] * load8(w + 3 * stride + 8);
-    }
-    for (; m < m_count; ++m, w += stride) {
-      a0 += s[m] * load8(w);
-      a1 += s[m] * load8(w + 8);
-    }
-  }
-  v8 lo = (a0 + b0) + (c0 + d0), hi = (a1 + b1) + (c1 + d1);
-  if (init) {
-    lo += load8(init + n0);
-    hi += load8(init + n0 + 8);
-  }
-  store8(out + n0, lo);
-  store8(out + n0 + 8, hi);
-}
-
-FK_INLINE void gather_tail(const float* const* src, const float* const* wt, int taps, int m_count, int n_count,
-                           int n0, const float* init, float* out) {
-  for (int n = n0; n < n_count; ++n) {
-    float acc = init ? init[n] : 0.0f;
-    for (int tap = 0; tap < taps; ++tap)
-      for (int m = 0; m < m_count; ++m) acc += src[tap][m] * wt[tap][static_cast<size_t>(m) * n_count + n];
-    out[n] = acc;
-  }
-}
-
-void gather_pixel(const float* const* src, const float* const* wt, int taps, int m_count, int n_count,
-                         const float* init, float* out) {
-  int n0 = 0;
-  for (; n0 + kBlock <= n_count; n0 += kBlock) gather_block(src, wt, taps, m_count, n_count, n0, init, out);
-  if (n0 < n_count) gather_tail(src, wt, taps, m_count, n_count, n0, init, out);
-}
-
-// out[p][n0..n0+16) = init + sum_t sum_m win[p][off[t] + m] * wt[t][m * N + n] for P pixels whose
-// windows start at win[p] (any pixels: the tap offsets off[t] are the same for all of them).
-// 2P accumulators: P = kPixels keeps 12 FMA chains in flight, enough to hide the FMA latency
-// (8 chains were not); each output's sum runs in one fixed order (taps, then m) for every P.
+// out[p][n0..n0+16) (+)= sum_t sum_{m in [m0, m1)} win[p][off[t] + m] * wt[t][m * N + n], then + init
+// (or, `accumulate`, + out's previous value), for P pixels whose windows start at win[p] (any pixels
+// with the same tap set: the offsets off[t] are the same for all of them). 2P accumulators: P =
+// kPixels keeps 12 FMA chains in flight, enough to hide the FMA latency (8 chains were not); each
+// output's sum runs in one fixed order (taps, then m) for every P.
 constexpr int kPixels = 6;
 
 template <int P>
-FK_INLINE void gather_pixels(const float* const* win, const size_t* off, const float* const* wt, int taps,
-                             int m_count, int n_count, int n0, const float* init, float* const* out) {
+FK_INLINE void gather_pixels(const float* const* win, const ptrdiff_t* off, const float* const* wt, int taps,
+                             int m0, int m1, int n_count, int n0, const float* init, bool accumulate,
+                             float* const* out) {
   v8 lo[P], hi[P];
   for (int p = 0; p < P; ++p) lo[p] = v8{}, hi[p] = v8{};
   const size_t stride = n_count;
   for (int tap = 0; tap < taps; ++tap) {
     const float* s[P];
     for (int p = 0; p < P; ++p) s[p] = win[p] + off[tap];
-    const float* w = wt[tap] + n0;
-    for (int m = 0; m < m_count; ++m, w += stride) {
+    const float* w = wt[tap] + static_cast<size_t>(m0) * stride + n0;
+    for (int m = m0; m < m1; ++m, w += stride) {
       const v8 w0 = load8(w), w1 = load8(w + 8);
       for (int p = 0; p < P; ++p) {
         lo[p] += s[p][m] * w0;
@@ -126,77 +77,163 @@ FK_INLINE void gather_pixels(const float* const* win, const size_t* off, const f
     }
   }
   for (int p = 0; p < P; ++p) {
-    if (init) lo[p] += load8(init + n0), hi[p] += load8(init + n0 + 8);
+    if (accumulate)
+      lo[p] += load8(out[p] + n0), hi[p] += load8(out[p] + n0 + 8);
+    else if (init)
+      lo[p] += load8(init + n0), hi[p] += load8(init + n0 + 8);
     store8(out[p] + n0, lo[p]);
     store8(out[p] + n0 + 8, hi[p]);
   }
 }
 
-void gather_pixels_any(int pixels, const float* const* win, const size_t* off, const float* const* wt, int taps,
-                       int m_count, int n_count, int n0, const float* init, float* const* out) {
+void gather_pixels_any(int pixels, const float* const* win, const ptrdiff_t* off, const float* const* wt, int taps,
+                       int m0, int m1, int n_count, int n0, const float* init, bool accumulate, float* const* out) {
   switch (pixels) {
-    case 6: return gather_pixels<6>(win, off, wt, taps, m_count, n_count, n0, init, out);
-    case 5: return gather_pixels<5>(win, off, wt, taps, m_count, n_count, n0, init, out);
-    case 4: return gather_pixels<4>(win, off, wt, taps, m_count, n_count, n0, init, out);
-    case 3: return gather_pixels<3>(win, off, wt, taps, m_count, n_count, n0, init, out);
-    case 2: return gather_pixels<2>(win, off, wt, taps, m_count, n_count, n0, init, out);
-    default: return gather_pixels<1>(win, off, wt, taps, m_count, n_count, n0, init, out);
+    case 6: return gather_pixels<6>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    case 5: return gather_pixels<5>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    case 4: return gather_pixels<4>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    case 3: return gather_pixels<3>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    case 2: return gather_pixels<2>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    default: return gather_pixels<1>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
   }
 }
 
-// x (B,H,W,C) with `pad` zero rows and columns on every side: (B,H+2p,W+2p,C).
-std::vector<float> zero_padded(const float* x, int b, int h, int w, int c, int pad) {
-  const int hp = h + 2 * pad, wp = w + 2 * pad;
-  std::vector<float> padded(static_cast<size_t>(b) * hp * wp * c, 0.0f);
-  const size_t row = static_cast<size_t>(w) * c;
-  for (int n = 0; n < b; ++n)
-    for (int y = 0; y < h; ++y)
-      std::copy(x + (static_cast<size_t>(n) * h + y) * row, x + (static_cast<size_t>(n) * h + y + 1) * row,
-                padded.data() + ((static_cast<size_t>(n) * hp + y + pad) * wp + pad) * c);
-  return padded;
+// A gather convolution: out (B, rows, cols, N)[b][r][q] = init + sum over the valid taps (i, j) of
+// src (B, src_rows, src_cols, M)[b][row_base[r] + row_off[i]][col_base[q] + col_off[j]] x
+// weight [i * k + j] (M, N). The forward convolution and its adjoint (grad-input, any stride) are
+// both of this form. Only valid taps are summed (no zero padding, no zero taps: on a 4x4 map with
+// 3x3 taps, border pixels are most of the map); output pixels are grouped into classes with the
+// same valid tap set (row mask x column mask) so 6 of them can share one register block.
+struct Gather {
+  int b, rows, cols, m, n, k, src_rows, src_cols;
+  std::vector<int> row_base, col_base;            // per output row / column
+  std::vector<uint64_t> row_mask, col_mask;       // valid taps i (j) of each output row (column)
+  std::vector<int> row_off, col_off;              // per tap index i (j)
+};
+
+// The forward convolution of g as a Gather (M = C, N = O).
+Gather forward_gather(const Geometry& g) {
+  Gather q{g.b, g.ho, g.wo, g.c, g.o, g.k, g.h, g.w, {}, {}, {}, {}, {}, {}};
+  auto axis = [&](int out_size, int in_size, std::vector<int>& base, std::vector<uint64_t>& mask,
+                  std::vector<int>& off) {
+    for (int i = 0; i < g.k; ++i) off.push_back(i);
+    for (int o = 0; o < out_size; ++o) {
+      base.push_back(o * g.stride - g.pad);
+      uint64_t bits = 0;
+      for (int i = 0; i < g.k; ++i)
+        if (base.back() + i >= 0 && base.back() + i < in_size) bits |= uint64_t{1} << i;
+      mask.push_back(bits);
+    }
+  };
+  axis(g.ho, g.h, q.row_base, q.row_mask, q.row_off);
+  axis(g.wo, g.w, q.col_base, q.col_mask, q.col_off);
+  return q;
 }
 
-// The gather convolution on a packed weight wf = [tap][c][o]: out (B,Ho,Wo,O). Output pixels
-// (b, oh, ow) are sliced over threads and taken kPixels at a time. A padded input is first copied
-// into a zero-bordered buffer, so every pixel has all k*k taps at the same offsets from its window
-// (on 4x4 and 8x8 maps the border pixels are most of the map; the zero taps add exact zeros).
-void conv_packed(const Geometry& g, const float* x, const float* wf, const float* bias, float* out) {
-  if (g.pad > 0) {
-    const std::vector<float> padded = zero_padded(x, g.b, g.h, g.w, g.c, g.pad);
-    conv_packed(geometry(g.b, g.h + 2 * g.pad, g.w + 2 * g.pad, g.c, g.o, g.k, g.stride, 0), padded.data(), wf,
-                bias, out);
-    return;
-  }
-  const int kk = g.k * g.k;
-  std::vector<size_t> off(kk);
-  for (int t = 0; t < kk; ++t) off[t] = (static_cast<size_t>(t / g.k) * g.w + t % g.k) * g.c;
-  parallel_slices(static_cast<size_t>(g.b) * g.ho * g.wo, [&](size_t, size_t begin, size_t end) {
-    std::vector<const float*> wt(kk);
-    for (int t = 0; t < kk; ++t) wt[t] = wf + static_cast<size_t>(t) * g.c * g.o;
+// The adjoint (grad-input) of g as a Gather (M = O, N = C): input pixel ih gets tap i from output
+// row oh = (ih + pad - i) / stride when that divides and is in range; then oh = (ih + pad) / stride -
+// i / stride, so a pixel's window starts at row (ih + pad) / stride and tap i is -(i / stride) rows away.
+Gather adjoint_gather(const Geometry& g) {
+  Gather q{g.b, g.h, g.w, g.o, g.c, g.k, g.ho, g.wo, {}, {}, {}, {}, {}, {}};
+  auto axis = [&](int in_size, int out_size, std::vector<int>& base, std::vector<uint64_t>& mask,
+                  std::vector<int>& off) {
+    for (int i = 0; i < g.k; ++i) off.push_back(-(i / g.stride));
+    for (int x = 0; x < in_size; ++x) {
+      base.push_back((x + g.pad) / g.stride);
+      uint64_t bits = 0;
+      for (int i = 0; i < g.k; ++i) {
+        const int s = x + g.pad - i;
+        if (s >= 0 && s % g.stride == 0 && s / g.stride < out_size) bits |= uint64_t{1} << i;
+      }
+      mask.push_back(bits);
+    }
+  };
+  axis(g.h, g.ho, q.row_base, q.row_mask, q.row_off);
+  axis(g.w, g.wo, q.col_base, q.col_mask, q.col_off);
+  return q;
+}
+
+// Reduction channels per pass: a pass's weights (taps x chunk x 16 floats) stay in L1 (up to 40 KB in
+// one pass, else ~18 KB passes) for all of a slice's pixels; passes after the first add to the output.
+int reduction_chunk(int taps, int m) {
+  const int per_channel = std::max(1, taps) * kBlock * 4;
+  return per_channel * m <= 40960 ? m : std::max(8, 18432 / per_channel);
+}
+
+// Runs q on the packed weight wp = [tap][m][n]: out (B, rows, cols, N), init (N,) or null. Output
+// pixels ordered by tap class are sliced over threads; each output's sum runs in one order (chunks,
+// taps, m) whatever the slicing.
+void run_gather(const Gather& q, const float* src, const float* wp, const float* init, float* out) {
+  // Distinct row and column masks, in order of first appearance.
+  std::vector<uint64_t> row_kinds, col_kinds;
+  for (uint64_t bits : q.row_mask)
+    if (std::find(row_kinds.begin(), row_kinds.end(), bits) == row_kinds.end()) row_kinds.push_back(bits);
+  for (uint64_t bits : q.col_mask)
+    if (std::find(col_kinds.begin(), col_kinds.end(), bits) == col_kinds.end()) col_kinds.push_back(bits);
+  struct Class {
+    size_t end;                      // one past its last entry in `pixels`
+    std::vector<ptrdiff_t> off;      // per valid tap, from the pixel's window start
+    std::vector<const float*> wt;    // per valid tap
+  };
+  std::vector<Class> classes;
+  std::vector<uint32_t> pixels;  // (b * rows + r) * cols + c
+  pixels.reserve(static_cast<size_t>(q.b) * q.rows * q.cols);
+  for (uint64_t rk : row_kinds)
+    for (uint64_t ck : col_kinds) {
+      Class cls;
+      for (int i = 0; i < q.k; ++i)
+        for (int j = 0; j < q.k; ++j)
+          if ((rk >> i & 1) && (ck >> j & 1)) {
+            cls.off.push_back((static_cast<ptrdiff_t>(q.row_off[i]) * q.src_cols + q.col_off[j]) * q.m);
+            cls.wt.push_back(wp + static_cast<size_t>(i * q.k + j) * q.m * q.n);
+          }
+      for (int bb = 0; bb < q.b; ++bb)
+        for (int r = 0; r < q.rows; ++r)
+          if (q.row_mask[r] == rk)
+            for (int c = 0; c < q.cols; ++c)
+              if (q.col_mask[c] == ck) pixels.push_back(static_cast<uint32_t>((bb * q.rows + r) * q.cols + c));
+      cls.end = pixels.size();
+      if (classes.empty() || cls.end > classes.back().end) classes.push_back(std::move(cls));
+    }
+  const int chunk = reduction_chunk(q.k * q.k, q.m);
+  const size_t plane = static_cast<size_t>(q.rows) * q.cols;
+  auto window = [&](uint32_t pixel) {
+    const size_t bb = pixel / plane;
+    const int r = static_cast<int>(pixel / q.cols % q.rows), c = static_cast<int>(pixel % q.cols);
+    const ptrdiff_t at = ((static_cast<ptrdiff_t>(bb) * q.src_rows + q.row_base[r]) * q.src_cols + q.col_base[c]) * q.m;
+    return src + at;
+  };
+  parallel_slices(pixels.size(), [&](size_t, size_t begin, size_t end) {
     const float* win[kPixels];
     float* dst[kPixels];
-    // One block of output channels over all of the slice's pixels, then the next: the block's
-    // weights (taps x C x 16 floats) stay in cache for all of them.
-    for (int n0 = 0; n0 < g.o; n0 += kBlock) {
-      for (size_t q = begin; q < end; q += kPixels) {
-        const int pixels = static_cast<int>(std::min<size_t>(kPixels, end - q));
-        for (int p = 0; p < pixels; ++p) {
-          const size_t pixel = q + p, b = pixel / (static_cast<size_t>(g.ho) * g.wo);
-          const int oh = static_cast<int>(pixel / g.wo % g.ho), ow = static_cast<int>(pixel % g.wo);
-          win[p] = x + ((b * g.h + oh * g.stride) * g.w + ow * g.stride) * g.c;
-          dst[p] = out + pixel * g.o;
-        }
-        if (n0 + kBlock <= g.o) {
-          gather_pixels_any(pixels, win, off.data(), wt.data(), kk, g.c, g.o, n0, bias, dst);
-          continue;
-        }
-        for (int p = 0; p < pixels; ++p)
-          for (int n = n0; n < g.o; ++n) {
-            float acc = bias ? bias[n] : 0.0f;
-            for (int t = 0; t < kk; ++t)
-              for (int m = 0; m < g.c; ++m) acc += win[p][off[t] + m] * wt[t][static_cast<size_t>(m) * g.o + n];
-            dst[p][n] = acc;
+    for (int n0 = 0; n0 < q.n; n0 += kBlock) {
+      const bool full = n0 + kBlock <= q.n;
+      for (int m0 = 0; m0 < std::max(q.m, 1); m0 += chunk) {
+        const int m1 = std::min(q.m, m0 + chunk);
+        size_t cls = 0;
+        for (size_t at = begin; at < end;) {
+          while (classes[cls].end <= at) ++cls;
+          const Class& k = classes[cls];
+          const int count = static_cast<int>(std::min<size_t>({static_cast<size_t>(kPixels), end - at, k.end - at}));
+          for (int p = 0; p < count; ++p) {
+            win[p] = window(pixels[at + p]);
+            dst[p] = out + static_cast<size_t>(pixels[at + p]) * q.n;
           }
+          at += count;
+          if (full) {
+            gather_pixels_any(count, win, k.off.data(), k.wt.data(), static_cast<int>(k.off.size()), m0, m1, q.n, n0,
+                              init, m0 > 0, dst);
+            continue;
+          }
+          if (m0 > 0) continue;  // the channel tail sums all of m at once
+          for (int p = 0; p < count; ++p)
+            for (int nn = n0; nn < q.n; ++nn) {
+              float acc = 0.0f;
+              for (size_t t = 0; t < k.off.size(); ++t)
+                for (int mm = 0; mm < q.m; ++mm) acc += win[p][k.off[t] + mm] * k.wt[t][static_cast<size_t>(mm) * q.n + nn];
+              dst[p][nn] = acc + (init ? init[nn] : 0.0f);
+            }
+        }
       }
     }
   });
@@ -209,50 +246,54 @@ void conv_forward(const Geometry& g, const float* x, const float* weight, const 
   for (int o = 0; o < g.o; ++o)
     for (int c = 0; c < g.c; ++c)
       for (int t = 0; t < kk; ++t) wf[(static_cast<size_t>(t) * g.c + c) * g.o + o] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
-  conv_packed(g, x, wf.data(), bias, out);
+  run_gather(forward_gather(g), x, wf.data(), bias, out);
 }
 
-// Stride-1 grad-input is itself a convolution: of grad_out padded by k-1-pad with the weight
-// flipped in both spatial axes and its channels swapped, packed as [flipped tap][o][c].
-void conv_grad_input_stride1(const Geometry& g, const float* gy, const float* weight, float* gx) {
-  const int kk = g.k * g.k;
-  std::vector<float> wg(static_cast<size_t>(kk) * g.o * g.c);
-  for (int o = 0; o < g.o; ++o)
-    for (int c = 0; c < g.c; ++c)
-      for (int t = 0; t < kk; ++t)
-        wg[(static_cast<size_t>(kk - 1 - t) * g.o + o) * g.c + c] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
-  conv_packed(geometry(g.b, g.ho, g.wo, g.o, g.c, g.k, 1, g.k - 1 - g.pad), gy, wg.data(), nullptr, gx);
-}
-
-// Grad-input: the adjoint gather; wg = weight as [tap][o][c]. Input rows (b, ih) are sliced over
-// threads. Stride 1 (pad < k) goes through conv_grad_input_stride1.
+// Grad-input (any stride): the adjoint gather on the weight packed as [tap][o][c].
 void conv_grad_input(const Geometry& g, const float* gy, const float* weight, float* gx) {
-  if (g.stride == 1 && g.pad < g.k) return conv_grad_input_stride1(g, gy, weight, gx);
   const int kk = g.k * g.k;
   std::vector<float> wg(static_cast<size_t>(kk) * g.o * g.c);
   for (int o = 0; o < g.o; ++o)
     for (int c = 0; c < g.c; ++c)
       for (int t = 0; t < kk; ++t) wg[(static_cast<size_t>(t) * g.o + o) * g.c + c] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
-  parallel_slices(static_cast<size_t>(g.b) * g.h, [&](size_t, size_t begin, size_t end) {
-    std::vector<const float*> src(kk), wt(kk);
-    for (size_t row = begin; row < end; ++row) {
-      const int b = static_cast<int>(row / g.h), ih = static_cast<int>(row % g.h);
-      for (int iw = 0; iw < g.w; ++iw) {
-        int taps = 0;
-        for (int i = 0; i < g.k; ++i) {
-          const int sh = ih + g.pad - i;  // = oh * stride
-          if (sh < 0 || sh % g.stride || sh / g.stride >= g.ho) continue;
-          for (int j = 0; j < g.k; ++j) {
-            const int sw = iw + g.pad - j;
-            if (sw < 0 || sw % g.stride || sw / g.stride >= g.wo) continue;
-            src[taps] = gy + ((static_cast<size_t>(b) * g.ho + sh / g.stride) * g.wo + sw / g.stride) * g.o;
-            wt[taps++] = wg.data() + static_cast<size_t>(i * g.k + j) * g.o * g.c;
-          }
-        }
-        gather_pixel(src.data(), wt.data(), taps, g.o, g.c, nullptr, gx + ((static_cast<size_t>(b) * g.h + ih) * g.w + iw) * g.c);
+  run_gather(adjoint_gather(g), gy, wg.data(), nullptr, gx);
+}
+
+// acc[r][t] += x[xo[e] + r] * gy[go[e] + t] over the entries e of a pixel list, summed in registers.
+template <int R, int NB>
+FK_INLINE void outer_list(const float* x, const float* gy, const uint32_t* xo, const uint32_t* go, int count, int nb,
+                          float (*acc)[kBlock]) {
+  if constexpr (NB == kBlock) {
+    v8 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = load8(acc[r]), hi[r] = load8(acc[r] + 8);
+    for (int e = 0; e < count; ++e) {
+      const float* xc = x + xo[e];
+      const float* gc = gy + go[e];
+      const v8 g0 = load8(gc), g1 = load8(gc + 8);
+      for (int r = 0; r < R; ++r) {
+        lo[r] += xc[r] * g0;
+        hi[r] += xc[r] * g1;
       }
     }
-  });
+    for (int r = 0; r < R; ++r) store8(acc[r], lo[r]), store8(acc[r] + 8, hi[r]);
+  } else {
+    for (int e = 0; e < count; ++e)
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < nb; ++t) acc[r][t] += x[xo[e] + r] * gy[go[e] + t];
+  }
+}
+
+template <int NB>
+FK_INLINE void outer_dispatch(int rows, const float* x, const float* gy, const uint32_t* xo, const uint32_t* go,
+                              int count, int nb, float (*acc)[kBlock]) {
+  switch (rows) {
+    case 6: outer_list<6, NB>(x, gy, xo, go, count, nb, acc); break;
+    case 5: outer_list<5, NB>(x, gy, xo, go, count, nb, acc); break;
+    case 4: outer_list<4, NB>(x, gy, xo, go, count, nb, acc); break;
+    case 3: outer_list<3, NB>(x, gy, xo, go, count, nb, acc); break;
+    case 2: outer_list<2, NB>(x, gy, xo, go, count, nb, acc); break;
+    default: outer_list<1, NB>(x, gy, xo, go, count, nb, acc); break;
+  }
 }
 
 // acc[r][t] += x[line][col][c0 + r] * gy[line][col][o0 + t] over lines x cols (steps x_step / g_step
@@ -283,7 +324,7 @@ FK_INLINE void outer_rows(const float* xp, size_t x_step, size_t x_line, const f
 }
 
 template <int NB>
-FK_INLINE void outer_dispatch(int rows, const float* xp, size_t x_step, size_t x_line, const float* gp,
+FK_INLINE void outer_rows_dispatch(int rows, const float* xp, size_t x_step, size_t x_line, const float* gp,
                               size_t g_step, size_t g_line, int lines, int cols, int nb, float (*acc)[kBlock]) {
   switch (rows) {
     case 6: outer_rows<6, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
@@ -309,13 +350,33 @@ void grad_weight_block(const Geometry& g, const float* x, const float* gy, int i
   const size_t x_step = static_cast<size_t>(g.stride) * g.c, x_line = static_cast<size_t>(g.stride) * g.w * g.c;
   const size_t g_line = static_cast<size_t>(g.wo) * g.o;
   if (nb == kBlock)
-    outer_dispatch<kBlock>(rows, xp, x_step, x_line, gp, g.o, g_line, oh_hi - oh_lo, ow_hi - ow_lo, nb, acc);
+    outer_rows_dispatch<kBlock>(rows, xp, x_step, x_line, gp, g.o, g_line, oh_hi - oh_lo, ow_hi - ow_lo, nb, acc);
   else
-    outer_dispatch<0>(rows, xp, x_step, x_line, gp, g.o, g_line, oh_hi - oh_lo, ow_hi - ow_lo, nb, acc);
+    outer_rows_dispatch<0>(rows, xp, x_step, x_line, gp, g.o, g_line, oh_hi - oh_lo, ow_hi - ow_lo, nb, acc);
 }
 
-// grad_weight (O,C,k,k) and grad_bias (O,), sums over sample groups in double. The blocks (tap, input
-// channels, output channels) are sliced over the threads; each slice walks the samples in order.
+// The pixels of samples [b0, b1) that tap (i, j) reads inside the image, in (b, oh, ow) order: x
+// offsets (of the input pixel) and grad_out offsets, both from sample b0's start.
+void tap_pixels(const Geometry& g, int b0, int b1, int i, int j, std::vector<uint32_t>& xo, std::vector<uint32_t>& go) {
+  xo.clear();
+  go.clear();
+  const int ow_lo = std::max(0, (g.pad - j + g.stride - 1) / g.stride);
+  const int ow_hi = std::min(g.wo, (g.w - 1 + g.pad - j) / g.stride + 1);
+  const int oh_lo = std::max(0, (g.pad - i + g.stride - 1) / g.stride);
+  const int oh_hi = std::min(g.ho, (g.h - 1 + g.pad - i) / g.stride + 1);
+  for (int b = 0; b < b1 - b0; ++b)
+    for (int oh = oh_lo; oh < oh_hi; ++oh)
+      for (int ow = ow_lo; ow < ow_hi; ++ow) {
+        xo.push_back(static_cast<uint32_t>(((static_cast<size_t>(b) * g.h + oh * g.stride - g.pad + i) * g.w +
+                                            ow * g.stride - g.pad + j) * g.c));
+        go.push_back(static_cast<uint32_t>(((static_cast<size_t>(b) * g.ho + oh) * g.wo + ow) * g.o));
+      }
+}
+
+// grad_weight (O,C,k,k) and grad_bias (O,), sums over sample groups in double. The blocks (tap, 6 input
+// channels, 16 output channels) are sliced over the threads; each slice walks the sample groups in
+// order, and a block sums a group's valid pixels in float registers: on maps of < 256 pixels from one
+// list per tap over the group's samples (a 4x4 map's sample is a few pixels), else row by row.
 void conv_grad_weight(const Geometry& g, const float* x, const float* gy, float* gw, float* gb) {
   const int kk = g.k * g.k;
   std::vector<double> total(static_cast<size_t>(kk) * g.c * g.o, 0.0), bias_total(g.o, 0.0);
@@ -324,18 +385,35 @@ void conv_grad_weight(const Geometry& g, const float* x, const float* gy, float*
   // Samples summed in float per group of ~256 output pixels (4x4 maps: 16 samples), groups in double.
   const int group = std::max(1, 256 / std::max(1, g.ho * g.wo));
   parallel_slices(static_cast<size_t>(kk) * c_blocks * o_blocks, [&](size_t, size_t begin, size_t end) {
-    for (int b0 = 0; b0 < g.b; b0 += group)
+    std::vector<std::vector<uint32_t>> xo(kk), go(kk);
+    for (int b0 = 0; b0 < g.b; b0 += group) {
+      const int b1 = std::min(g.b, b0 + group);
+      const int first_tap = static_cast<int>(begin / (c_blocks * o_blocks));
+      const int last_tap = static_cast<int>((end - 1) / (c_blocks * o_blocks));
+      for (int tap = first_tap; tap <= last_tap && group > 1; ++tap) tap_pixels(g, b0, b1, tap / g.k, tap % g.k, xo[tap], go[tap]);
       for (size_t block = begin; block < end; ++block) {
-        const int tap = static_cast<int>(block / (c_blocks * o_blocks)), i = tap / g.k, j = tap % g.k;
+        const int tap = static_cast<int>(block / (c_blocks * o_blocks));
         const int c0 = static_cast<int>(block / o_blocks % c_blocks) * kRows;
         const int o0 = static_cast<int>(block % o_blocks) * kBlock;
         const int rows = std::min(kRows, g.c - c0), nb = std::min(kBlock, g.o - o0);
         float acc[kRows][kBlock] = {};
-        for (int b = b0; b < std::min(g.b, b0 + group); ++b)
-          grad_weight_block(g, x + b * x_sample, gy + b * g_sample, i, j, c0, rows, o0, nb, acc);
+        if (group == 1) {  // maps of >= 256 pixels: one sample's rows, without a list
+          grad_weight_block(g, x + b0 * x_sample, gy + b0 * g_sample, tap / g.k, tap % g.k, c0, rows, o0, nb, acc);
+          for (int r = 0; r < rows; ++r)
+            for (int t = 0; t < nb; ++t) total[(static_cast<size_t>(tap) * g.c + c0 + r) * g.o + o0 + t] += acc[r][t];
+          continue;
+        }
+        const float* xs = x + b0 * x_sample + c0;
+        const float* gs = gy + b0 * g_sample + o0;
+        const int count = static_cast<int>(xo[tap].size());
+        if (nb == kBlock)
+          outer_dispatch<kBlock>(rows, xs, gs, xo[tap].data(), go[tap].data(), count, nb, acc);
+        else
+          outer_dispatch<0>(rows, xs, gs, xo[tap].data(), go[tap].data(), count, nb, acc);
         for (int r = 0; r < rows; ++r)
           for (int t = 0; t < nb; ++t) total[(static_cast<size_t>(tap) * g.c + c0 + r) * g.o + o0 + t] += acc[r][t];
       }
+    }
   });
   for (int b = 0; b < g.b; ++b)
     for (size_t p = 0; p < static_cast<size_t>(g.ho) * g.wo; ++p)
