@@ -35,6 +35,18 @@ void parallel_slices(size_t n, Body&& body) {
   run_tasks(parts, [](void* context, size_t part) { (*static_cast<Slice*>(context))(part); }, &slice);
 }
 
+// Memory-bound passes (packing, elementwise ops, sums) go to the threads only from this many floats:
+// a pool dispatch costs tens of microseconds, and on a loaded machine waking a descheduled worker
+// can cost more than the pass.
+constexpr size_t kParallelFloats = 131072;
+
+// parallel_slices when `worth` (the pass is big enough), else body(0, 0, n) on this thread.
+template <class Body>
+void parallel_if(bool worth, size_t n, Body&& body) {
+  if (worth) return parallel_slices(n, body);
+  if (n) body(0, 0, n);
+}
+
 struct Geometry {
   int b, h, w, c, o, k, stride, pad, ho, wo;
 };
@@ -176,8 +188,10 @@ void run_gather(const Gather& q, const float* src, const float* wp, const float*
     std::vector<const float*> wt;    // per valid tap
   };
   std::vector<Class> classes;
-  std::vector<uint32_t> pixels;  // (b * rows + r) * cols + c
+  std::vector<uint32_t> pixels;   // (b * rows + r) * cols + c
+  std::vector<ptrdiff_t> windows;  // the pixel's window start in src
   pixels.reserve(static_cast<size_t>(q.b) * q.rows * q.cols);
+  windows.reserve(pixels.capacity());
   for (uint64_t rk : row_kinds)
     for (uint64_t ck : col_kinds) {
       Class cls;
@@ -188,21 +202,19 @@ void run_gather(const Gather& q, const float* src, const float* wp, const float*
             cls.wt.push_back(wp + static_cast<size_t>(i * q.k + j) * q.m * q.n);
           }
       for (int bb = 0; bb < q.b; ++bb)
-        for (int r = 0; r < q.rows; ++r)
-          if (q.row_mask[r] == rk)
-            for (int c = 0; c < q.cols; ++c)
-              if (q.col_mask[c] == ck) pixels.push_back(static_cast<uint32_t>((bb * q.rows + r) * q.cols + c));
+        for (int r = 0; r < q.rows; ++r) {
+          if (q.row_mask[r] != rk) continue;
+          const ptrdiff_t row_start = (static_cast<ptrdiff_t>(bb) * q.src_rows + q.row_base[r]) * q.src_cols;
+          for (int c = 0; c < q.cols; ++c)
+            if (q.col_mask[c] == ck) {
+              pixels.push_back(static_cast<uint32_t>((bb * q.rows + r) * q.cols + c));
+              windows.push_back((row_start + q.col_base[c]) * q.m);
+            }
+        }
       cls.end = pixels.size();
       if (classes.empty() || cls.end > classes.back().end) classes.push_back(std::move(cls));
     }
   const int chunk = reduction_chunk(q.k * q.k, q.m);
-  const size_t plane = static_cast<size_t>(q.rows) * q.cols;
-  auto window = [&](uint32_t pixel) {
-    const size_t bb = pixel / plane;
-    const int r = static_cast<int>(pixel / q.cols % q.rows), c = static_cast<int>(pixel % q.cols);
-    const ptrdiff_t at = ((static_cast<ptrdiff_t>(bb) * q.src_rows + q.row_base[r]) * q.src_cols + q.col_base[c]) * q.m;
-    return src + at;
-  };
   parallel_slices(pixels.size(), [&](size_t, size_t begin, size_t end) {
     const float* win[kPixels];
     float* dst[kPixels];
@@ -216,7 +228,7 @@ void run_gather(const Gather& q, const float* src, const float* wp, const float*
           const Class& k = classes[cls];
           const int count = static_cast<int>(std::min<size_t>({static_cast<size_t>(kPixels), end - at, k.end - at}));
           for (int p = 0; p < count; ++p) {
-            win[p] = window(pixels[at + p]);
+            win[p] = src + windows[at + p];
             dst[p] = out + static_cast<size_t>(pixels[at + p]) * q.n;
           }
           at += count;
@@ -243,9 +255,14 @@ void run_gather(const Gather& q, const float* src, const float* wp, const float*
 void conv_forward(const Geometry& g, const float* x, const float* weight, const float* bias, float* out) {
   const int kk = g.k * g.k;
   std::vector<float> wf(static_cast<size_t>(kk) * g.c * g.o);
-  for (int o = 0; o < g.o; ++o)
-    for (int c = 0; c < g.c; ++c)
-      for (int t = 0; t < kk; ++t) wf[(static_cast<size_t>(t) * g.c + c) * g.o + o] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
+  // Blocks of 16 output channels: 16 sequential reads, 16-float writes (was one write per cache line).
+  parallel_if(wf.size() >= kParallelFloats, (g.o + kBlock - 1) / kBlock, [&](size_t, size_t begin, size_t end) {
+    for (int o0 = static_cast<int>(begin) * kBlock; o0 < std::min<int>(g.o, static_cast<int>(end) * kBlock); o0 += kBlock)
+      for (int c = 0; c < g.c; ++c)
+        for (int t = 0; t < kk; ++t)
+          for (int o = o0; o < std::min(g.o, o0 + kBlock); ++o)
+            wf[(static_cast<size_t>(t) * g.c + c) * g.o + o] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
+  });
   run_gather(forward_gather(g), x, wf.data(), bias, out);
 }
 
@@ -253,9 +270,11 @@ void conv_forward(const Geometry& g, const float* x, const float* weight, const 
 void conv_grad_input(const Geometry& g, const float* gy, const float* weight, float* gx) {
   const int kk = g.k * g.k;
   std::vector<float> wg(static_cast<size_t>(kk) * g.o * g.c);
-  for (int o = 0; o < g.o; ++o)
-    for (int c = 0; c < g.c; ++c)
-      for (int t = 0; t < kk; ++t) wg[(static_cast<size_t>(t) * g.o + o) * g.c + c] = weight[(static_cast<size_t>(o) * g.c + c) * kk + t];
+  parallel_if(wg.size() >= kParallelFloats, g.o, [&](size_t, size_t begin, size_t end) {
+    for (size_t o = begin; o < end; ++o)
+      for (int c = 0; c < g.c; ++c)
+        for (int t = 0; t < kk; ++t) wg[(static_cast<size_t>(t) * g.o + o) * g.c + c] = weight[(o * g.c + c) * kk + t];
+  });
   run_gather(adjoint_gather(g), gy, wg.data(), nullptr, gx);
 }
 
@@ -415,33 +434,78 @@ void conv_grad_weight(const Geometry& g, const float* x, const float* gy, float*
       }
     }
   });
+  // grad_bias: per-sample sums (float over 16 pixels at a time, then double) on the threads, folded
+  // in sample order; the transposition to (O,C,k,k) sliced over output channels.
+  const size_t plane = static_cast<size_t>(g.ho) * g.wo;
+  std::vector<double> sample_bias(static_cast<size_t>(g.b) * g.o, 0.0);
+  parallel_if(g.b * g_sample >= kParallelFloats, g.b, [&](size_t, size_t begin, size_t end) {
+    for (size_t b = begin; b < end; ++b)
+      for (size_t p0 = 0; p0 < plane; p0 += 16) {
+        const size_t p1 = std::min(plane, p0 + 16);
+        const float* rows = gy + b * g_sample;
+        double* into = sample_bias.data() + b * g.o;
+        int o = 0;
+        for (; o + 8 <= g.o; o += 8) {
+          v8 part = {};
+          for (size_t p = p0; p < p1; ++p) part += load8(rows + p * g.o + o);
+          for (int e = 0; e < 8; ++e) into[o + e] += part[e];
+        }
+        for (; o < g.o; ++o) {
+          float part = 0.0f;
+          for (size_t p = p0; p < p1; ++p) part += rows[p * g.o + o];
+          into[o] += part;
+        }
+      }
+  });
   for (int b = 0; b < g.b; ++b)
-    for (size_t p = 0; p < static_cast<size_t>(g.ho) * g.wo; ++p)
-      for (int o = 0; o < g.o; ++o) bias_total[o] += gy[b * g_sample + p * g.o + o];
-  for (int o = 0; o < g.o; ++o) {
-    for (int c = 0; c < g.c; ++c)
-      for (int t = 0; t < kk; ++t)
-        gw[(static_cast<size_t>(o) * g.c + c) * kk + t] = static_cast<float>(total[(static_cast<size_t>(t) * g.c + c) * g.o + o]);
-    if (gb) gb[o] = static_cast<float>(bias_total[o]);
-  }
+    for (int o = 0; o < g.o; ++o) bias_total[o] += sample_bias[static_cast<size_t>(b) * g.o + o];
+  parallel_if(total.size() >= kParallelFloats, o_blocks, [&](size_t, size_t begin, size_t end) {
+    for (int o0 = static_cast<int>(begin) * kBlock; o0 < std::min<int>(g.o, static_cast<int>(end) * kBlock); o0 += kBlock) {
+      const int o1 = std::min(g.o, o0 + kBlock);
+      for (int c = 0; c < g.c; ++c)
+        for (int t = 0; t < kk; ++t) {
+          const double* src = total.data() + (static_cast<size_t>(t) * g.c + c) * g.o;
+          for (int o = o0; o < o1; ++o) gw[(static_cast<size_t>(o) * g.c + c) * kk + t] = static_cast<float>(src[o]);
+        }
+      if (gb)
+        for (int o = o0; o < o1; ++o) gb[o] = static_cast<float>(bias_total[o]);
+    }
+  });
+}
+
+// Elementwise ops: kParallelFloats and more in 1024-element slices over the threads.
+template <class Body>
+void parallel_elements(size_t n, Body&& body) {
+  if (n < kParallelFloats) return body(0, n);
+  parallel_slices(n / 1024 + (n % 1024 != 0), [&](size_t, size_t begin, size_t end) {
+    body(begin * 1024, std::min(n, end * 1024));
+  });
 }
 
 void rectify(const float* x, float* y, size_t n) {
-  for (size_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  parallel_elements(n, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  });
 }
 
 void rectify_backward(const float* g, const float* y, float* gx, size_t n) {
-  for (size_t i = 0; i < n; ++i) gx[i] = y[i] > 0.0f ? g[i] : 0.0f;
+  parallel_elements(n, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) gx[i] = y[i] > 0.0f ? g[i] : 0.0f;
+  });
 }
 
-// Max over each k x k window (stride k) of (B,H,W,C); a later element wins only if greater.
+// Max over each k x k window (stride k) of (B,H,W,C); a later element wins only if greater. Output
+// rows (b, oh) are sliced over the threads.
 void max_pool(const float* x, float* out, int b, int h, int w, int c, int k) {
   const int ho = h / k, wo = w / k;
-  for (int n = 0; n < b; ++n)
-    for (int oh = 0; oh < ho; ++oh)
+  const bool worth = static_cast<size_t>(b) * h * w * c >= kParallelFloats;
+  parallel_if(worth, static_cast<size_t>(b) * ho, [&](size_t, size_t begin, size_t end) {
+    for (size_t row = begin; row < end; ++row) {
+      const size_t n = row / ho;
+      const int oh = static_cast<int>(row % ho);
       for (int ow = 0; ow < wo; ++ow) {
-        float* dst = out + ((static_cast<size_t>(n) * ho + oh) * wo + ow) * c;
-        const float* first = x + ((static_cast<size_t>(n) * h + oh * k) * w + ow * k) * c;
+        float* dst = out + (row * wo + ow) * c;
+        const float* first = x + ((n * h + oh * k) * w + ow * k) * c;
         std::copy(first, first + c, dst);
         for (int i = 0; i < k; ++i)
           for (int j = 0; j < k; ++j) {
@@ -450,18 +514,27 @@ void max_pool(const float* x, float* out, int b, int h, int w, int c, int k) {
             for (int ch = 0; ch < c; ++ch) dst[ch] = src[ch] > dst[ch] ? src[ch] : dst[ch];
           }
       }
+    }
+  });
 }
 
 // The gradient of max_pool: each window's grad to its first maximum (row-major), zeros elsewhere.
+// Output rows (b, oh) are sliced over the threads (each owns its k input rows).
 void max_pool_backward(const float* g, const float* x, float* gx, int b, int h, int w, int c, int k) {
   const int ho = h / k, wo = w / k;
-  std::fill(gx, gx + static_cast<size_t>(b) * h * w * c, 0.0f);
-  std::vector<float> best(c);
-  std::vector<size_t> where(c);
-  for (int n = 0; n < b; ++n)
-    for (int oh = 0; oh < ho; ++oh)
+  if (ho * k < h)  // rows no window covers
+    std::fill(gx, gx + static_cast<size_t>(b) * h * w * c, 0.0f);
+  const bool worth = static_cast<size_t>(b) * h * w * c >= kParallelFloats;
+  parallel_if(worth, static_cast<size_t>(b) * ho, [&](size_t, size_t begin, size_t end) {
+    std::vector<float> best(c);
+    std::vector<size_t> where(c);
+    for (size_t row = begin; row < end; ++row) {
+      const size_t n = row / ho;
+      const int oh = static_cast<int>(row % ho);
+      float* band = gx + (n * h + static_cast<size_t>(oh) * k) * w * c;
+      std::fill(band, band + static_cast<size_t>(k) * w * c, 0.0f);
       for (int ow = 0; ow < wo; ++ow) {
-        const size_t base = ((static_cast<size_t>(n) * h + oh * k) * w + ow * k) * c;
+        const size_t base = ((n * h + oh * k) * w + ow * k) * c;
         for (int ch = 0; ch < c; ++ch) best[ch] = x[base + ch], where[ch] = base + ch;
         for (int i = 0; i < k; ++i)
           for (int j = 0; j < k; ++j) {
@@ -469,9 +542,11 @@ void max_pool_backward(const float* g, const float* x, float* gx, int b, int h, 
             for (int ch = 0; ch < c; ++ch)
               if (x[at + ch] > best[ch]) best[ch] = x[at + ch], where[ch] = at + ch;
           }
-        const float* src = g + ((static_cast<size_t>(n) * ho + oh) * wo + ow) * c;
+        const float* src = g + (row * wo + ow) * c;
         for (int ch = 0; ch < c; ++ch) gx[where[ch]] = src[ch];
       }
+    }
+  });
 }
 
 }  // namespace
