@@ -482,16 +482,21 @@ void parallel_elements(size_t n, Body&& body) {
   });
 }
 
+void rectify_range(const float* __restrict x, float* __restrict y, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void rectify_backward_range(const float* __restrict g, const float* __restrict y, float* __restrict gx, size_t begin,
+                            size_t end) {
+  for (size_t i = begin; i < end; ++i) gx[i] = y[i] > 0.0f ? g[i] : 0.0f;
+}
+
 void rectify(const float* x, float* y, size_t n) {
-  parallel_elements(n, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
-  });
+  parallel_elements(n, [&](size_t begin, size_t end) { rectify_range(x, y, begin, end); });
 }
 
 void rectify_backward(const float* g, const float* y, float* gx, size_t n) {
-  parallel_elements(n, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) gx[i] = y[i] > 0.0f ? g[i] : 0.0f;
-  });
+  parallel_elements(n, [&](size_t begin, size_t end) { rectify_backward_range(g, y, gx, begin, end); });
 }
 
 // Max over each k x k window (stride k) of (B,H,W,C); a later element wins only if greater. Output
