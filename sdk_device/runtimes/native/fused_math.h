@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #define FK_INLINE static inline __attribute__((always_inline))
@@ -62,51 +63,61 @@ typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
 FK_INLINE v8 load8(const float* p) { return *reinterpret_cast<const v8u*>(p); }
 FK_INLINE void store8(float* p, v8 v) { *reinterpret_cast<v8u*>(p) = v; }
 
-// out[p][n0..n0+16) (+)= sum_t sum_{m in [m0, m1)} win[p][off[t] + m] * wt[t][m * N + n], then + init
+// out[p][n0..n0+8V) (+)= sum_t sum_{m in [m0, m1)} win[p][off[t] + m] * wt[t][m * N + n], then + init
 // (or, `accumulate`, + out's previous value), for P pixels whose windows start at win[p] (any pixels
-// with the same tap set: the offsets off[t] are the same for all of them). 2P accumulators: P =
-// kPixels keeps 12 FMA chains in flight, enough to hide the FMA latency (8 chains were not); each
-// output's sum runs in one fixed order (taps, then m) for every P.
+// with the same tap set: the offsets off[t] are the same for all of them). P x V accumulators: P =
+// kPixels, V = 2 keeps 12 FMA chains in flight, enough to hide the FMA latency (8 chains were not);
+// V = 4 (32 channels, 24 accumulators) needs 32 vector registers (AVX-512VL) and loads each input
+// value once per 32 outputs instead of 16. Each output's sum runs in one fixed order (taps, then m)
+// for every P and V.
 constexpr int kPixels = 6;
+#if defined(__AVX512VL__)
+constexpr int kWideBlock = 4;  // v8 vectors per pixel in the widest block
+#else
+constexpr int kWideBlock = 2;
+#endif
 
-template <int P>
+template <int P, int V>
 FK_INLINE void gather_pixels(const float* const* win, const ptrdiff_t* off, const float* const* wt, int taps,
                              int m0, int m1, int n_count, int n0, const float* init, bool accumulate,
                              float* const* out) {
-  v8 lo[P], hi[P];
-  for (int p = 0; p < P; ++p) lo[p] = v8{}, hi[p] = v8{};
+  v8 acc[P][V];
+  for (int p = 0; p < P; ++p)
+    for (int v = 0; v < V; ++v) acc[p][v] = v8{};
   const size_t stride = n_count;
   for (int tap = 0; tap < taps; ++tap) {
     const float* s[P];
     for (int p = 0; p < P; ++p) s[p] = win[p] + off[tap];
     const float* w = wt[tap] + static_cast<size_t>(m0) * stride + n0;
     for (int m = m0; m < m1; ++m, w += stride) {
-      const v8 w0 = load8(w), w1 = load8(w + 8);
+      v8 wv[V];
+      for (int v = 0; v < V; ++v) wv[v] = load8(w + 8 * v);
       for (int p = 0; p < P; ++p) {
-        lo[p] += s[p][m] * w0;
-        hi[p] += s[p][m] * w1;
+        const float sp = s[p][m];
+        for (int v = 0; v < V; ++v) acc[p][v] += sp * wv[v];
       }
     }
   }
-  for (int p = 0; p < P; ++p) {
-    if (accumulate)
-      lo[p] += load8(out[p] + n0), hi[p] += load8(out[p] + n0 + 8);
-    else if (init)
-      lo[p] += load8(init + n0), hi[p] += load8(init + n0 + 8);
-    store8(out[p] + n0, lo[p]);
-    store8(out[p] + n0 + 8, hi[p]);
-  }
+  for (int p = 0; p < P; ++p)
+    for (int v = 0; v < V; ++v) {
+      if (accumulate)
+        acc[p][v] += load8(out[p] + n0 + 8 * v);
+      else if (init)
+        acc[p][v] += load8(init + n0 + 8 * v);
+      store8(out[p] + n0 + 8 * v, acc[p][v]);
+    }
 }
 
+template <int V>
 void gather_pixels_any(int pixels, const float* const* win, const ptrdiff_t* off, const float* const* wt, int taps,
                        int m0, int m1, int n_count, int n0, const float* init, bool accumulate, float* const* out) {
   switch (pixels) {
-    case 6: return gather_pixels<6>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
-    case 5: return gather_pixels<5>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
-    case 4: return gather_pixels<4>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
-    case 3: return gather_pixels<3>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
-    case 2: return gather_pixels<2>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
-    default: return gather_pixels<1>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    case 6: return gather_pixels<6, V>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    case 5: return gather_pixels<5, V>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    case 4: return gather_pixels<4, V>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    case 3: return gather_pixels<3, V>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    case 2: return gather_pixels<2, V>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
+    default: return gather_pixels<1, V>(win, off, wt, taps, m0, m1, n_count, n0, init, accumulate, out);
   }
 }
 
@@ -165,10 +176,10 @@ Gather adjoint_gather(const Geometry& g) {
   return q;
 }
 
-// Reduction channels per pass: a pass's weights (taps x chunk x 16 floats) stay in L1 (up to 40 KB in
+// Reduction channels per pass: a pass's weights (taps x chunk x block floats) stay in L1 (up to 40 KB in
 // one pass, else ~18 KB passes) for all of a slice's pixels; passes after the first add to the output.
-int reduction_chunk(int taps, int m) {
-  const int per_channel = std::max(1, taps) * kBlock * 4;
+int reduction_chunk(int taps, int m, int width) {
+  const int per_channel = std::max(1, taps) * width * 4;
   return per_channel * m <= 40960 ? m : std::max(8, 18432 / per_channel);
 }
 
@@ -214,12 +225,13 @@ void run_gather(const Gather& q, const float* src, const float* wp, const float*
       cls.end = pixels.size();
       if (classes.empty() || cls.end > classes.back().end) classes.push_back(std::move(cls));
     }
-  const int chunk = reduction_chunk(q.k * q.k, q.m);
   parallel_slices(pixels.size(), [&](size_t, size_t begin, size_t end) {
     const float* win[kPixels];
     float* dst[kPixels];
-    for (int n0 = 0; n0 < q.n; n0 += kBlock) {
-      const bool full = n0 + kBlock <= q.n;
+    for (int n0 = 0; n0 < q.n;) {
+      const int width = n0 + 8 * kWideBlock <= q.n ? 8 * kWideBlock : kBlock;
+      const bool full = n0 + width <= q.n;
+      const int chunk = reduction_chunk(q.k * q.k, q.m, width);
       for (int m0 = 0; m0 < std::max(q.m, 1); m0 += chunk) {
         const int m1 = std::min(q.m, m0 + chunk);
         size_t cls = 0;
@@ -232,8 +244,13 @@ void run_gather(const Gather& q, const float* src, const float* wp, const float*
             dst[p] = out + static_cast<size_t>(pixels[at + p]) * q.n;
           }
           at += count;
+          if (full && width > kBlock) {
+            gather_pixels_any<kWideBlock>(count, win, k.off.data(), k.wt.data(), static_cast<int>(k.off.size()), m0, m1,
+                                          q.n, n0, init, m0 > 0, dst);
+            continue;
+          }
           if (full) {
-            gather_pixels_any(count, win, k.off.data(), k.wt.data(), static_cast<int>(k.off.size()), m0, m1, q.n, n0,
+            gather_pixels_any<2>(count, win, k.off.data(), k.wt.data(), static_cast<int>(k.off.size()), m0, m1, q.n, n0,
                               init, m0 > 0, dst);
             continue;
           }
@@ -247,6 +264,7 @@ void run_gather(const Gather& q, const float* src, const float* wp, const float*
             }
         }
       }
+      n0 += width;
     }
   });
 }
@@ -278,23 +296,31 @@ void conv_grad_input(const Geometry& g, const float* gy, const float* weight, fl
   run_gather(adjoint_gather(g), gy, wg.data(), nullptr, gx);
 }
 
-// acc[r][t] += x[xo[e] + r] * gy[go[e] + t] over the entries e of a pixel list, summed in registers.
-template <int R, int NB>
+// Grad-weight register blocks: kRows input x kGwWidth output channels at most (6 x 32 = 24 AVX
+// accumulators with AVX-512VL's 32 registers, else 6 x 16).
+constexpr int kGwWidth = 8 * kWideBlock;
+
+// acc[r][t] += x[xo[e] + r] * gy[go[e] + t] over the entries e of a pixel list, summed in registers
+// (V vectors of 8 outputs; V = 0: any nb, scalar).
+template <int R, int V>
 FK_INLINE void outer_list(const float* x, const float* gy, const uint32_t* xo, const uint32_t* go, int count, int nb,
-                          float (*acc)[kBlock]) {
-  if constexpr (NB == kBlock) {
-    v8 lo[R], hi[R];
-    for (int r = 0; r < R; ++r) lo[r] = load8(acc[r]), hi[r] = load8(acc[r] + 8);
+                          float (*acc)[kGwWidth]) {
+  if constexpr (V > 0) {
+    v8 a[R][V];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) a[r][v] = load8(acc[r] + 8 * v);
     for (int e = 0; e < count; ++e) {
       const float* xc = x + xo[e];
       const float* gc = gy + go[e];
-      const v8 g0 = load8(gc), g1 = load8(gc + 8);
+      v8 gv[V];
+      for (int v = 0; v < V; ++v) gv[v] = load8(gc + 8 * v);
       for (int r = 0; r < R; ++r) {
-        lo[r] += xc[r] * g0;
-        hi[r] += xc[r] * g1;
+        const float xr = xc[r];
+        for (int v = 0; v < V; ++v) a[r][v] += xr * gv[v];
       }
     }
-    for (int r = 0; r < R; ++r) store8(acc[r], lo[r]), store8(acc[r] + 8, hi[r]);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) store8(acc[r] + 8 * v, a[r][v]);
   } else {
     for (int e = 0; e < count; ++e)
       for (int r = 0; r < R; ++r)
@@ -302,38 +328,41 @@ FK_INLINE void outer_list(const float* x, const float* gy, const uint32_t* xo, c
   }
 }
 
-template <int NB>
+template <int V>
 FK_INLINE void outer_dispatch(int rows, const float* x, const float* gy, const uint32_t* xo, const uint32_t* go,
-                              int count, int nb, float (*acc)[kBlock]) {
+                              int count, int nb, float (*acc)[kGwWidth]) {
   switch (rows) {
-    case 6: outer_list<6, NB>(x, gy, xo, go, count, nb, acc); break;
-    case 5: outer_list<5, NB>(x, gy, xo, go, count, nb, acc); break;
-    case 4: outer_list<4, NB>(x, gy, xo, go, count, nb, acc); break;
-    case 3: outer_list<3, NB>(x, gy, xo, go, count, nb, acc); break;
-    case 2: outer_list<2, NB>(x, gy, xo, go, count, nb, acc); break;
-    default: outer_list<1, NB>(x, gy, xo, go, count, nb, acc); break;
+    case 6: outer_list<6, V>(x, gy, xo, go, count, nb, acc); break;
+    case 5: outer_list<5, V>(x, gy, xo, go, count, nb, acc); break;
+    case 4: outer_list<4, V>(x, gy, xo, go, count, nb, acc); break;
+    case 3: outer_list<3, V>(x, gy, xo, go, count, nb, acc); break;
+    case 2: outer_list<2, V>(x, gy, xo, go, count, nb, acc); break;
+    default: outer_list<1, V>(x, gy, xo, go, count, nb, acc); break;
   }
 }
 
 // acc[r][t] += x[line][col][c0 + r] * gy[line][col][o0 + t] over lines x cols (steps x_step / g_step
-// per column, x_line / g_line per line), summed in registers (not through the pointer).
-template <int R, int NB>
+// per column, x_line / g_line per line), summed in registers (V as in outer_list).
+template <int R, int V>
 FK_INLINE void outer_rows(const float* xp, size_t x_step, size_t x_line, const float* gp, size_t g_step,
-                          size_t g_line, int lines, int cols, int nb, float (*acc)[kBlock]) {
-  if constexpr (NB == kBlock) {
-    v8 lo[R], hi[R];
-    for (int r = 0; r < R; ++r) lo[r] = load8(acc[r]), hi[r] = load8(acc[r] + 8);
+                          size_t g_line, int lines, int cols, int nb, float (*acc)[kGwWidth]) {
+  if constexpr (V > 0) {
+    v8 a[R][V];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) a[r][v] = load8(acc[r] + 8 * v);
     for (int line = 0; line < lines; ++line, xp += x_line, gp += g_line) {
       const float *xc = xp, *gc = gp;
       for (int col = 0; col < cols; ++col, xc += x_step, gc += g_step) {
-        const v8 g0 = load8(gc), g1 = load8(gc + 8);
+        v8 gv[V];
+        for (int v = 0; v < V; ++v) gv[v] = load8(gc + 8 * v);
         for (int r = 0; r < R; ++r) {
-          lo[r] += xc[r] * g0;
-          hi[r] += xc[r] * g1;
+          const float xr = xc[r];
+          for (int v = 0; v < V; ++v) a[r][v] += xr * gv[v];
         }
       }
     }
-    for (int r = 0; r < R; ++r) store8(acc[r], lo[r]), store8(acc[r] + 8, hi[r]);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) store8(acc[r] + 8 * v, a[r][v]);
   } else {
     for (int line = 0; line < lines; ++line, xp += x_line, gp += g_line)
       for (int col = 0; col < cols; ++col)
@@ -342,23 +371,23 @@ FK_INLINE void outer_rows(const float* xp, size_t x_step, size_t x_line, const f
   }
 }
 
-template <int NB>
+template <int V>
 FK_INLINE void outer_rows_dispatch(int rows, const float* xp, size_t x_step, size_t x_line, const float* gp,
-                              size_t g_step, size_t g_line, int lines, int cols, int nb, float (*acc)[kBlock]) {
+                                   size_t g_step, size_t g_line, int lines, int cols, int nb, float (*acc)[kGwWidth]) {
   switch (rows) {
-    case 6: outer_rows<6, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
-    case 5: outer_rows<5, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
-    case 4: outer_rows<4, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
-    case 3: outer_rows<3, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
-    case 2: outer_rows<2, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
-    default: outer_rows<1, NB>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    case 6: outer_rows<6, V>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    case 5: outer_rows<5, V>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    case 4: outer_rows<4, V>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    case 3: outer_rows<3, V>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    case 2: outer_rows<2, V>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
+    default: outer_rows<1, V>(xp, x_step, x_line, gp, g_step, g_line, lines, cols, nb, acc); break;
   }
 }
 
-// One sample's contribution to grad-weight block (tap (i, j), channels c0.., outputs o0..) over the
-// output pixels whose input pixel for this tap is inside the image.
+// One sample's contribution to grad-weight block (tap (i, j), channels c0.., outputs o0.. o0 + nb) over
+// the output pixels whose input pixel for this tap is inside the image.
 void grad_weight_block(const Geometry& g, const float* x, const float* gy, int i, int j, int c0, int rows,
-                       int o0, int nb, float (*acc)[kBlock]) {
+                       int o0, int nb, float (*acc)[kGwWidth]) {
   const int ow_lo = std::max(0, (g.pad - j + g.stride - 1) / g.stride);
   const int ow_hi = std::min(g.wo, (g.w - 1 + g.pad - j) / g.stride + 1);
   const int oh_lo = std::max(0, (g.pad - i + g.stride - 1) / g.stride);
@@ -368,10 +397,13 @@ void grad_weight_block(const Geometry& g, const float* x, const float* gy, int i
   const float* gp = gy + (static_cast<size_t>(oh_lo) * g.wo + ow_lo) * g.o + o0;
   const size_t x_step = static_cast<size_t>(g.stride) * g.c, x_line = static_cast<size_t>(g.stride) * g.w * g.c;
   const size_t g_line = static_cast<size_t>(g.wo) * g.o;
-  if (nb == kBlock)
-    outer_rows_dispatch<kBlock>(rows, xp, x_step, x_line, gp, g.o, g_line, oh_hi - oh_lo, ow_hi - ow_lo, nb, acc);
+  const int lines = oh_hi - oh_lo, cols = ow_hi - ow_lo;
+  if (nb == kGwWidth)
+    outer_rows_dispatch<kWideBlock>(rows, xp, x_step, x_line, gp, g.o, g_line, lines, cols, nb, acc);
+  else if (nb == kBlock)
+    outer_rows_dispatch<2>(rows, xp, x_step, x_line, gp, g.o, g_line, lines, cols, nb, acc);
   else
-    outer_rows_dispatch<0>(rows, xp, x_step, x_line, gp, g.o, g_line, oh_hi - oh_lo, ow_hi - ow_lo, nb, acc);
+    outer_rows_dispatch<0>(rows, xp, x_step, x_line, gp, g.o, g_line, lines, cols, nb, acc);
 }
 
 // The pixels of samples [b0, b1) that tap (i, j) reads inside the image, in (b, oh, ow) order: x
@@ -393,7 +425,7 @@ void tap_pixels(const Geometry& g, int b0, int b1, int i, int j, std::vector<uin
 }
 
 // grad_weight (O,C,k,k) and grad_bias (O,), sums over sample groups in double. The blocks (tap, 6 input
-// channels, 16 output channels) are sliced over the threads; each slice walks the sample groups in
+// channels, kGwWidth / 16 / fewer output channels) are sliced over the threads; each slice walks the sample groups in
 // order, and a block sums a group's valid pixels in float registers: on maps of < 256 pixels from one
 // list per tap over the group's samples (a 4x4 map's sample is a few pixels), else row by row.
 void conv_grad_weight(const Geometry& g, const float* x, const float* gy, float* gw, float* gb) {
@@ -401,34 +433,42 @@ void conv_grad_weight(const Geometry& g, const float* x, const float* gy, float*
   std::vector<double> total(static_cast<size_t>(kk) * g.c * g.o, 0.0), bias_total(g.o, 0.0);
   const size_t x_sample = static_cast<size_t>(g.h) * g.w * g.c, g_sample = static_cast<size_t>(g.ho) * g.wo * g.o;
   const int c_blocks = (g.c + kRows - 1) / kRows, o_blocks = (g.o + kBlock - 1) / kBlock;
+  // Output channel segments: kGwWidth wide, then one of 16, then the rest.
+  std::vector<std::pair<int, int>> segments;  // (o0, width)
+  for (int o0 = 0; o0 < g.o;) {
+    const int width = o0 + kGwWidth <= g.o ? kGwWidth : std::min(kBlock, g.o - o0);
+    segments.emplace_back(o0, width);
+    o0 += width;
+  }
+  const int n_segments = static_cast<int>(segments.size());
   // Samples summed in float per group of ~256 output pixels (4x4 maps: 16 samples), groups in double.
   const int group = std::max(1, 256 / std::max(1, g.ho * g.wo));
-  parallel_slices(static_cast<size_t>(kk) * c_blocks * o_blocks, [&](size_t, size_t begin, size_t end) {
+  parallel_slices(static_cast<size_t>(kk) * c_blocks * n_segments, [&](size_t, size_t begin, size_t end) {
     std::vector<std::vector<uint32_t>> xo(kk), go(kk);
     for (int b0 = 0; b0 < g.b; b0 += group) {
       const int b1 = std::min(g.b, b0 + group);
-      const int first_tap = static_cast<int>(begin / (c_blocks * o_blocks));
-      const int last_tap = static_cast<int>((end - 1) / (c_blocks * o_blocks));
+      const int first_tap = static_cast<int>(begin / (c_blocks * n_segments));
+      const int last_tap = static_cast<int>((end - 1) / (c_blocks * n_segments));
       for (int tap = first_tap; tap <= last_tap && group > 1; ++tap) tap_pixels(g, b0, b1, tap / g.k, tap % g.k, xo[tap], go[tap]);
       for (size_t block = begin; block < end; ++block) {
-        const int tap = static_cast<int>(block / (c_blocks * o_blocks));
-        const int c0 = static_cast<int>(block / o_blocks % c_blocks) * kRows;
-        const int o0 = static_cast<int>(block % o_blocks) * kBlock;
-        const int rows = std::min(kRows, g.c - c0), nb = std::min(kBlock, g.o - o0);
-        float acc[kRows][kBlock] = {};
+        const int tap = static_cast<int>(block / (c_blocks * n_segments));
+        const int c0 = static_cast<int>(block / n_segments % c_blocks) * kRows;
+        const auto [o0, nb] = segments[block % n_segments];
+        const int rows = std::min(kRows, g.c - c0);
+        float acc[kRows][kGwWidth] = {};
         if (group == 1) {  // maps of >= 256 pixels: one sample's rows, without a list
           grad_weight_block(g, x + b0 * x_sample, gy + b0 * g_sample, tap / g.k, tap % g.k, c0, rows, o0, nb, acc);
-          for (int r = 0; r < rows; ++r)
-            for (int t = 0; t < nb; ++t) total[(static_cast<size_t>(tap) * g.c + c0 + r) * g.o + o0 + t] += acc[r][t];
-          continue;
+        } else {
+          const float* xs = x + b0 * x_sample + c0;
+          const float* gs = gy + b0 * g_sample + o0;
+          const int count = static_cast<int>(xo[tap].size());
+          if (nb == kGwWidth)
+            outer_dispatch<kWideBlock>(rows, xs, gs, xo[tap].data(), go[tap].data(), count, nb, acc);
+          else if (nb == kBlock)
+            outer_dispatch<2>(rows, xs, gs, xo[tap].data(), go[tap].data(), count, nb, acc);
+          else
+            outer_dispatch<0>(rows, xs, gs, xo[tap].data(), go[tap].data(), count, nb, acc);
         }
-        const float* xs = x + b0 * x_sample + c0;
-        const float* gs = gy + b0 * g_sample + o0;
-        const int count = static_cast<int>(xo[tap].size());
-        if (nb == kBlock)
-          outer_dispatch<kBlock>(rows, xs, gs, xo[tap].data(), go[tap].data(), count, nb, acc);
-        else
-          outer_dispatch<0>(rows, xs, gs, xo[tap].data(), go[tap].data(), count, nb, acc);
         for (int r = 0; r < rows; ++r)
           for (int t = 0; t < nb; ++t) total[(static_cast<size_t>(tap) * g.c + c0 + r) * g.o + o0 + t] += acc[r][t];
       }
