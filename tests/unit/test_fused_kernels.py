@@ -251,7 +251,8 @@ GEOMETRIES = [(3, 9, 9, 17, 33, 3, 1, 1), (4, 10, 10, 16, 32, 3, 2, 1), (4, 10, 
 data = []
 for b, h, w, c, o, k, stride, pad in GEOMETRIES:
     ho = (h + 2 * pad - k) // stride + 1
-    data.append([rng.standard_normal(s).astype(np.float32) for s in ((b, h, w, c), (o, c, k, k), (o,), (b, ho, ho, o))])
+    shapes = ((b, h, w, c), (o, c, k, k), (o,), (b, ho, ho, o))
+    data.append([rng.standard_normal(s).astype(np.float32) for s in shapes])
 big = rng.standard_normal((8, 32, 32, 40)).astype(np.float32)  # over the 128K-float threading threshold
 big_g = rng.standard_normal(big.shape).astype(np.float32)
 pool_g = np.ascontiguousarray(big_g[:, :16, :16])
@@ -276,7 +277,8 @@ for threads in (1, 2):
                       p(stats[0]), p(stats[1]), p(stats[2]), p(stats[3]))
     lib.fk_batch_norm_backward(p(big_g), p(big), p(bn_w), p(mask), p(stats[0]), p(stats[1]), 8, 32 * 32, 40,
                                p(gx), p(stats[4]), p(stats[5]))
-    pooled, pool_gx, relu_y, relu_gx = (np.zeros(s, np.float32) for s in ((8, 16, 16, 40), big.shape, big.shape, big.shape))
+    pooled = np.zeros((8, 16, 16, 40), np.float32)
+    pool_gx, relu_y, relu_gx = (np.zeros_like(big) for _ in range(3))
     lib.fk_max_pool(p(big), p(pooled), 8, 32, 32, 40, 2)
     lib.fk_max_pool_backward(p(pool_g), p(big), p(pool_gx), 8, 32, 32, 40, 2)
     lib.fk_rectify(p(big), p(relu_y), big.size)
@@ -290,7 +292,8 @@ print(json.dumps({"same": runs[0] == runs[1], "threads": lib.fk_thread_count()})
 
 def test_the_kernels_give_the_same_bits_on_one_and_two_threads():
     """Convolutions (stride 1 and 2, 1x1, a wide 4x4 map), BatchNorm, max-pool and ReLU over the
-    threading threshold. In a fresh process: resizing ExecuTorch's shared pool would strand loaded XNNPACK programs."""
+    threading threshold. In a fresh process: resizing ExecuTorch's shared pool would strand loaded
+    XNNPACK programs."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, env=env,
                           timeout=60)
