@@ -24,9 +24,15 @@ void run_tasks(size_t tasks, void (*body)(void*, size_t), void* context);
 // body(part, begin, end) for `parts` contiguous slices of [0, n), on the kernels' threads. Every
 // caller makes each output element's arithmetic independent of the slicing, so results are the
 // same bits for any thread count.
+// Slices per thread: more slices than threads let a thread that is on time take the slices of one
+// that is not (ExecuTorch's pool steals work): on a loaded machine a woken worker can wait a
+// scheduler slice for its core, and with one slice per thread the caller waited that long.
+constexpr size_t kSlicesPerThread = 8;
+
 template <class Body>
 void parallel_slices(size_t n, Body&& body) {
-  const size_t parts = std::min(n, static_cast<size_t>(std::max(1, worker_count())));
+  const size_t workers = static_cast<size_t>(std::max(1, worker_count()));
+  const size_t parts = std::min(n, workers > 1 ? workers * kSlicesPerThread : 1);
   auto slice = [&](size_t part) { body(part, n * part / parts, n * (part + 1) / parts); };
   if (parts <= 1) {
     if (n) slice(0);
