@@ -297,9 +297,12 @@ void conv_grad_input(const Geometry& g, const float* gy, const float* weight, fl
   const int kk = g.k * g.k;
   std::vector<float> wg(static_cast<size_t>(kk) * g.o * g.c);
   parallel_if(wg.size() >= kParallelFloats, g.o, [&](size_t, size_t begin, size_t end) {
-    for (size_t o = begin; o < end; ++o)
-      for (int c = 0; c < g.c; ++c)
-        for (int t = 0; t < kk; ++t) wg[(static_cast<size_t>(t) * g.o + o) * g.c + c] = weight[(o * g.c + c) * kk + t];
+    for (size_t o = begin; o < end; ++o)  // an output channel's C x k x k weights are contiguous
+      for (int t = 0; t < kk; ++t) {
+        float* to = wg.data() + (static_cast<size_t>(t) * g.o + o) * g.c;
+        const float* from = weight + o * g.c * kk + t;
+        for (int c = 0; c < g.c; ++c) to[c] = from[static_cast<size_t>(c) * kk];
+      }
   });
   run_gather(adjoint_gather(g), gy, wg.data(), nullptr, gx);
 }
