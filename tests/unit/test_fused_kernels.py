@@ -236,29 +236,64 @@ def test_an_unknown_kernel_set_is_refused():
 
 
 THREADS_SCRIPT = """
-import ctypes, json
+import ctypes, hashlib, json
 import numpy as np
 from sdk_device.runtimes import fused_kernels
 lib = fused_kernels.load()
 P = ctypes.c_void_p
-b, h, w, c, o, k, stride, pad = 3, 9, 9, 17, 33, 3, 1, 1
+F = ctypes.POINTER(ctypes.c_float)
 rng = np.random.default_rng(0)
-x, weight, bias = (rng.standard_normal(s).astype(np.float32) for s in ((b, h, w, c), (o, c, k, k), (o,)))
-gy = rng.standard_normal((b, h, w, o)).astype(np.float32)
+p = lambda a: a.ctypes.data_as(P)
+# (b, h, w, c, o, k, stride, pad): a channel tail, stride 2, a 1x1 stride-2 shortcut, and a 4x4 map
+# wide enough for the reduction passes and the grad-weight pixel lists.
+GEOMETRIES = [(3, 9, 9, 17, 33, 3, 1, 1), (4, 10, 10, 16, 32, 3, 2, 1), (4, 10, 10, 16, 48, 1, 2, 0),
+              (32, 4, 4, 256, 48, 3, 1, 1)]
+data = []
+for b, h, w, c, o, k, stride, pad in GEOMETRIES:
+    ho = (h + 2 * pad - k) // stride + 1
+    shapes = ((b, h, w, c), (o, c, k, k), (o,), (b, ho, ho, o))
+    data.append([rng.standard_normal(s).astype(np.float32) for s in shapes])
+big = rng.standard_normal((8, 32, 32, 40)).astype(np.float32)  # over the 128K-float threading threshold
+big_g = rng.standard_normal(big.shape).astype(np.float32)
+pool_g = np.ascontiguousarray(big_g[:, :16, :16])
+mask = np.array([1, 1, 1, 1, 1, 1, 1, 0], np.float32)
+bn_w, bn_b = rng.random(40).astype(np.float32) + 0.5, rng.standard_normal(40).astype(np.float32)
+lib.fk_batch_norm.argtypes = [P] * 6 + [ctypes.c_double] * 2 + [ctypes.c_int] * 3 + [P] * 5
+lib.fk_rectify.argtypes = [P, P, ctypes.c_size_t]
+lib.fk_rectify_backward.argtypes = [P, P, P, ctypes.c_size_t]
 runs = []
 for threads in (1, 2):
     assert lib.fk_set_threads(threads) == threads
-    out, gx, gw, gb = (np.zeros(s, np.float32) for s in ((b, h, w, o), x.shape, weight.shape, (o,)))
-    p = lambda a: a.ctypes.data_as(P)
-    lib.fk_conv2d(p(x), p(weight), p(bias), p(out), b, h, w, c, o, k, stride, pad)
-    lib.fk_conv2d_backward(p(gy), p(x), p(weight), p(gx), p(gw), p(gb), b, h, w, c, o, k, stride, pad)
-    runs.append([a.tobytes().hex() for a in (out, gx, gw, gb)])
+    digest = hashlib.sha256()
+    for (b, h, w, c, o, k, stride, pad), (x, weight, bias, gy) in zip(GEOMETRIES, data):
+        out, gx, gw, gb = (np.zeros(s, np.float32) for s in (gy.shape, x.shape, weight.shape, (o,)))
+        lib.fk_conv2d(p(x), p(weight), p(bias), p(out), b, h, w, c, o, k, stride, pad)
+        lib.fk_conv2d_backward(p(gy), p(x), p(weight), p(gx), p(gw), p(gb), b, h, w, c, o, k, stride, pad)
+        for a in (out, gx, gw, gb):
+            digest.update(a.tobytes())
+    y, gx = np.zeros_like(big), np.zeros_like(big)
+    stats = [np.zeros(40, np.float32) for _ in range(6)]
+    lib.fk_batch_norm(p(big), p(bn_w), p(bn_b), p(mask), None, None, 0.1, 1e-5, 8, 32 * 32, 40, p(y),
+                      p(stats[0]), p(stats[1]), p(stats[2]), p(stats[3]))
+    lib.fk_batch_norm_backward(p(big_g), p(big), p(bn_w), p(mask), p(stats[0]), p(stats[1]), 8, 32 * 32, 40,
+                               p(gx), p(stats[4]), p(stats[5]))
+    pooled = np.zeros((8, 16, 16, 40), np.float32)
+    pool_gx, relu_y, relu_gx = (np.zeros_like(big) for _ in range(3))
+    lib.fk_max_pool(p(big), p(pooled), 8, 32, 32, 40, 2)
+    lib.fk_max_pool_backward(p(pool_g), p(big), p(pool_gx), 8, 32, 32, 40, 2)
+    lib.fk_rectify(p(big), p(relu_y), big.size)
+    lib.fk_rectify_backward(p(big_g), p(relu_y), p(relu_gx), big.size)
+    for a in (y, gx, *stats, pooled, pool_gx, relu_y, relu_gx):
+        digest.update(a.tobytes())
+    runs.append(digest.hexdigest())
 print(json.dumps({"same": runs[0] == runs[1], "threads": lib.fk_thread_count()}))
 """
 
 
-def test_conv_kernels_give_the_same_bits_on_one_and_two_threads():
-    """In a fresh process: resizing ExecuTorch's shared pool would strand loaded XNNPACK programs."""
+def test_the_kernels_give_the_same_bits_on_one_and_two_threads():
+    """Convolutions (stride 1 and 2, 1x1, a wide 4x4 map), BatchNorm, max-pool and ReLU over the
+    threading threshold. In a fresh process: resizing ExecuTorch's shared pool would strand loaded
+    XNNPACK programs."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], capture_output=True, text=True, env=env,
                           timeout=60)

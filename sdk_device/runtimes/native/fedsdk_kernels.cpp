@@ -10,17 +10,20 @@
 //                                      samples of the mask (export/fused_batch_norm.py, fused_norm.h)
 //
 // Decisions:
-// * Threads: convolution forward, grad-input and grad-weight slice their outputs over ExecuTorch's
-//   threadpool (the runtime's thread count); each output's arithmetic does not depend on the
-//   slicing, so 1 and 2 threads give the same bits.
-// * Plain C++17, no XNNPACK (its C API header is not shipped by the wheel). Forward and stride-1
-//   grad-input are one "gather" convolution (grad-input: of the padded grad_out with the flipped
-//   weight) on a zero-padded copy of the input: 6 output pixels x 16 output channels per register
-//   block (12 FMA chains, enough to hide the FMA latency), a sum over the k*k taps of (input row) x
-//   (weight block); output-channel blocks outermost so a block's weights stay in cache. Stride-2
-//   grad-input gathers per pixel over its valid taps. Grad-weight accumulates in float registers
-//   (blocks of 6 input x 16 output channels) over groups of ~256 output pixels (whole samples) and
-//   across groups in double, so its error does not grow with the batch.
+// * Threads: every kernel slices its outputs over ExecuTorch's threadpool (the runtime's thread
+//   count), 8 slices per thread so the pool's work stealing covers a worker that waits for a core;
+//   memory-bound passes (BatchNorm, ReLU, max-pool, packing) only from 128K floats. Each output's
+//   arithmetic does not depend on the slicing (BatchNorm sums per sample, folded in sample order),
+//   so 1 and 2 threads give the same bits (tested).
+// * Plain C++17, no XNNPACK (its C API header is not shipped by the wheel). Forward and grad-input
+//   (any stride) are one "gather" engine: an output pixel sums (input window at a tap) x (packed
+//   weight at that tap) over its valid taps only (no zero padding; grad-input's window at stride s
+//   starts at (ih + pad) / s and tap i is i / s rows back). Pixels with the same valid tap set are
+//   grouped, and 6 of them x 32 output channels (AVX-512VL: 32 vector registers; else 16) form a
+//   register block; the reduction runs in passes of up to ~160 KB of weights. Grad-weight blocks
+//   6 input x 32 (or 16) output channels; on maps under 256 pixels a block sums a list of the tap's
+//   valid pixels over a group of samples in registers, else a sample's rows; groups in double, so
+//   its error does not grow with the batch.
 // * Vectors are GCC vector extensions (8 floats), lowered to whatever the build targets:
 //   native_build compiles with -march=native for the build machine (AVX2/FMA here: ~5x the
 //   baseline SSE code; GCC's target_clones did not vectorise these loops), NEON on arm64.
@@ -139,7 +142,7 @@ bool same_shape(const Tensor& t, std::initializer_list<int64_t> sizes) {
 bool conv_geometry(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, int64_t stride, int64_t pad,
                    Geometry* g) {
   if (!is_float(x, 4) || !is_float(weight, 4) || weight.size(1) != x.size(3) || weight.size(2) != weight.size(3) ||
-      stride < 1 || pad < 0) {
+      weight.size(2) > 64 || stride < 1 || pad < 0) {
     ET_LOG(Error, "fedsdk::conv2d_nhwc: bad arguments");
     ctx.fail(Error::InvalidArgument);
     return false;

@@ -2,7 +2,8 @@
 // states the maths); included once, by fedsdk_kernels.cpp. x is (rows, C) with rows = B*H*W,
 // sample b owning rows [b*hw, (b+1)*hw) and counting with weight mask[b] (0 for padding).
 //
-// Each direction reads the data twice: one pass of per-channel sums, one pass that writes.
+// Each direction reads the data twice: one pass of per-channel sums, one pass that writes; both
+// passes are sliced over the kernels' threads (sums per sample, folded in sample order).
 // Sums are over one sample's rows in float vectors (at most kChunk rows, so a partial sum holds
 // few terms) folded into per-channel double totals.
 
@@ -12,6 +13,8 @@
 #include <cmath>
 #include <cstddef>
 #include <vector>
+
+#include "fused_math.h"  // parallel_slices
 
 namespace {
 
@@ -46,7 +49,8 @@ void batch_norm_forward(const float* x, const float* weight, const float* bias, 
                         const float* running_mean, const float* running_var, double momentum, double eps,
                         int b, int hw, int c, float* y, float* mean_out, float* invstd_out, float* new_mean,
                         float* new_var) {
-  std::vector<double> sum(c, 0.0), sumsq(c, 0.0), s(c), q(c);  // of x - shift
+  std::vector<double> sum(c, 0.0), sumsq(c, 0.0);  // of x - shift
+  const bool worth = static_cast<size_t>(b) * hw * c >= kParallelFloats;
   const float* shift_row = x;  // the first counted row: near the mean
   for (int n_ = 0; n_ < b; ++n_)
     if (mask[n_] != 0.0f) {
@@ -54,14 +58,20 @@ void batch_norm_forward(const float* x, const float* weight, const float* bias, 
       break;
     }
   const std::vector<float> k(shift_row, shift_row + c);
+  // Per-sample sums on the threads, folded in sample order (the same bits for any thread count).
+  std::vector<double> s(static_cast<size_t>(b) * c, 0.0), q(static_cast<size_t>(b) * c, 0.0);
+  parallel_if(worth, b, [&](size_t, size_t begin, size_t end) {
+    for (size_t n_ = begin; n_ < end; ++n_) {
+      if (mask[n_] == 0.0f) continue;
+      const float* xb = x + n_ * hw * c;
+      channel_sums(xb, xb, k.data(), k.data(), hw, c, s.data() + n_ * c, q.data() + n_ * c);
+    }
+  });
   double n = 0.0;
   for (int n_ = 0; n_ < b; ++n_) {
     if (mask[n_] == 0.0f) continue;
-    std::fill(s.begin(), s.end(), 0.0);
-    std::fill(q.begin(), q.end(), 0.0);
-    const float* xb = x + static_cast<size_t>(n_) * hw * c;
-    channel_sums(xb, xb, k.data(), k.data(), hw, c, s.data(), q.data());
-    for (int ch = 0; ch < c; ++ch) sum[ch] += mask[n_] * s[ch], sumsq[ch] += mask[n_] * q[ch];
+    for (int ch = 0; ch < c; ++ch)
+      sum[ch] += mask[n_] * s[static_cast<size_t>(n_) * c + ch], sumsq[ch] += mask[n_] * q[static_cast<size_t>(n_) * c + ch];
     n += static_cast<double>(mask[n_]) * hw;
   }
   std::vector<float> scale(c), shift(c);
@@ -79,12 +89,13 @@ void batch_norm_forward(const float* x, const float* weight, const float* bias, 
     new_var[ch] = static_cast<float>(running_var ? (1.0 - momentum) * running_var[ch] + momentum * unbiased
                                                  : unbiased);
   }
-  const size_t rows = static_cast<size_t>(b) * hw;
-  for (size_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * c;
-    float* yr = y + r * c;
-    for (int ch = 0; ch < c; ++ch) yr[ch] = xr[ch] * scale[ch] + shift[ch];
-  }
+  parallel_if(worth, static_cast<size_t>(b) * hw, [&](size_t, size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) {
+      const float* xr = x + r * c;
+      float* yr = y + r * c;
+      for (int ch = 0; ch < c; ++ch) yr[ch] = xr[ch] * scale[ch] + shift[ch];
+    }
+  });
 }
 
 // Backward: grad_input (rows, C), grad_weight = sum(g * xhat), grad_bias = sum(g) over all rows.
@@ -92,10 +103,18 @@ void batch_norm_backward(const float* g, const float* x, const float* weight, co
                          const float* mean, const float* invstd, int b, int hw, int c, float* gx, float* gw,
                          float* gb) {
   std::vector<double> s1(c, 0.0), sgx(c, 0.0);  // sum g, sum g * (x - mean)
+  const bool worth = static_cast<size_t>(b) * hw * c >= kParallelFloats;
+  // Per-sample sums on the threads, folded in sample order (the same bits for any thread count).
+  std::vector<double> ps(static_cast<size_t>(b) * c, 0.0), pq(static_cast<size_t>(b) * c, 0.0);
+  parallel_if(worth, b, [&](size_t, size_t begin, size_t end) {
+    for (size_t n_ = begin; n_ < end; ++n_) {
+      const size_t at = n_ * hw * c;
+      channel_sums(g + at, x + at, nullptr, mean, hw, c, ps.data() + n_ * c, pq.data() + n_ * c);
+    }
+  });
   double n = 0.0;
   for (int n_ = 0; n_ < b; ++n_) {
-    const size_t at = static_cast<size_t>(n_) * hw * c;
-    channel_sums(g + at, x + at, nullptr, mean, hw, c, s1.data(), sgx.data());
+    for (int ch = 0; ch < c; ++ch) s1[ch] += ps[static_cast<size_t>(n_) * c + ch], sgx[ch] += pq[static_cast<size_t>(n_) * c + ch];
     n += static_cast<double>(mask[n_]) * hw;
   }
   std::vector<float> a(c), k1(c), k2(c);  // gx = a * g - m * (k1 + k2 * xhat)
@@ -108,19 +127,18 @@ void batch_norm_backward(const float* g, const float* x, const float* weight, co
     k1[ch] = static_cast<float>(scale * s1[ch] / n);
     k2[ch] = static_cast<float>(scale * s2 / n);
   }
-  for (int n_ = 0; n_ < b; ++n_) {
-    const float m = mask[n_];
-    const size_t at = static_cast<size_t>(n_) * hw * c;
-    for (size_t r = 0; r < static_cast<size_t>(hw); ++r) {
-      const float* gr = g + at + r * c;
-      const float* xr = x + at + r * c;
-      float* out = gx + at + r * c;
+  parallel_if(worth, static_cast<size_t>(b) * hw, [&](size_t, size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) {
+      const float m = mask[r / hw];
+      const float* gr = g + r * c;
+      const float* xr = x + r * c;
+      float* out = gx + r * c;
       for (int ch = 0; ch < c; ++ch) {
         const float xhat = (xr[ch] - mean[ch]) * invstd[ch];
         out[ch] = a[ch] * gr[ch] - m * (k1[ch] + k2[ch] * xhat);
       }
     }
-  }
+  });
 }
 
 }  // namespace
