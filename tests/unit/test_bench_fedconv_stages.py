@@ -38,8 +38,8 @@ def test_the_compressed_tier_is_the_model_the_run_evaluated(tmp_path, monkeypatc
     _main(bench, monkeypatch, "--run-dir", str(tmp_path / "run"))
     out = capsys.readouterr().out
     assert "global_r0002" in out and f"global (tier 1.0) {row['accuracy']:.3f}" in out
-    found = re.search(r"tier 0\.5 \(2 devices\): block ([\d.]+), compressed ([\d.]+), block trained ([\d.]+), "
-                      r"compressed trained ([\d.]+)", out)
+    found = re.search(r"tier 0\.5 \(2 devices\): block ([\d.]+), compressed ([\d.]+), "
+                      r"block trained ([\d.]+), compressed trained ([\d.]+)", out)
     assert found, out
     assert float(found.group(2)) == pytest.approx(row["accuracy_tier_0.5"], abs=1e-3)
     assert all(0.0 <= float(v) <= 1.0 for v in found.groups())
@@ -55,7 +55,8 @@ def test_a_directory_that_is_no_fedconv_run_is_one_line(tmp_path, monkeypatch):
 
 
 def test_the_profile_bench_rejects_an_option_that_is_not_json(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_profile_fedconv", BENCH.with_name("profile_fedconv.py"))
+    path = BENCH.with_name("profile_fedconv.py")
+    spec = importlib.util.spec_from_file_location("bench_profile_fedconv", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(sys, "argv", ["profile_fedconv.py", "--method-option", "compress_epochs=five"])
