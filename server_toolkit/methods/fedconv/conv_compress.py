@@ -207,13 +207,24 @@ class TensorPath(nn.Module):
             return self.direction
         return self.gain * self.direction / self.direction.norm()
 
+    def block_slopes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 1×1 block's residual ``reduce(ReLU(expand(m)))`` as slopes (a, b): it equals
+        a·m where m > 0 and b·m where m < 0, with a = Σ_{e_c > 0} r_c e_c, b = Σ_{e_c < 0} r_c e_c
+        (e, r: the two convs' weights; ReLU(e_c m) is e_c m exactly when e_c and m share a sign).
+        Same values and gradients as running the two convs, without the 16-channel
+        intermediate: on small_cnn's 64×1568 linear weight it was 11 of a compressor step's 15 ms."""
+        e, r = self.expand.weight.view(-1), self.reduce.weight.view(-1)
+        products = r * e
+        return (products * (e > 0)).sum(), (products * (e < 0)).sum()
+
     def forward(self, tensor: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
         """The generated tensor; ``base`` (target shape, dilation only): its values outside the
         block ``tensor`` covers (the top-left one) are added to the output."""
         source = as_matrices(tensor)
         m = source * self.scale.view(-1, 1, 1, 1)
         if self.expand is not None:
-            m = m + self.reduce(F.relu(self.expand(m)))
+            up, down = self.block_slopes()
+            m = m + up * F.relu(m) - down * F.relu(-m)
         m = convolve_full(m, self.kernel()) if self.transposed else correlate_valid(m, self.kernel())
         if self.config.mlr:
             m = modified_leaky_relu(m)
