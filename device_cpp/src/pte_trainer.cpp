@@ -50,6 +50,12 @@ void require_kernels(const std::string& set) {
   auto registered = reinterpret_cast<int (*)()>(dlsym(handle, "fk_registered"));
   if (registered == nullptr || registered() != 1)
     throw CodedError("unsupported_kernels", std::string(path) + " did not register the 'fused' kernels");
+  // The library's self-test (fedsdk_kernels.cpp): a miscompiled build is refused, not trained with.
+  auto self_test = reinterpret_cast<double (*)()>(dlsym(handle, "fk_self_test"));
+  const double error = self_test ? self_test() : INFINITY;
+  if (!(error <= 1e-4))
+    throw CodedError("unsupported_kernels", std::string(path) + " failed its self-test (relative error " +
+                     std::to_string(error) + " > 1e-4)");
   loaded = true;
 }
 }  // namespace

@@ -299,3 +299,21 @@ def test_the_kernels_give_the_same_bits_on_one_and_two_threads():
                           timeout=60)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"same": True, "threads": 2}, done.stderr[-2000:]
+
+
+def test_the_loaded_library_passes_its_own_self_test_against_a_double_precision_reference():
+    error = fused_kernels.check_self_test(fused_kernels.load())
+    assert 0.0 <= error <= 1e-5  # float32 kernels against double: ~1e-7 on a sound build
+
+
+class _FakeLibrary:
+    """Stands in for a built library whose self-test reports ``error``."""
+
+    def __init__(self, error: float) -> None:
+        self.fk_self_test = lambda: error
+
+
+@pytest.mark.parametrize("error", [1e-2, float("nan"), float("inf")])
+def test_a_library_that_fails_its_self_test_is_refused_as_unsupported_kernels(error):
+    with pytest.raises(UnsupportedKernels, match="failed its self-test"):
+        fused_kernels.check_self_test(_FakeLibrary(error))

@@ -36,6 +36,9 @@
 #include <executorch/runtime/kernel/kernel_includes.h>
 #include <executorch/runtime/kernel/operator_registry.h>
 
+#include <cmath>
+#include <vector>
+
 #include "fused_math.h"
 #include "fused_norm.h"
 
@@ -70,6 +73,106 @@ void run_tasks(size_t tasks, void (*body)(void*, size_t), void* context) {
 
 }  // namespace
 
+
+// ---- Self-test (fk_self_test): the kernels against a plain double-precision reference ----
+// Run once when a runtime loads the library (sdk_device/runtimes/fused_kernels.py, the C++
+// client's pte_trainer.cpp): a miscompiled or mis-targeted build (a wrong vector width, a
+// compiler bug) is refused before it trains anything, and the server falls back to the portable
+// program. Geometries (b, h, w, c, o, k, stride, pad) pick every code path of the gather and
+// grad-weight engines: 3x3 stride 1 and 2 with a channel tail past one register block, a 1x1
+// stride-2 shortcut, a small map (< 256 pixels: the pixel-list grad-weight) and a larger one.
+namespace {
+
+struct SelfTestData {
+  std::vector<float> x, w, bias, gy;
+};
+
+float lcg(uint32_t& state) {  // deterministic values in [-1, 1)
+  state = state * 1664525u + 1013904223u;
+  return static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
+}
+
+double relative(const std::vector<float>& got, const std::vector<double>& want) {
+  double worst = 0.0, scale = 1.0;
+  for (double v : want) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;  // a NaN is the worst error
+  }
+  return worst / scale;
+}
+
+double conv_self_test(int b, int h, int w, int c, int o, int k, int stride, int pad, uint32_t seed) {
+  const Geometry g = geometry(b, h, w, c, o, k, stride, pad);
+  SelfTestData d;
+  d.x.resize(size_t(b) * h * w * c);
+  d.w.resize(size_t(o) * c * k * k);
+  d.bias.resize(o);
+  d.gy.resize(size_t(b) * g.ho * g.wo * o);
+  for (auto* v : {&d.x, &d.w, &d.bias, &d.gy})
+    for (float& f : *v) f = lcg(seed);
+  std::vector<double> y(d.gy.size()), gx(d.x.size(), 0.0), gw(d.w.size(), 0.0), gb(o, 0.0);
+  for (int n = 0; n < b; ++n)
+    for (int i = 0; i < g.ho; ++i)
+      for (int j = 0; j < g.wo; ++j)
+        for (int oc = 0; oc < o; ++oc) {
+          const size_t yi = ((size_t(n) * g.ho + i) * g.wo + j) * o + oc;
+          double acc = d.bias[oc];
+          const double grad = d.gy[yi];
+          gb[oc] += grad;
+          for (int u = 0; u < k; ++u)
+            for (int v = 0; v < k; ++v) {
+              const int ih = i * stride - pad + u, iw = j * stride - pad + v;
+              if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+              for (int ic = 0; ic < c; ++ic) {
+                const size_t xi = ((size_t(n) * h + ih) * w + iw) * c + ic;
+                const size_t wi = ((size_t(oc) * c + ic) * k + u) * k + v;
+                acc += double(d.x[xi]) * d.w[wi];
+                gx[xi] += grad * d.w[wi];
+                gw[wi] += grad * d.x[xi];
+              }
+            }
+          y[yi] = acc;
+        }
+  std::vector<float> out(y.size()), fgx(gx.size()), fgw(gw.size()), fgb(o);
+  conv_forward(g, d.x.data(), d.w.data(), d.bias.data(), out.data());
+  conv_grad_input(g, d.gy.data(), d.w.data(), fgx.data());
+  conv_grad_weight(g, d.x.data(), d.gy.data(), fgw.data(), fgb.data());
+  return std::max({relative(out, y), relative(fgx, gx), relative(fgw, gw), relative(fgb, gb)});
+}
+
+double pool_relu_self_test(uint32_t seed) {
+  const int b = 2, h = 6, w = 6, c = 19, k = 2;
+  std::vector<float> x(size_t(b) * h * w * c), out(size_t(b) * (h / k) * (w / k) * c), r(x.size());
+  for (float& f : x) f = lcg(seed);
+  max_pool(x.data(), out.data(), b, h, w, c, k);
+  rectify(x.data(), r.data(), x.size());
+  std::vector<double> want(out.size()), want_r(x.size());
+  for (int n = 0; n < b; ++n)
+    for (int i = 0; i < h / k; ++i)
+      for (int j = 0; j < w / k; ++j)
+        for (int ch = 0; ch < c; ++ch) {
+          double best = -INFINITY;
+          for (int u = 0; u < k; ++u)
+            for (int v = 0; v < k; ++v)
+              best = std::max(best, double(x[((size_t(n) * h + i * k + u) * w + j * k + v) * c + ch]));
+          want[((size_t(n) * (h / k) + i) * (w / k) + j) * c + ch] = best;
+        }
+  for (size_t i = 0; i < x.size(); ++i) want_r[i] = std::max(0.0, double(x[i]));
+  return std::max(relative(out, want), relative(r, want_r));
+}
+
+}  // namespace
+
+extern "C" double fk_self_test() {
+  double worst = pool_relu_self_test(7u);
+  const int cases[][8] = {{2, 5, 5, 3, 37, 3, 1, 1}, {2, 8, 8, 5, 33, 3, 2, 1}, {2, 4, 4, 8, 16, 1, 2, 0},
+                          {1, 17, 17, 4, 18, 3, 1, 1}};
+  uint32_t seed = 1;
+  for (const auto& q : cases)
+    worst = std::max(worst, conv_self_test(q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7], seed++));
+  return worst;
+}
 
 extern "C" {
 
