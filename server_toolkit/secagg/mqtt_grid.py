@@ -53,7 +53,9 @@ class SecAggMqttGrid(MqttGrid):
 
     def __init__(self, endpoint, registry, method: Method, settings: SecAggSettings, seed: int = 0,
                  **kwargs) -> None:
-        if why := refusal(method):  # the instance's answer: its options may make it no sum (HeteroFL's)
+        # the instance's answer: its options may make it no sum (HeteroFL's). An edge's relay
+        # (no name: edge/sum_relay.py) has no method until the server's task; it checks that one.
+        if method.name and (why := refusal(method)):
             raise ValueError(why)
         super().__init__(endpoint, registry, **kwargs)
         self.method, self.settings, self.seed = method, settings, seed

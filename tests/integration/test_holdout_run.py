@@ -21,6 +21,7 @@ from fedcore.recipe import Recipe
 from sdk_device.data.npz import load_npz
 from sdk_device.holdout import split_holdout
 from server_toolkit.cli import main
+from server_toolkit.cli import options as cli_options
 from server_toolkit.fleet.registry import FleetRegistry
 from server_toolkit.sim.simulate import Simulation, SimulationConfig
 
@@ -41,7 +42,9 @@ def _updates(run_dir, rounds: int) -> list[list[dict]]:
 
 def test_simulate_with_holdout_writes_each_tiers_held_back_accuracy(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("COLUMNS", "240")  # the closing table's headers unabridged
+    # the closing table's headers unabridged: the CLI's console was made at import, so COLUMNS
+    # set now would not reach it (it did when this file ran alone, not in the suite)
+    monkeypatch.setattr(cli_options.console, "_width", 240)
     args = ["simulate", "--method", "heterofl", "--tiers", ",".join(TIERS), "--devices", "6", "--rounds", "2",
             "--holdout", "0.1", "--local-epochs", "1", "--round-timeout", "240", "--run-dir", "run"]
     result = CliRunner().invoke(main, args, prog_name="fedsdk-server", catch_exceptions=False)
