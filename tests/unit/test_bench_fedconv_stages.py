@@ -1,7 +1,6 @@
 """bench/fedconv_stages.py: a FedConv run's tiers right after compression and after device
 training, read back from a real (tiny, digits) run; one-line errors on a wrong directory."""
 
-import importlib.util
 import json
 import re
 import sys
@@ -11,16 +10,13 @@ from types import ModuleType
 import pytest
 
 from server_toolkit.sim.simulate import Simulation, SimulationConfig
+from tests.bench_module import load_bench
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "fedconv_stages.py"
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fedconv_stages", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("fedconv_stages")
 
 
 def _main(bench: ModuleType, monkeypatch, *args: str) -> None:
@@ -55,10 +51,7 @@ def test_a_directory_that_is_no_fedconv_run_is_one_line(tmp_path, monkeypatch):
 
 
 def test_the_profile_bench_rejects_an_option_that_is_not_json(monkeypatch):
-    path = BENCH.with_name("profile_fedconv.py")
-    spec = importlib.util.spec_from_file_location("bench_profile_fedconv", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench("profile_fedconv")
     monkeypatch.setattr(sys, "argv", ["profile_fedconv.py", "--method-option", "compress_epochs=five"])
     with pytest.raises(SystemExit, match="expected KEY=JSON"):
         module.main()

@@ -1,21 +1,14 @@
 """bench/tiers.py's ``--arms``: only the named arms of a family run, in the family's order."""
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "tiers.py"
+from tests.bench_module import load_bench
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_tiers", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("tiers")
 
 
 def test_arms_keeps_only_the_named_controls_in_the_familys_order() -> None:

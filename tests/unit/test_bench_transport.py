@@ -1,14 +1,13 @@
 """Smoke test of bench/transport.py: one small blob, one repeat, against a real mosquitto."""
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from server_toolkit.broker.mosquitto import MosquittoBroker
+from tests.bench_module import load_bench
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "transport.py"
 
@@ -18,11 +17,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_transport", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("transport")
 
 
 @pytest.mark.timeout(60)
