@@ -233,6 +233,14 @@ class Method(ABC):
         may leave out BatchNorm running statistics a device keeps. Default: the global model."""
         return self.global_spec, global_weights
 
+    def deployable_members(self, global_weights: Weights,
+                           device: DeviceInfo) -> list[tuple[dict, Weights]] | None:
+        """The models ``device``'s tier predicts with together, on the mean of their softmax
+        outputs (``methods/tier_accuracy.py``); None when it has none yet. Default: ``deployable``
+        alone (a width method with ``deploy="nested"`` adds the fleet's narrower windows)."""
+        found = self.deployable(global_weights, device)
+        return None if found is None else [found]
+
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
         """Sample-weighted mean of the devices' reported training loss and accuracy."""
         total = sum(u.num_samples for u in updates) or 1

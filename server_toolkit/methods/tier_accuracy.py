@@ -9,7 +9,10 @@ FedRolex, FedDM), the depth prefix through the tier's last exit (DepthFL, HypeMe
 compressed model (FedConv), the small or large model (RecipFL, ExclusiveFL, AllSmall), the
 personal model (personalised methods: the mean over the tier's devices), the global model
 (FedAvg and its kin: every tier alike). A method with ``deploys_ensemble`` (DepthFL) is
-scored on the mean softmax of all the outputs of that model (its exits and final output).
+scored on the mean softmax of all the outputs of that model (its exits and final output). A
+tier that predicts with several models together (``Method.deployable_members``: a width
+method's ``deploy="nested"``, the windows of the fleet's tiers inside its own) is scored on the
+mean softmax of their outputs.
 
 Keys (decision): flat ``accuracy_tier_<tier>`` numbers in each ``metrics.jsonl`` row
 (``accuracy_tier_1.0``, ``accuracy_tier_strong``; devices without a tier:
@@ -68,17 +71,49 @@ class TierAccuracy:
         for tier, devices in sorted(by_tier.items(), key=lambda item: str(item[0])):
             values = []
             for device in devices if method.per_device_models else devices[:1]:
-                found = method.deployable(global_weights, device)
-                if found is None:
+                members = deployable_members(method, global_weights, device)
+                if not members:
                     continue
-                spec, weights = found
-                key = _fingerprint(spec, weights)
+                key = "|".join(_fingerprint(spec, weights) for spec, weights in members)
                 if key not in scored:
-                    scored[key] = model_accuracy(spec, weights, x, y, ensemble=ensemble)
+                    scored[key] = (model_accuracy(*members[0], x, y, ensemble=ensemble) if len(members) == 1
+                                   else members_accuracy(members, x, y, ensemble=ensemble))
                 values.append(scored[key])
             if values:
                 out[tier_key(tier)] = float(np.mean(values))
         return out
+
+
+def deployable_members(method: Method, global_weights: Weights,
+                       device: DeviceInfo) -> list[tuple[dict, Weights]] | None:
+    """The (spec, weights) of each model ``device``'s tier predicts with (``Method.deployable_members``;
+    a test double without it: its ``deployable`` alone); None or [] when it has none yet."""
+    if hasattr(method, "deployable_members"):
+        return method.deployable_members(global_weights, device)
+    found = method.deployable(global_weights, device)
+    return None if found is None else [found]
+
+
+def members_accuracy(members: list[tuple[dict, Weights]], x: np.ndarray, y: np.ndarray,
+                     ensemble: bool = False, batch_size: int = 256) -> float:
+    """Accuracy on (x, y) of the mean softmax of several models' outputs (each (spec, weights)
+    as ``model_accuracy`` takes them; ``ensemble``: all outputs of each, else its final one)."""
+    import torch
+
+    with torch.no_grad():
+        models = [_loaded_model(torch, spec, weights, x) for spec, weights in members]
+        correct = 0
+        for start in range(0, len(y), batch_size):
+            xb = torch.from_numpy(np.ascontiguousarray(x[start:start + batch_size], np.float32))
+            probs = []
+            for model in models:
+                model.eval()
+                out = model(xb)
+                outs = list(out) if isinstance(out, list | tuple) else [out]
+                probs += [torch.softmax(o, dim=1) for o in (outs if ensemble else outs[-1:])]
+            predicted = torch.stack(probs).mean(dim=0).argmax(1).numpy()
+            correct += int((predicted == np.asarray(y[start:start + batch_size])).sum())
+        return correct / max(len(y), 1)
 
 
 def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray,
@@ -95,8 +130,19 @@ def model_accuracy(spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray,
 
 def _model_accuracy(torch, spec: dict, weights: Weights, x: np.ndarray, y: np.ndarray,
                     ensemble: bool) -> float:
-    from fedcore.torch_model import build_model
     from fedcore.torch_train import evaluate_model
+
+    model = _loaded_model(torch, spec, weights, x)
+    if ensemble:
+        from ..models.exit_eval import ensemble_model_accuracy
+
+        return ensemble_model_accuracy(model, x, y)
+    return evaluate_model(model, x, y).accuracy
+
+
+def _loaded_model(torch, spec: dict, weights: Weights, x: np.ndarray):
+    """Model ``spec`` with ``weights``; running statistics a device keeps re-estimated on x."""
+    from fedcore.torch_model import build_model
 
     from ..torch_utils import recalibrate_batchnorm
 
@@ -112,9 +158,5 @@ def _model_accuracy(torch, spec: dict, weights: Weights, x: np.ndarray, y: np.nd
         xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
         draw = torch.from_numpy(np.random.default_rng(0).choice(len(x), size=BN_SAMPLES))
         recalibrate_batchnorm(model, (xt[draw[s:s + 64]] for s in range(0, BN_SAMPLES, 64)))
-    if ensemble:
-        from ..models.exit_eval import ensemble_model_accuracy
-
-        return ensemble_model_accuracy(model, x, y)
-    return evaluate_model(model, x, y).accuracy
+    return model
 

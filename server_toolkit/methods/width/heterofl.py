@@ -180,6 +180,10 @@ class HeteroFL(WidthSharedMethod):
                 weights[name][np.ix_(*indices)] = fresh[name]
         return weights
 
+    def nested_ratios(self) -> list[float]:
+        """``also_narrowest``'s r_min: every device trains that window (``deploy="nested"``)."""
+        return [float(self.options.also_narrowest)] if self.options.also_narrowest else []
+
     def offsets(self, round_number: int, device: DeviceInfo, ratio: float) -> dict[int, int]:
         return heterofl_offsets(self.layout, ratio, round_number)
 

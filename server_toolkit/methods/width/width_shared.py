@@ -10,6 +10,15 @@ Tiers: a device's ratio comes from its tier (``DeviceInfo.tier``, resolved befor
 method sees the device), a tier being a ratio ("0.5") or a name in the ``tier_ratios``
 option (``methods/tiers.py``; ``fedsdk-server methods show heterofl`` lists the options).
 
+What a tier deploys (option ``deploy``, issue 32): ``"window"`` (default), its width-r window
+at offset 0; ``"nested"``, the mean softmax of that window and the windows of every narrower
+ratio of the fleet, which are blocks of it (a full device at tiers 1.0 / 0.5 / 0.125 runs
+1 + 1/4 + 1/64 of its window's compute, in the memory of its window). Why (measured, lenet5 on
+Fashion-MNIST, BENCHMARKS "Nested deployment"): the wide windows' outer channels are trained by
+the wide devices only, and at α 0.1 each holds a few classes; averaging with the narrow window,
+which every device trained, keeps the wide windows' gain and damps their skew. Only the
+scoring changes (``methods/tier_accuracy.py``): training, programs and aggregation do not.
+
 The global spec's BatchNorm layers are made static (``track: false``), so sub-models and
 the global model have the same tensors (see ``static_bn``).
 """
@@ -24,7 +33,7 @@ from fedcore.recipe import Recipe
 from ...submodels.width import IndexMap, WidthPlan, extract, plan_args, static_bn, width_layout
 from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
 from ..capability import WINDOW, WeightedSum
-from ..options import MethodOptions, option
+from ..options import MethodOptions, OptionError, option
 from ..summands import Summand
 from ..tiers import tier_ratio
 from .coverage import coverage_average
@@ -36,6 +45,9 @@ class WidthOptions(MethodOptions):
 
     tier_ratios: dict[str, float] = option(
         {}, "Width ratio in (0, 1] of each named tier, e.g. {\"phone\": 0.75}; other tiers are ratios.")
+    deploy: str = option(
+        "window", "What a tier deploys: 'window' (its width-r window) or 'nested' (the mean softmax of its "
+        "window and every narrower tier's window inside it).")
 
 
 class WidthSharedMethod(Method):
@@ -50,6 +62,10 @@ class WidthSharedMethod(Method):
         self.layout = width_layout(self.global_spec)
         self.tier_ratios = dict(self.options.tier_ratios)
         self._index_maps: dict[str, IndexMap] = {}  # context (as JSON) -> its plan's index map
+        if self.options.deploy not in ("window", "nested"):
+            raise OptionError(f"method {self.name!r}: option deploy takes 'window' or 'nested', "
+                              f"got {self.options.deploy!r}")
+        self.fleet_ratios: set[float] = set()  # the ratios of the devices asked to train so far
 
     # -- what subclasses decide ----------------------------------------------------------
     def offsets(self, round_number: int, device: DeviceInfo, ratio: float) -> dict[int, int]:
@@ -75,6 +91,26 @@ class WidthSharedMethod(Method):
         plan = self.layout.plan(self.ratio_of(device), {})
         return plan.spec, extract(self.source_weights(global_weights, device), plan.index_map)
 
+    def deployable_members(self, global_weights: Weights,
+                           device: DeviceInfo) -> list[tuple[dict, Weights]]:
+        """``deploy="window"``: the tier's window alone. ``"nested"``: its window and the window
+        (offset 0) of every narrower ratio the fleet has (the tiers asked to train so far, and
+        ``nested_ratios``), widest first; they are blocks of the tier's own weights, so the device
+        holds them already and runs them in about sum((q / r)²) of its window's compute."""
+        own = self.ratio_of(device)
+        ratios = [own]
+        if self.options.deploy == "nested":
+            narrower = {q for q in self.fleet_ratios | set(self.nested_ratios()) if q < own}
+            ratios += sorted(narrower, reverse=True)
+        source = self.source_weights(global_weights, device)
+        plans = [self.layout.plan(ratio, {}) for ratio in ratios]
+        return [(plan.spec, extract(source, plan.index_map)) for plan in plans]
+
+    def nested_ratios(self) -> list[float]:
+        """Ratios whose windows a ``"nested"`` deployment includes even before a device of that
+        ratio was asked to train (default none; HeteroFL: its ``also_narrowest``)."""
+        return []
+
     def plan_for(self, round_number: int, device: DeviceInfo) -> WidthPlan:
         """The sub-model ``device`` trains in ``round_number`` (deterministic)."""
         ratio = self.ratio_of(device)
@@ -83,6 +119,7 @@ class WidthSharedMethod(Method):
     def configure_train(self, round_number: int, global_weights: Weights,
                         devices: list[DeviceInfo]) -> list[TrainInstruction]:
         instructions = []
+        self.fleet_ratios.update(self.ratio_of(device) for device in devices)
         for device in devices:
             plan = self.plan_for(round_number, device)
             weights = extract(self.source_weights(global_weights, device), plan.index_map)
