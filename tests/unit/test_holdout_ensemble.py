@@ -67,7 +67,7 @@ def _check(metrics: dict, case: dict) -> None:
 
 def test_the_case_tells_the_ensemble_from_the_final_output(case):
     assert case["server"] != case["final"]  # otherwise the tests below could not fail
-    assert len(exit_accuracies(case["spec"], case["weights"], case["x"], case["y"])) == 2  # an exit and the final output
+    assert len(exit_accuracies(case["spec"], case["weights"], case["x"], case["y"])) == 2  # exit, final
 
 
 def test_the_torch_device_scores_the_servers_ensemble_before_training(case):
@@ -115,7 +115,8 @@ def test_the_ort_training_runtime_scores_the_servers_ensemble(case, tmp_path):
     from export.onnx import export_ort_training_program
 
     (tmp_path / "program").write_bytes(export_ort_training_program(case["spec"], CE))
-    np.savez(tmp_path / "data.npz", x=case["x"], y=case["y"], **{f"w:{k}": v for k, v in case["weights"].items()})
+    weights = {f"w:{k}": v for k, v in case["weights"].items()}
+    np.savez(tmp_path / "data.npz", x=case["x"], y=case["y"], **weights)
     script = ("import json, sys, numpy as np\n"
               "from sdk_device.holdout import holdout_metrics\n"
               "from sdk_device.runtimes.onnxruntime_runtime import OrtTrainingRuntime\n"
@@ -201,3 +202,27 @@ def test_simulate_depthfl_with_holdout_writes_the_ensembles_held_back_accuracy(t
     # tier 2 has two outputs; its ensemble is not (here) what its final output scores
     n2 = sum(s for *_, s in by_tier["2"])
     assert row["accuracy_holdout_tier_2"] != pytest.approx(sum(f * s for _, f, s in by_tier["2"]) / n2)
+
+
+# -- carried by the server's paths -------------------------------------------------------------
+def test_a_resumed_task_and_a_bundles_members_keep_holdout_ensemble(tmp_path):
+    from sdk_device.protocol.blobs import encode_tensors
+    from sdk_device.transport.blob_store import BlobStore
+    from server_toolkit.edge.bundle_relay import member_tasks
+    from server_toolkit.methods.base import ModelRecord, TrainInstruction
+    from server_toolkit.rounds.task_records import instruction_from_record, task_record
+
+    spec = modelspec.make((1, 4, 4), 3, [{"op": "flatten"}, {"op": "linear", "in": 16, "out": 3}])
+    weights = state_numpy(build_model(spec, seed=0))
+    store = BlobStore(tmp_path / "blobs")
+    blob = store.put(encode_tensors(weights))
+    for flag in (True, False):
+        sent = TrainInstruction("d", spec, weights, Recipe(), holdout=0.2, holdout_ensemble=flag)
+        record = json.loads(json.dumps(task_record(sent, {"model": blob}, {"model": []})))
+        assert instruction_from_record(record, store).holdout_ensemble is flag
+    assert instruction_from_record({**record, "holdout_ensemble": None}, store).holdout_ensemble is False
+    template = TrainInstruction("", spec, {}, Recipe(), models={"m_a": ModelRecord(spec, {})})
+    plan = TaskPlan((TrainStep("model", Recipe()),), ("model", "m_a"),
+                    members={"m_a": {"device": "a", "recipe": Recipe().to_dict()}})
+    member = member_tasks(template, plan, {"a"}, 0.1, True)["a"]
+    assert member.holdout == 0.1 and member.holdout_ensemble
