@@ -93,8 +93,7 @@ class Task(Message):
     publishing (null from older servers): a device has ``deadline - server_time`` s from arrival
     (``protocol.clock``). ``holdout``: the fraction (0..0.5) of its samples the device holds back
     and scores ``holdout_model`` (null: the last step's) on before training (``sdk_device.holdout``);
-    ``holdout_ensemble``: true to score the mean softmax of all that model's outputs (exits,
-    then final) instead of its final output (null/false/absent: the final output).
+    ``holdout_ensemble`` true: on the mean softmax of all its outputs (null/false: the final one).
     """
 
     TYPE: ClassVar[str] = "task"
