@@ -120,3 +120,35 @@ def test_an_edge_passes_its_groups_held_back_accuracy_up(mosquitto, tmp_path):
         assert row["accuracy_holdout_tier_default"] == pytest.approx(row["accuracy_holdout"])
         assert row["holdout_samples"] == sum(held.values())
         assert any(edge["metrics"]["holdout_accuracy"] == pytest.approx(m) for m in means)
+
+
+def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(mosquitto, tmp_path):
+    """DepthFL (ensemble on) with ``--holdout 0.2``, two real device processes of tiers 2 and 1
+    over mosquitto, one round: each task asked for the ensemble (``task.holdout_ensemble``,
+    kept in its task record), and each device's ``holdout_accuracy`` is the server's
+    ``ensemble_accuracy`` of the weights its task sent, on the split it held back."""
+    from sdk_device.transport.blob_store import BlobStore
+    from server_toolkit.models.exit_eval import ensemble_accuracy
+    from server_toolkit.rounds.task_records import instruction_from_record
+
+    recipe = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9).to_dict()
+    config = SimulationConfig(method="depthfl", model="lenet5_multi_exit", tiers=["2", "1"], devices=2,
+                              rounds=1, partition="iid", seed=0, holdout=0.2, recipe=recipe,
+                              round_timeout_s=240.0, broker_url=mosquitto.url, fleet="lab",
+                              device_runtime="torch")
+    run_dir = tmp_path / "run"
+    (row,) = Simulation(config, run_dir).run().rows
+    registry, store = FleetRegistry(run_dir / "registry.sqlite"), BlobStore(run_dir / "blobs")
+    try:
+        updates = registry.updates(1)
+        records = {u["device_id"]: registry.task(u["task_id"]) for u in updates}
+    finally:
+        registry.close()
+    assert len(updates) == 2 and {"accuracy_holdout_tier_2", "accuracy_holdout_tier_1"} <= set(row)
+    for u in updates:
+        x, y = load_npz(run_dir / "devices" / u["device_id"] / "data.npz")
+        held = split_holdout(y, 0.2)[1]
+        sent = instruction_from_record(records[u["device_id"]], store)
+        assert sent.holdout_ensemble and sent.holdout == 0.2
+        want = ensemble_accuracy(sent.spec, sent.weights, x[held], y[held])
+        assert u["metrics"]["holdout_accuracy"] == pytest.approx(want, abs=1e-9), u["device_id"]
