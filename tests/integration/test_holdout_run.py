@@ -8,6 +8,7 @@
 * The torch-free runtimes over mosquitto: devices on ``executorch-native`` (``pte/1``) and
   on ``onnxruntime`` (``ort-training/1``, from the ORT environment) report the held-back
   accuracy of the program they train, scored by that runtime.
+* DepthFL devices over mosquitto score the mean softmax of their exits (``task.holdout_ensemble``).
 """
 
 from __future__ import annotations
@@ -126,7 +127,11 @@ def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(mosquitto, tmp_path)
     """DepthFL (ensemble on) with ``--holdout 0.2``, two real device processes of tiers 2 and 1
     over mosquitto, one round: each task asked for the ensemble (``task.holdout_ensemble``,
     kept in its task record), and each device's ``holdout_accuracy`` is the server's
-    ``ensemble_accuracy`` of the weights its task sent, on the split it held back."""
+    ``ensemble_accuracy`` of the weights its task sent, on the split it held back, and its
+    ``holdout_loss`` the mean NLL of that mean softmax."""
+    import torch
+
+    from fedcore.torch_model import build_model, load_numpy
     from sdk_device.transport.blob_store import BlobStore
     from server_toolkit.models.exit_eval import ensemble_accuracy
     from server_toolkit.rounds.task_records import instruction_from_record
@@ -152,3 +157,11 @@ def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(mosquitto, tmp_path)
         assert sent.holdout_ensemble and sent.holdout == 0.2
         want = ensemble_accuracy(sent.spec, sent.weights, x[held], y[held])
         assert u["metrics"]["holdout_accuracy"] == pytest.approx(want, abs=1e-9), u["device_id"]
+        # the loss tells the ensemble from the final output even where their accuracies agree
+        model = build_model(sent.spec)
+        load_numpy(model, sent.weights)
+        with torch.no_grad():
+            model.eval()
+            probs = torch.stack([torch.softmax(o, 1) for o in model(torch.from_numpy(x[held]))]).mean(0)
+        nll = -float(torch.log(probs[torch.arange(len(held)), torch.from_numpy(y[held])]).mean())
+        assert u["metrics"]["holdout_loss"] == pytest.approx(nll, rel=1e-5), u["device_id"]
