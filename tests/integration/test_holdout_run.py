@@ -123,12 +123,13 @@ def test_an_edge_passes_its_groups_held_back_accuracy_up(mosquitto, tmp_path):
         assert any(edge["metrics"]["holdout_accuracy"] == pytest.approx(m) for m in means)
 
 
-def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(mosquitto, tmp_path):
+@pytest.mark.parametrize("edges", [0, 1])
+def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(edges, mosquitto, tmp_path):
     """DepthFL (ensemble on) with ``--holdout 0.2``, two real device processes of tiers 2 and 1
-    over mosquitto, one round: each task asked for the ensemble (``task.holdout_ensemble``,
-    kept in its task record), and each device's ``holdout_accuracy`` is the server's
-    ``ensemble_accuracy`` of the weights its task sent, on the split it held back, and its
-    ``holdout_loss`` the mean NLL of that mean softmax."""
+    over mosquitto (directly, or behind one edge aggregator), one round: each task asked for
+    the ensemble (``task.holdout_ensemble``, kept in its task record), and each device's
+    ``holdout_accuracy`` is the server's ``ensemble_accuracy`` of the weights its task sent,
+    on the split it held back, and its ``holdout_loss`` the mean NLL of that mean softmax."""
     import torch
 
     from fedcore.torch_model import build_model, load_numpy
@@ -140,16 +141,18 @@ def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(mosquitto, tmp_path)
     config = SimulationConfig(method="depthfl", model="lenet5_multi_exit", tiers=["2", "1"], devices=2,
                               rounds=1, partition="iid", seed=0, holdout=0.2, recipe=recipe,
                               round_timeout_s=240.0, broker_url=mosquitto.url, fleet="lab",
-                              device_runtime="torch")
+                              device_runtime="torch", edges=edges)
     run_dir = tmp_path / "run"
     (row,) = Simulation(config, run_dir).run().rows
-    registry, store = FleetRegistry(run_dir / "registry.sqlite"), BlobStore(run_dir / "blobs")
+    server = run_dir / "edges" / "edge-1" if edges else run_dir  # with an edge: its group's tasks
+    registry, store = FleetRegistry(server / "registry.sqlite"), BlobStore(server / "blobs")
     try:
         updates = registry.updates(1)
         records = {u["device_id"]: registry.task(u["task_id"]) for u in updates}
     finally:
         registry.close()
-    assert len(updates) == 2 and {"accuracy_holdout_tier_2", "accuracy_holdout_tier_1"} <= set(row)
+    assert len(updates) == 2 and "accuracy_holdout" in row  # an edge counts as one device of its tier
+    assert edges or {"accuracy_holdout_tier_2", "accuracy_holdout_tier_1"} <= set(row)
     for u in updates:
         x, y = load_npz(run_dir / "devices" / u["device_id"] / "data.npz")
         held = split_holdout(y, 0.2)[1]
