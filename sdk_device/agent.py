@@ -225,7 +225,7 @@ class DeviceAgent:
         output = run_task(plan, loaded, self.x, self.y, self.local,
                           progress=lambda f: self._heartbeat("training", task.task_id, f),
                           share_features=self.config.share_smashed, holdout=task.holdout or 0.0,
-                          holdout_model=task.holdout_model)
+                          holdout_model=task.holdout_model, holdout_ensemble=bool(task.holdout_ensemble))
         train_s = time.perf_counter() - train_started
         if self.config.slowdown > 1.0 and self._trained:  # a simulated straggler (not while warming up)
             self._stop.wait((self.config.slowdown - 1.0) * train_s)

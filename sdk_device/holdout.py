@@ -9,6 +9,13 @@ final output), ``holdout_loss`` (mean cross-entropy per sample, null when not fi
 ``holdout_samples`` (int) among its result metrics; and trains (and computes its outputs,
 e.g. ``label_counts``) on the rest only, so ``samples`` counts the training part.
 
+With ``task.holdout_ensemble`` true (the server sets it for a method whose tiers deploy the
+ensemble of their exits, e.g. DepthFL) the scored model's prediction is instead the mean of
+the softmax of all its outputs (exits in order, then the final one; ``Runtime.outputs``), as
+the server's ``ensemble_model_accuracy`` scores it: ``holdout_accuracy`` is the top-1 accuracy
+of that mean and ``holdout_loss`` its mean negative log-likelihood per sample. A model with
+one output scores the same either way.
+
 Decisions: the split is stratified by label (each label holds back its share of the
 ``round(f·N)`` samples, largest remainders first, ties to the smaller label) and deterministic:
 it depends only on the labels and f (a fixed seed, not the task's), so the same samples are
@@ -59,10 +66,31 @@ def split_holdout(y: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarra
     return np.flatnonzero(mask), held_idx
 
 
-def holdout_metrics(runtime, x: np.ndarray, y: np.ndarray) -> dict:
+def ensemble_scores(outputs: list[np.ndarray], y: np.ndarray) -> tuple[float, float]:
+    """(top-1 accuracy 0..1, mean negative log-likelihood per sample) on labels ``y`` (N,) of
+    the mean of the softmax of ``outputs`` (logits (N, K) each); (0, 0) for no samples."""
+    labels = np.asarray(y).astype(np.int64).reshape(-1)
+    if len(labels) == 0:
+        return 0.0, 0.0
+    probs = np.zeros(np.shape(outputs[0]), np.float64)
+    for logits in outputs:
+        z = np.asarray(logits, np.float64)
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        probs += z / z.sum(axis=1, keepdims=True)
+    probs /= len(outputs)
+    with np.errstate(divide="ignore"):
+        loss = -float(np.log(probs[np.arange(len(labels)), labels]).mean())
+    return float((probs.argmax(axis=1) == labels).mean()), loss
+
+
+def holdout_metrics(runtime, x: np.ndarray, y: np.ndarray, ensemble: bool = False) -> dict:
     """``runtime``'s model (weights set, before training) scored on the held-back (x, y):
-    ``holdout_accuracy``, ``holdout_loss`` (None when not finite), ``holdout_samples``."""
-    stats = runtime.evaluate(x, y)
-    loss = float(stats.loss)
-    return {"holdout_accuracy": float(stats.accuracy), "holdout_loss": loss if math.isfinite(loss) else None,
+    ``holdout_accuracy``, ``holdout_loss`` (None when not finite), ``holdout_samples``. The
+    final output's, or with ``ensemble`` the mean softmax of every output's (module docstring)."""
+    if ensemble:
+        accuracy, loss = ensemble_scores(runtime.outputs(x), y)
+    else:
+        stats = runtime.evaluate(x, y)
+        accuracy, loss = float(stats.accuracy), float(stats.loss)
+    return {"holdout_accuracy": accuracy, "holdout_loss": loss if math.isfinite(loss) else None,
             "holdout_samples": int(len(y))}

@@ -92,7 +92,8 @@ class Task(Message):
     (server clock) after which no result is accepted; ``server_time``: the server's clock at
     publishing (null from older servers): a device has ``deadline - server_time`` s from arrival
     (``protocol.clock``). ``holdout``: the fraction (0..0.5) of its samples the device holds back
-    and scores ``holdout_model`` (null: the last step's) on before training (``sdk_device.holdout``).
+    and scores ``holdout_model`` (null: the last step's) on before training (``sdk_device.holdout``);
+    ``holdout_ensemble`` true: on the mean softmax of all its outputs (null/false: the final one).
     """
 
     TYPE: ClassVar[str] = "task"
@@ -105,6 +106,7 @@ class Task(Message):
     server_time: float | None = None
     holdout: float | None = None
     holdout_model: str | None = None
+    holdout_ensemble: bool | None = None
 
     def __post_init__(self) -> None:
         if set(self.programs) != set(self.arrays) or not self.programs:

@@ -36,3 +36,8 @@ class Runtime(Protocol):
         """``extras``: per-sample teacher arrays for distillation losses (recipe.loss != "ce")."""
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> StepStats: ...
+
+    def outputs(self, x: np.ndarray) -> list[np.ndarray]:
+        """Eval-mode logits (N, K) float32 of every output of the model on ``x`` (N, C, H, W),
+        exits in order then the final output (one array for a single-output model); what a
+        device needs to score an ensemble of its exits (``sdk_device.holdout``)."""

@@ -250,6 +250,10 @@ class NativeExecutorchRuntime:
                 (0, meta["feature_size"]), np.float32)
         return [np.concatenate(parts) for parts in logits], np.concatenate(features)
 
+    def outputs(self, x: np.ndarray) -> list[np.ndarray]:
+        """Eval-mode logits (N, K) of every output, exits then final (``Runtime.outputs``)."""
+        return self.predict(x)[0]
+
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> StepStats:
         """Loss and accuracy of the final output (the program's own batch size is used)."""
         logits = self.predict(x)[0][-1]

@@ -125,6 +125,12 @@ class LiteRTRuntime:
             chunks.append([interpreter.get_tensor(i)[:len(rows)].copy() for i in self.output_indices])
         return [np.concatenate([chunk[k] for chunk in chunks]) for k in range(len(self.output_indices))]
 
+    def outputs(self, x: np.ndarray) -> list[np.ndarray]:
+        """Logits (N, K) of every output, exits then final (``Runtime.outputs``)."""
+        if len(x) == 0:  # no rows: every output's (0, K), from one zero row
+            return [out[:0] for out in self.predict(np.zeros((1, *np.shape(x)[1:]), np.float32))]
+        return self.predict(x)
+
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> StepStats:
         logits = self.predict(x)[-1] if len(y) else np.zeros((0, 1), np.float32)
         labels = y.astype(np.int64)

@@ -112,6 +112,14 @@ class OnnxEvalRuntime:
         n = max(len(y), 1)
         return StepStats(len(y), total_loss / n, correct / n)
 
+    def outputs(self, x: np.ndarray, batch_size: int = 256) -> list[np.ndarray]:
+        """Logits (N, K) of every output of the eval graph, exits then final (``Runtime.outputs``);
+        ``predict`` in batches of ``batch_size``."""
+        parts = [self.predict(x[start:start + batch_size]) for start in range(0, len(x), batch_size)]
+        if not parts:  # no rows: every output's (0, K), from one zero row
+            return [out[:0] for out in self.predict(np.zeros((1, *np.shape(x)[1:]), np.float32))]
+        return [np.concatenate([part[i] for part in parts]) for i in range(len(parts[0]))]
+
 
 class OrtTrainingRuntime(OnnxEvalRuntime):
     """Trains ``ort-training/1`` programs with ONNX Runtime's training API."""

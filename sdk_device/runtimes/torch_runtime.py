@@ -59,3 +59,15 @@ class TorchRuntime:
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> StepStats:
         return evaluate_model(self._require_model(), x, y, batch_size)
+
+    @torch.no_grad()
+    def outputs(self, x: np.ndarray, batch_size: int = 256) -> list[np.ndarray]:
+        """Eval-mode logits (N, K) of every output, exits then final (``Runtime.outputs``)."""
+        model = self._require_model()
+        model.eval()
+        xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
+        parts = [[out.numpy() for out in model(xt[start:start + batch_size])]
+                 for start in range(0, len(xt), batch_size)]
+        if not parts:  # no rows: every output's (0, K)
+            return [out.numpy() for out in model(xt[:0])]
+        return [np.concatenate([part[i] for part in parts]) for i in range(len(parts[0]))]

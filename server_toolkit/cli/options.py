@@ -99,7 +99,8 @@ divergence_option = click.option(
 holdout_option = click.option(
     "--holdout", type=click.FloatRange(0.0, 0.5), default=0.0, show_default=True, metavar="FRACTION",
     help="Each device holds back this fraction of its samples (stratified by label, the same every "
-    "round), never trains on it and scores the model it received on it before training; rows get "
+    "round), never trains on it and scores the model it received on it before training (DepthFL: the "
+    "mean softmax of its exits and final output, as its tier deploys it); rows get "
     "accuracy_holdout and accuracy_holdout_tier_<tier>. 0: off (devices train on all their data). "
     "Devices that do not know it train on everything and report nothing.")
 

@@ -329,9 +329,9 @@ class EdgeAggregator:
         while self.registry.round_info(rnd) is not None:  # never reopen a round of an old task
             rnd += 1
         self.relay.phase = phase
-        self.group.global_weights = weights
-        self.group.config.round_timeout_s = max(timeout_s, 1.0)
-        self.group.config.holdout = task.holdout or 0.0  # the server's --holdout, for the group's tasks
+        self.group.global_weights, config = weights, self.group.config
+        config.round_timeout_s, config.holdout = max(timeout_s, 1.0), task.holdout or 0.0  # --holdout
+        config.holdout_ensemble = bool(task.holdout_ensemble)  # and how the group's devices score it
         self._current = (task.task_id, rnd)
         row = self.group.run_round(rnd)
         log.info("group round %d (%s, server round %d): %d/%d updates", rnd, phase, task.round,

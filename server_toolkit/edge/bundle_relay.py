@@ -64,10 +64,10 @@ class BundleRelay(Method):
 
 
 def member_tasks(template: TrainInstruction, plan: TaskPlan, online: set[str],
-                 holdout: float = 0.0) -> dict[str, TrainInstruction]:
+                 holdout: float = 0.0, holdout_ensemble: bool = False) -> dict[str, TrainInstruction]:
     """{device id: its task} for the bundle's members that are online (``template``: the
-    bundle as the edge loaded it, every model's spec and weights; ``holdout``: the bundle
-    task's ``task.holdout``, passed on to every member)."""
+    bundle as the edge loaded it, every model's spec and weights; ``holdout``,
+    ``holdout_ensemble``: the bundle task's ``task.holdout*``, passed on to every member)."""
     reports = dict(template.reports)  # features already dropped by the template
     tasks = {}
     for name, entry in plan.members.items():
@@ -75,7 +75,7 @@ def member_tasks(template: TrainInstruction, plan: TaskPlan, online: set[str],
             record = template.models[name]
             tasks[entry["device"]] = TrainInstruction(entry["device"], record.spec, record.weights,
                                                       Recipe.from_dict(entry["recipe"]), reports=reports,
-                                                      holdout=holdout)
+                                                      holdout=holdout, holdout_ensemble=holdout_ensemble)
     return tasks
 
 
@@ -99,7 +99,8 @@ def relay_bundle(edge: Any, task: msgs.Task, plan: TaskPlan) -> None:
     except (ProtocolError, TimeoutError, ValueError) as exc:
         edge._refuse(task, "bad_task", f"could not load the task: {exc}")
         return
-    tasks = member_tasks(template, plan, set(edge.grid.devices), task.holdout or 0.0)
+    tasks = member_tasks(template, plan, set(edge.grid.devices), task.holdout or 0.0,
+                         bool(task.holdout_ensemble))
     if not tasks:
         edge._refuse(task, "device_failure", f"none of the bundle's {len(plan.members)} member(s) is online")
         return

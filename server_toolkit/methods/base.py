@@ -72,7 +72,9 @@ class TrainInstruction:
     (``task.holdout``, ``sdk_device.holdout``; 0: none), set by the round loop from
     ``--holdout``, not by methods. ``deploys``: the model of the task this device can deploy,
     the one it scores on that split (``task.holdout_model``; RecipFL's strong devices: the
-    teacher, their large model); default ``"model"``.
+    teacher, their large model); default ``"model"``. ``holdout_ensemble``: the device scores
+    the mean softmax of all that model's outputs, not its final one (``task.holdout_ensemble``),
+    set by the round loop with ``holdout`` for a method that ``deploys_ensemble`` (DepthFL).
     """
 
     device_id: str
@@ -88,6 +90,7 @@ class TrainInstruction:
     programs: tuple[tuple[str, bytes], ...] = ()
     holdout: float = 0.0
     deploys: str = MODEL
+    holdout_ensemble: bool = False
 
     def plan(self) -> TaskPlan:
         """The task's plan: ``steps_before``, then ``"model"`` by ``recipe``; a bundle's

@@ -65,7 +65,8 @@ def train_on_device(device: LocalDevice, instruction: TrainInstruction,
         runtime.set_weights(device.local.complete(program_id, model.weights, runtime.get_weights()))
         loaded[name] = LoadedModel(runtime, program_id, model.weights)
     output = run_task(instruction.plan(), loaded, device.x, device.y, device.local,
-                      holdout=instruction.holdout, holdout_model=instruction.deploys)
+                      holdout=instruction.holdout, holdout_model=instruction.deploys,
+                      holdout_ensemble=instruction.holdout_ensemble)
     arrays = dict(output.arrays)
     return ClientUpdate(instruction.device_id, output.metrics["samples"], arrays.pop(MODEL), output.metrics,
                         instruction, arrays)

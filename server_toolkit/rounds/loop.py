@@ -82,6 +82,9 @@ class LoopConfig:
     norm_bound: float | None = DEFAULT_FACTOR  # read by the plain stack (plain_stack)
     on_divergence: str = "rollback"  # --on-divergence: rollback, stop or continue (rounds/quality_guard.py)
     holdout: float = 0.0  # --holdout: task.holdout of every task (sdk_device/holdout.py)
+    # task.holdout_ensemble of every task (with holdout > 0) even when the method does not deploy an
+    # ensemble: an edge's group relays its server's (edge/aggregator.py)
+    holdout_ensemble: bool = False
 
 
 class FleetLost(RuntimeError):
@@ -286,8 +289,11 @@ class RoundLoop:
                                                                           lr=s.recipe.lr * scale))
                        for s in instruction.steps_before)
         recipe = dataclasses.replace(instruction.recipe, seed=seed, lr=instruction.recipe.lr * scale)
+        ensemble = self.config.holdout > 0 and (self.config.holdout_ensemble
+                                                or bool(getattr(self.method, "deploys_ensemble", False)))
         out = dataclasses.replace(instruction, recipe=recipe, holdout=self.config.holdout,
-                                  steps_before=before, reports={**self.method.asks, **instruction.reports})
+                                  holdout_ensemble=ensemble, steps_before=before,
+                                  reports={**self.method.asks, **instruction.reports})
         return self.aggregator.finish(out, lambda member: self._finish(rnd, member))  # a bundle's members
 
     def _select(self, online: list[DeviceInfo], want: int | None, exclude: set[str]) -> list[DeviceInfo]:

@@ -197,7 +197,8 @@ class MqttGrid(ResultPulls, Presence, KernelFallback, Grid):
         scored = instruction.deploys if instruction.holdout and instruction.deploys != MODEL else None
         task = msgs.Task(task_id=msgs.new_id(), round=rnd, programs=programs, arrays=arrays,
                          config=plan_config(instruction.plan()), deadline=deadline,
-                         holdout=instruction.holdout or None, holdout_model=scored)
+                         holdout=instruction.holdout or None, holdout_model=scored,
+                         holdout_ensemble=bool(instruction.holdout and instruction.holdout_ensemble) or None)
         self.registry.add_task(task.task_id, rnd, dev, task_record(
             instruction, {name: ref.id for name, ref in arrays.items()}, program_blobs))
         self._pending[task.task_id] = PendingTask(task.task_id, rnd, instruction, sent_bytes, references,

@@ -36,6 +36,7 @@ def task_record(instruction: TrainInstruction, weights_blobs: dict[str, str],
         "reports": instruction.reports,
         "holdout": instruction.holdout,
         "deploys": instruction.deploys,
+        "holdout_ensemble": instruction.holdout_ensemble,
     }
 
 
@@ -52,7 +53,7 @@ def instruction_from_record(record: dict, store: BlobStore) -> TrainInstruction:
                            for s in record.get("steps_before", [])),
         teacher=record.get("teacher"), returns=tuple(record.get("returns", [MODEL])),
         reports=record.get("reports") or {}, programs=main.programs, holdout=record.get("holdout") or 0.0,
-        deploys=record.get("deploys") or MODEL,
+        deploys=record.get("deploys") or MODEL, holdout_ensemble=bool(record.get("holdout_ensemble")),
     )
 
 

@@ -8,6 +8,7 @@
 * The torch-free runtimes over mosquitto: devices on ``executorch-native`` (``pte/1``) and
   on ``onnxruntime`` (``ort-training/1``, from the ORT environment) report the held-back
   accuracy of the program they train, scored by that runtime.
+* DepthFL devices over mosquitto score the mean softmax of their exits (``task.holdout_ensemble``).
 """
 
 from __future__ import annotations
@@ -120,3 +121,50 @@ def test_an_edge_passes_its_groups_held_back_accuracy_up(mosquitto, tmp_path):
         assert row["accuracy_holdout_tier_default"] == pytest.approx(row["accuracy_holdout"])
         assert row["holdout_samples"] == sum(held.values())
         assert any(edge["metrics"]["holdout_accuracy"] == pytest.approx(m) for m in means)
+
+
+@pytest.mark.parametrize("edges", [0, 1])
+def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(edges, mosquitto, tmp_path):
+    """DepthFL (ensemble on) with ``--holdout 0.2``, two real device processes of tiers 2 and 1
+    over mosquitto (directly, or behind one edge aggregator), one round: each task asked for
+    the ensemble (``task.holdout_ensemble``, kept in its task record), and each device's
+    ``holdout_accuracy`` is the server's ``ensemble_accuracy`` of the weights its task sent,
+    on the split it held back, and its ``holdout_loss`` the mean NLL of that mean softmax."""
+    import torch
+
+    from fedcore.torch_model import build_model, load_numpy
+    from sdk_device.transport.blob_store import BlobStore
+    from server_toolkit.models.exit_eval import ensemble_accuracy
+    from server_toolkit.rounds.task_records import instruction_from_record
+
+    recipe = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9).to_dict()
+    config = SimulationConfig(method="depthfl", model="lenet5_multi_exit", tiers=["2", "1"], devices=2,
+                              rounds=1, partition="iid", seed=0, holdout=0.2, recipe=recipe,
+                              round_timeout_s=240.0, broker_url=mosquitto.url, fleet="lab",
+                              device_runtime="torch", edges=edges)
+    run_dir = tmp_path / "run"
+    (row,) = Simulation(config, run_dir).run().rows
+    server = run_dir / "edges" / "edge-1" if edges else run_dir  # with an edge: its group's tasks
+    registry, store = FleetRegistry(server / "registry.sqlite"), BlobStore(server / "blobs")
+    try:
+        updates = registry.updates(1)
+        records = {u["device_id"]: registry.task(u["task_id"]) for u in updates}
+    finally:
+        registry.close()
+    assert len(updates) == 2 and "accuracy_holdout" in row  # an edge counts as one device of its tier
+    assert edges or {"accuracy_holdout_tier_2", "accuracy_holdout_tier_1"} <= set(row)
+    for u in updates:
+        x, y = load_npz(run_dir / "devices" / u["device_id"] / "data.npz")
+        held = split_holdout(y, 0.2)[1]
+        sent = instruction_from_record(records[u["device_id"]], store)
+        assert sent.holdout_ensemble and sent.holdout == 0.2
+        want = ensemble_accuracy(sent.spec, sent.weights, x[held], y[held])
+        assert u["metrics"]["holdout_accuracy"] == pytest.approx(want, abs=1e-9), u["device_id"]
+        # the loss tells the ensemble from the final output even where their accuracies agree
+        model = build_model(sent.spec)
+        load_numpy(model, sent.weights)
+        with torch.no_grad():
+            model.eval()
+            probs = torch.stack([torch.softmax(o, 1) for o in model(torch.from_numpy(x[held]))]).mean(0)
+        nll = -float(torch.log(probs[torch.arange(len(held)), torch.from_numpy(y[held])]).mean())
+        assert u["metrics"]["holdout_loss"] == pytest.approx(nll, rel=1e-5), u["device_id"]
