@@ -33,6 +33,7 @@ from server_toolkit.data.datasets import load_dataset
 from server_toolkit.models.exit_eval import ensemble_accuracy, exit_accuracies
 from server_toolkit.models.zoo import model_spec
 from server_toolkit.sim.simulate import Simulation, SimulationConfig
+from tests.unit.test_holdout import _task  # the wire task the held-back tests share
 
 from ..ort_env import run_ort
 from .pte_cache import cached_programs  # noqa: F401 - provides the program_for fixture
@@ -151,14 +152,6 @@ def test_ensemble_scores_by_hand():
 
 
 # -- on the wire -------------------------------------------------------------------------------
-def _task(**extra) -> bytes:
-    ref = {"id": "a" * 64, "size": 1, "kind": "weights", "format": "safetensors"}
-    body = {"schema": 2, "type": "task", "msg_id": "m", "sent_at": 1.0, "task_id": "t", "round": 1,
-            "programs": {"model": [{**ref, "kind": "program", "format": "torchspec/1"}]},
-            "arrays": {"model": ref}, "config": {"steps": [{"train": "model"}]}, "deadline": 2.0, **extra}
-    return json.dumps(body).encode()
-
-
 def test_task_holdout_ensemble_travels_and_a_non_bool_is_refused_in_one_line():
     assert msgs.decode(_task(holdout=0.1, holdout_ensemble=True)).holdout_ensemble is True
     assert msgs.decode(_task(holdout=0.1)).holdout_ensemble is None  # an older server
