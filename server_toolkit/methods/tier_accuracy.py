@@ -102,13 +102,12 @@ def members_accuracy(members: list[tuple[dict, Weights]], x: np.ndarray, y: np.n
     import torch
 
     with torch.no_grad():
-        models = [_loaded_model(torch, spec, weights, x) for spec, weights in members]
+        models = [_loaded_model(torch, spec, weights, x).eval() for spec, weights in members]
         correct = 0
         for start in range(0, len(y), batch_size):
             xb = torch.from_numpy(np.ascontiguousarray(x[start:start + batch_size], np.float32))
             probs = []
             for model in models:
-                model.eval()
                 out = model(xb)
                 outs = list(out) if isinstance(out, list | tuple) else [out]
                 probs += [torch.softmax(o, dim=1) for o in (outs if ensemble else outs[-1:])]
