@@ -159,3 +159,61 @@ def test_simulate_refuses_secagg_and_edges_before_starting_anything(tmp_path, fe
     with pytest.raises(ValueError, match=r"support heterofl: with also_narrowest each device returns two"):
         Simulation(config, tmp_path / "run").run()
     assert not (tmp_path / "run" / "blobs").exists()  # refused before the broker and the devices
+
+
+def test_with_also_nested_a_full_device_also_trains_the_fleets_middle_window_and_returns_it() -> None:
+    method = method_class("heterofl")(SPEC, Recipe(), also_narrowest=0.125, also_nested=True)
+    weights = method.initial_weights(0)
+    full, half, tiny, _ = method.configure_train(1, weights, DEVICES)
+    middle = method.layout.plan(0.5, {})
+    assert [s.model for s in full.plan().steps] == [NARROW, "nested_1", MODEL]
+    assert full.returns == (MODEL, NARROW, "nested_1") and full.context["nested_1"] == middle.context()
+    assert full.models["nested_1"].spec == middle.spec
+    assert all(np.array_equal(full.models["nested_1"].weights[k], v)
+               for k, v in extract(weights, middle.index_map).items())
+    assert [s.model for s in half.plan().steps] == [NARROW, MODEL]  # nothing between 0.125 and 0.5
+    assert tiny.returns == (MODEL,)
+
+
+def test_with_also_nested_each_window_level_is_averaged_over_that_levels_models_only() -> None:
+    method = method_class("heterofl")(SPEC, Recipe(), also_narrowest=0.125, also_nested=True)
+    weights = method.initial_weights(0)
+    instructions = method.configure_train(1, weights, DEVICES[:3])
+    updates = []
+    for i, ins in enumerate(instructions):
+        models = ins.all_models()
+        others = {name: _trained(models[name], 10 * i + k)
+                  for k, name in enumerate(ins.returns) if name != MODEL}
+        updates.append(ClientUpdate(ins.device_id, DEVICES[i].num_samples, _trained(ins, i), {}, ins, others))
+    full, half, tiny = updates
+    new = method.aggregate_train(1, weights, updates)
+    plans = {r: method.layout.plan(r, {}).index_map for r in (0.125, 0.5, 1.0)}
+    # 0.125 window: FedAvg of the three narrow models (the tiny device's own model among them)
+    fedavg = weighted_average([(full.others[NARROW], 30), (half.others[NARROW], 20), (tiny.weights, 10)])
+    assert all(np.array_equal(extract(new, plans[0.125])[k], fedavg[k]) for k in fedavg)
+    # the 0.5 window outside it: the half device's own model and the full device's middle window
+    middle = coverage_average(weights, [(full.others["nested_1"], plans[0.5], 30),
+                                        (half.weights, plans[0.5], 20)])
+    name = "layers.9.weight"
+    ring = np.zeros(weights[name].shape, bool)
+    ring[np.ix_(*plans[0.5][name])] = True
+    ring[np.ix_(*plans[0.125][name])] = False
+    assert np.array_equal(new[name][ring], middle[name][ring])
+    # outside the 0.5 window: the full device's own model alone
+    outer = np.ones(weights[name].shape, bool)
+    outer[np.ix_(*plans[0.5][name])] = False
+    assert np.array_equal(new[name][outer], full.weights[name][outer])
+    with pytest.raises(OptionError, match="also_nested needs also_narrowest"):
+        method_class("heterofl")(SPEC, Recipe(), also_nested=True)
+    with pytest.raises(OptionError, match="also_nested needs also_narrowest"):
+        method_class("heterofl")(SPEC, Recipe(), also_narrowest=0.125, also_nested=True,
+                                 also_narrowest_kd=0.5)
+
+
+def test_on_digits_also_nested_keeps_allsmalls_narrowest_model_and_trains_every_tier(tmp_path) -> None:
+    nested, _ = _run(tmp_path, "heterofl", {"also_narrowest": 0.25, "also_nested": True,
+                                            "fresh_windows": [0.5, 0.25], "deploy": "nested"})
+    small, _ = _run(tmp_path, "allsmall", {"small_model": "width:0.25", "strong_tiers": ["1.0"]})
+    assert [r["accuracy_tier_0.25"] for r in nested] == [r["accuracy"] for r in small]
+    assert nested[-1]["accuracy_tier_1.0"] > nested[0]["accuracy_tier_1.0"] + 0.2
+    assert nested[-1]["accuracy_tier_0.5"] > nested[0]["accuracy_tier_0.5"] + 0.2

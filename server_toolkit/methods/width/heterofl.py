@@ -62,6 +62,17 @@ above AllSmall (0.677 / 0.649 vs 0.674). Each device returns two models, which e
 carries one model per member), async, DP and secure aggregation do not read: ``weighted_sum``
 None and ``bundles`` False, so each refuses it in one line. A device without the torch
 runtime trains only its own window (the narrow model is offered as ``torchspec/1`` only).
+
+Option ``also_nested`` (issue 32; default false; needs ``also_narrowest`` with its defaults
+``also_narrowest_inner="narrow"`` and no kd): a device also trains every fleet window between
+r_min and its own ratio (``nested.py``: models ``"nested_1"``, ... after ``"narrow"``), and the
+aggregate gives each window level its own elements (``coverage.narrowest_average`` over
+(trained ratio, model) pairs): the r_min window is AllSmall's FedAvg as above, a 0.5 window's
+elements outside it the mean of every 0.5 model (the 0.5 devices' own, the full devices'
+second one), the full window's outer elements the full models'. Why: under ``also_narrowest``
+the middle window's own channels were trained by its tier and the full tier only as parts of
+wider models; at α 0.1 each tier's few devices hold a few classes. Cost: a full device at 1.0
+/ 0.5 / 0.125 trains 1 + 1/4 + 1/64 of its window a round.
 """
 
 from __future__ import annotations
@@ -80,7 +91,7 @@ from ..capability import WINDOW, WeightedSum
 from ..options import OptionError, option
 from ..target_accuracy import TargetAccuracy, role_by_tier_name
 from .coverage import narrowest_average, nested_average
-from .nested import narrow_returns, with_narrow
+from .nested import narrow_returns, window_returns, with_narrow, with_windows
 from .width_shared import WidthOptions, WidthSharedMethod
 
 
@@ -107,6 +118,9 @@ class HeteroFLOptions(WidthOptions):
     also_narrowest_kd: float = option(
         0.0, "With also_narrowest, the wide step distils from the device's fresh narrow model with the "
         "kd loss at this alpha in [0, 1], temperature 1 (default 0: plain cross-entropy).")
+    also_nested: bool = option(
+        False, "With also_narrowest, a device also trains every fleet window between r_min and its own "
+        "ratio, and each window's own elements are averaged over that window's models only (default false).")
     also_narrowest_kd_teacher: str = option(
         "trained", "With also_narrowest_kd, the teacher: 'trained' (the device's narrow model after its "
         "step) or 'global' (the narrow model as received, frozen).")
@@ -157,6 +171,13 @@ class HeteroFL(WidthSharedMethod):
         if o.also_narrowest_kd_teacher not in ("trained", "global"):
             raise OptionError("method 'heterofl': option also_narrowest_kd_teacher takes 'trained' or "
                               f"'global', got {o.also_narrowest_kd_teacher!r}")
+        if not isinstance(o.also_nested, bool):
+            raise OptionError(f"method 'heterofl': option also_nested takes true or false, "
+                              f"got {o.also_nested!r}")
+        if o.also_nested and not (o.also_narrowest and o.also_narrowest_inner == "narrow"
+                                  and not o.also_narrowest_kd):
+            raise OptionError("method 'heterofl': option also_nested needs also_narrowest, with "
+                              "also_narrowest_inner 'narrow' and no also_narrowest_kd")
         if not o.also_narrowest:
             return
         if o.narrowest_owns:
@@ -208,6 +229,8 @@ class HeteroFL(WidthSharedMethod):
 
     def aggregate_train(self, round_number: int, global_weights: Weights,
                         updates: list[ClientUpdate]) -> Weights:
+        if self.options.also_nested:
+            return narrowest_average(global_weights, self._window_contributions(updates))
         if r_min := self.options.also_narrowest:
             narrow, wide = [], []
             for update, own in zip(updates, self.contributions(updates), strict=True):
@@ -220,6 +243,16 @@ class HeteroFL(WidthSharedMethod):
         return narrowest_average(global_weights, [
             (plan_args(u.instruction.context)[0], contribution)
             for u, contribution in zip(updates, self.contributions(updates), strict=True)])
+
+    def _window_contributions(self, updates: list[ClientUpdate]) -> list[tuple[float, tuple]]:
+        """``also_nested``: (trained ratio, contribution) of every returned model, in the updates'
+        order: each update's own window, its narrow model, then its nested windows."""
+        out = []
+        for update, own in zip(updates, self.contributions(updates), strict=True):
+            out.append((plan_args(update.instruction.context)[0], own))
+            out += [(float(self.options.also_narrowest), c) for c in narrow_returns([update], self.index_map)]
+            out += [(plan_args(context)[0], c) for context, c in window_returns(update, self.index_map)]
+        return out
 
     def role_of(self, device: DeviceInfo) -> str | None:
         return role_by_tier_name(device)
@@ -238,9 +271,16 @@ class HeteroFL(WidthSharedMethod):
                 out.append(instruction)  # the narrowest devices' own model; no torch: no second model
                 continue
             plan = self.layout.plan(float(r_min), self.offsets(round_number, device, float(r_min)))
-            out.append(with_narrow(instruction, plan, extract(global_weights, plan.index_map),
-                                   float(self.options.also_narrowest_kd),
-                                   self.options.also_narrowest_kd_teacher))
+            instruction = with_narrow(instruction, plan, extract(global_weights, plan.index_map),
+                                      float(self.options.also_narrowest_kd),
+                                      self.options.also_narrowest_kd_teacher)
+            if self.options.also_nested:
+                own = plan_args(instruction.context)[0]
+                between = sorted(q for q in self.fleet_ratios if r_min < q < own)
+                plans = [self.layout.plan(q, self.offsets(round_number, device, q)) for q in between]
+                instruction = with_windows(instruction,
+                                           [(p, extract(global_weights, p.index_map)) for p in plans])
+            out.append(instruction)
         return out
 
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:

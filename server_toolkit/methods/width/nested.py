@@ -15,6 +15,12 @@ Cost (a wide device, per round): the narrow step's compute and memory are about
 width): 1/64 for a full device at r_min 0.125, 1/16 for a 0.5 device; its bytes down and up
 grow by the narrow model's weights (lenet5 at 0.125: 1,139 parameters beside 61,706).
 
+With HeteroFL's ``also_nested``, a device also trains every fleet window between r_min and its
+own ratio, each one more model of the task (``"nested_1"``, ``"nested_2"``, ... from the
+narrowest up; trained after ``"narrow"`` and before ``"model"``, all returned; each plan's
+context kept under its name). A full device at tiers 1.0 / 0.5 / 0.125 then trains
+1 + 1/4 + 1/64 of its window's compute a round.
+
 Decision: the narrow model is offered as ``torchspec/1`` only (the MQTT grid exports programs
 for ``"model"`` alone, as for RecipFL's teacher), so a device without the torch runtime gets
 its own window only and adds no narrow model that round.
@@ -52,6 +58,38 @@ def with_narrow(instruction: TrainInstruction, plan: WidthPlan, weights: Weights
         instruction, recipe=recipe_wide, context={**instruction.context, NARROW: plan.context()},
         models=models, steps_before=(*instruction.steps_before, TrainStep(NARROW, recipe)),
         teacher=teacher, returns=(MODEL, NARROW))
+
+
+def nested_name(k: int) -> str:
+    """The task's name of the k-th (1-based, narrowest first) window between r_min and the own one."""
+    return f"nested_{k}"
+
+
+def with_windows(instruction: TrainInstruction, windows: list[tuple[WidthPlan, Weights]]) -> TrainInstruction:
+    """``instruction`` (without a teacher) that also trains each of ``windows`` (plan, its
+    weights; narrowest first), by the instruction's recipe before ``"model"``, and returns them, named
+    ``nested_name(1)``, ``nested_name(2)``, ..."""
+    named = {nested_name(k): window for k, window in enumerate(windows, start=1)}
+    return dataclasses.replace(
+        instruction,
+        context={**instruction.context, **{name: plan.context() for name, (plan, _) in named.items()}},
+        models={**instruction.models,
+                **{name: ModelRecord(plan.spec, weights) for name, (plan, weights) in named.items()}},
+        steps_before=(*instruction.steps_before, *(TrainStep(name, instruction.recipe) for name in named)),
+        returns=(*instruction.returns, *named))
+
+
+def window_returns(update: ClientUpdate, index_map) -> list[tuple[dict, tuple[Weights, IndexMap, float]]]:
+    """(plan context, (weights, index map, samples)) of every returned ``nested_k`` window of
+    ``update``, narrowest first (``index_map``: context -> the plan's index map)."""
+    out = []
+    k = 1
+    while (name := nested_name(k)) in update.instruction.context:
+        if name in update.others:
+            context = update.instruction.context[name]
+            out.append((context, (update.others[name], index_map(context), update.num_samples)))
+        k += 1
+    return out
 
 
 def narrow_returns(updates: list[ClientUpdate], index_map) -> list[tuple[Weights, IndexMap, float]]:
