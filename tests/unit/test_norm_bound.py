@@ -112,3 +112,23 @@ def test_a_larger_model_taking_the_same_step_per_weight_is_not_clipped():
     updates[3] = _update("large", large_sent, {"w": np.full(10_000, 0.5, np.float32)})  # 50x per weight
     out, clipped = bound_updates(1, updates, factor=10.0)
     assert clipped == 1 and abs(delta_rms(large_sent, out[3].weights) - 0.1) < 1e-6
+
+
+def test_a_narrow_model_is_measured_against_the_narrow_models_of_the_round_not_the_wide_ones():
+    """HeteroFL with also_narrowest: a width-0.125 device's own "model" and the wide devices'
+    "narrow" copies have one shape; they are each other's peers, whatever their record."""
+    from server_toolkit.methods.base import ModelRecord
+
+    wide_sent, narrow_sent = {"w": np.zeros(1000, np.float32)}, {"w": np.zeros(10, np.float32)}
+    updates = []
+    for i in range(3):  # wide devices: tiny steps per weight, and a narrow copy moving like a narrow model
+        instruction = TrainInstruction(device_id=f"w{i}", spec={}, weights=wide_sent, recipe=Recipe(),
+                                       models={"narrow": ModelRecord({}, narrow_sent)})
+        updates.append(ClientUpdate(f"w{i}", 10, {"w": np.full(1000, 0.001, np.float32)}, {}, instruction,
+                                    {"narrow": {"w": np.full(10, 0.04, np.float32)}}))
+    updates.append(_update("tiny", narrow_sent, {"w": np.full(10, 0.05, np.float32)}))
+    out, clipped = bound_updates(1, updates, factor=10.0)
+    assert clipped == 0 and out[3] is updates[3]  # 0.05 against its peers' 0.04, not the wide 0.001
+    updates[3] = _update("tiny", narrow_sent, {"w": np.full(10, 5.0, np.float32)})  # a forged narrow model
+    out, clipped = bound_updates(1, updates, factor=10.0)
+    assert clipped == 1 and abs(delta_rms(narrow_sent, out[3].weights) - 0.4) < 1e-6
