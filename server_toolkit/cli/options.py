@@ -55,7 +55,8 @@ rounds_option = click.option("--rounds", default=20, show_default=True,
                              help="Rounds in all (--resume: up to this round).")
 norm_bound_option = click.option(
     "--norm-bound", default=10.0, show_default=True,
-    help="Clip an update's change per weight (RMS) to this many times the round's median (0: off).")
+    help="Clip an update's change per weight (RMS) to this many times the round's median of the "
+         "models of its shape (0: off).")
 round_timeout_option = click.option("--round-timeout", default=ROUND_TIMEOUT_S, show_default=True,
                                     help="Round time limit, s.")
 programs_option = click.option(
