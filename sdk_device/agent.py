@@ -199,6 +199,9 @@ class DeviceAgent:
             if task.holdout_model is not None and task.holdout_model not in task.programs:
                 raise ProtocolError("invalid_field", f"task.holdout_model names {task.holdout_model!r}, "
                                                      "which the task lacks")
+            scored = task.holdout_model or plan.steps[-1].model
+            if scored in (task.holdout_members or []):
+                raise ProtocolError("invalid_field", f"task.holdout_members lists the scored model {scored!r}")
             why = self.secagg.refusal(task.round, plan.steps[-1].recipe)  # DP it cannot honour masked
             if why is not None:
                 raise ValueError(why)
@@ -225,7 +228,8 @@ class DeviceAgent:
         output = run_task(plan, loaded, self.x, self.y, self.local,
                           progress=lambda f: self._heartbeat("training", task.task_id, f),
                           share_features=self.config.share_smashed, holdout=task.holdout or 0.0,
-                          holdout_model=task.holdout_model, holdout_ensemble=bool(task.holdout_ensemble))
+                          holdout_model=task.holdout_model, holdout_ensemble=bool(task.holdout_ensemble),
+                          holdout_members=tuple(task.holdout_members or ()))
         train_s = time.perf_counter() - train_started
         if self.config.slowdown > 1.0 and self._trained:  # a simulated straggler (not while warming up)
             self._stop.wait((self.config.slowdown - 1.0) * train_s)

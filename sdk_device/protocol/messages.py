@@ -94,6 +94,8 @@ class Task(Message):
     (``protocol.clock``). ``holdout``: the fraction (0..0.5) of its samples the device holds back
     and scores ``holdout_model`` (null: the last step's) on before training (``sdk_device.holdout``);
     ``holdout_ensemble`` true: on the mean softmax of all its outputs (null/false: the final one).
+    ``holdout_members``: other models of the task (at most 8, distinct) whose softmax joins the
+    scored model's in that mean (null or []: none; ``sdk_device.holdout``).
     """
 
     TYPE: ClassVar[str] = "task"
@@ -107,10 +109,14 @@ class Task(Message):
     holdout: float | None = None
     holdout_model: str | None = None
     holdout_ensemble: bool | None = None
+    holdout_members: list[str] | None = None
 
     def __post_init__(self) -> None:
         if set(self.programs) != set(self.arrays) or not self.programs:
             raise ProtocolError("invalid_field", "task.programs and task.arrays must name the same models")
+        members = self.holdout_members or []
+        if len(set(members)) != len(members) or not set(members) <= set(self.programs):
+            raise ProtocolError("invalid_field", "task.holdout_members must list distinct models of the task")
         if any(not refs for refs in self.programs.values()):
             raise ProtocolError("invalid_field", "task.programs lists a model without a program")
 

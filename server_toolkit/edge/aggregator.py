@@ -319,7 +319,8 @@ class EdgeAggregator:
         reports = {k: v for k, v in plan.reports.items() if k != FEATURES}  # an edge never sends features up
         return TrainInstruction("", main.spec, main.weights, last.recipe, models=models,
                                 steps_before=plan.steps[:-1], teacher=last.teacher, returns=plan.returns,
-                                reports=reports, programs=main.programs)
+                                reports=reports, programs=main.programs,
+                                holdout_members=tuple(task.holdout_members or ()))  # the group scores them
 
     def _group_round(self, task: msgs.Task, phase: str, weights, timeout_s: float, first: int = 0) -> dict:
         """One round on the group (WARMUP or TRAIN), starting from ``weights``; numbered
