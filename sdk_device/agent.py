@@ -201,7 +201,8 @@ class DeviceAgent:
                                                      "which the task lacks")
             scored = task.holdout_model or plan.steps[-1].model
             if scored in (task.holdout_members or []):
-                raise ProtocolError("invalid_field", f"task.holdout_members lists the scored model {scored!r}")
+                raise ProtocolError("invalid_field", f"task.holdout_members lists the scored model "
+                                                     f"{scored!r}")
             why = self.secagg.refusal(task.round, plan.steps[-1].recipe)  # DP it cannot honour masked
             if why is not None:
                 raise ValueError(why)
