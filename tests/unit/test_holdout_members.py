@@ -161,7 +161,8 @@ def test_simulate_heterofl_nested_with_holdout_writes_the_nested_ensembles_held_
                                                for n in ins.holdout_members]
         want = members_accuracy(windows, x, y)
         assert u.metrics["holdout_accuracy"] == pytest.approx(want, abs=1e-12)
-        by_tier.setdefault(dev.info.tier, []).append((want, model_accuracy(ins.spec, ins.weights, x, y), len(y)))
+        own = model_accuracy(ins.spec, ins.weights, x, y)
+        by_tier.setdefault(dev.info.tier, []).append((want, own, len(y)))
     assert set(by_tier) == set(TIERS)
     for tier, scores in by_tier.items():
         n = sum(s for *_, s in scores)
