@@ -77,6 +77,16 @@ def split_holdout(y: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarra
     return np.flatnonzero(mask), held_idx
 
 
+def check_members(members: list[str] | None, models: set[str], scored: str) -> tuple[str, ...]:
+    """``task.holdout_members`` as a tuple (null: ()); ValueError unless they are distinct
+    models of the task (``models``), none of them the ``scored`` one (at most ``MAX_MEMBERS``)."""
+    names = tuple(members or ())
+    if len(names) > MAX_MEMBERS or len(set(names)) != len(names) or not set(names) <= models - {scored}:
+        raise ValueError(f"task.holdout_members must list at most {MAX_MEMBERS} distinct models of the task "
+                         f"other than the scored {scored!r}, got {list(names)!r:.80}")
+    return names
+
+
 def ensemble_scores(outputs: list[np.ndarray], y: np.ndarray) -> tuple[float, float]:
     """(top-1 accuracy 0..1, mean negative log-likelihood per sample) on labels ``y`` (N,) of
     the mean of the softmax of ``outputs`` (logits (N, K) each); (0, 0) for no samples."""

@@ -91,11 +91,8 @@ class Task(Message):
     ``config``: the steps, the models to return, the outputs to report. ``deadline``: unix s
     (server clock) after which no result is accepted; ``server_time``: the server's clock at
     publishing (null from older servers): a device has ``deadline - server_time`` s from arrival
-    (``protocol.clock``). ``holdout``: the fraction (0..0.5) of its samples the device holds back
-    and scores ``holdout_model`` (null: the last step's) on before training (``sdk_device.holdout``);
-    ``holdout_ensemble`` true: on the mean softmax of all its outputs (null/false: the final one).
-    ``holdout_members``: other models of the task (at most 8, distinct) whose softmax joins the
-    scored model's in that mean (null or []: none; ``sdk_device.holdout``).
+    (``protocol.clock``). ``holdout``, ``holdout_model``, ``holdout_ensemble``, ``holdout_members``:
+    the held-back split and what the device scores on it (``sdk_device.holdout``, protocol §5.4).
     """
 
     TYPE: ClassVar[str] = "task"
@@ -114,9 +111,6 @@ class Task(Message):
     def __post_init__(self) -> None:
         if set(self.programs) != set(self.arrays) or not self.programs:
             raise ProtocolError("invalid_field", "task.programs and task.arrays must name the same models")
-        members = self.holdout_members or []
-        if len(set(members)) != len(members) or not set(members) <= set(self.programs):
-            raise ProtocolError("invalid_field", "task.holdout_members must list distinct models of the task")
         if any(not refs for refs in self.programs.values()):
             raise ProtocolError("invalid_field", "task.programs lists a model without a program")
 

@@ -16,7 +16,7 @@ from export.onnx import export_inference
 from fedcore.recipe import Recipe
 from fedcore.torch_model import build_model, state_numpy
 from fedcore.torch_train import train_model
-from sdk_device.holdout import holdout_metrics, split_holdout
+from sdk_device.holdout import check_members, holdout_metrics, split_holdout
 from sdk_device.protocol import messages as msgs
 from sdk_device.protocol.errors import ProtocolError
 from sdk_device.runtimes.onnxruntime_runtime import OnnxEvalRuntime
@@ -111,10 +111,18 @@ def test_task_holdout_members_travels_and_bad_values_are_refused_in_one_line():
     good = msgs.decode(_task(holdout=0.1, holdout_members=models[:1]))
     assert good.holdout_members == models[:1] and msgs.decode(msgs.encode(good)).holdout_members == models[:1]
     assert msgs.decode(_task(holdout=0.1, holdout_members=[])).holdout_members == []
-    for bad in ("model", [3], ["Model!"], ["absent"], [models[0], models[0]], [f"m{i}" for i in range(9)]):
+    for bad in ("model", [3], ["Model!"], [f"m{i}" for i in range(9)]):  # the wire's own checks
         with pytest.raises(ProtocolError) as err:
             msgs.decode(_task(holdout=0.1, holdout_members=bad))
         assert err.value.code == "invalid_field" and "holdout_members" in err.value.detail, bad
+        assert "\n" not in str(err.value)
+    # the agent's checks against the task's models (refused as invalid_field, agent.py)
+    task_models = {"model", "narrow", "member_1"}
+    assert check_members(None, task_models, "model") == () == check_members([], task_models, "model")
+    assert check_members(["narrow", "member_1"], task_models, "model") == ("narrow", "member_1")
+    for bad in (["absent"], ["narrow", "narrow"], ["model"], ["narrow"] * 9):
+        with pytest.raises(ValueError, match="holdout_members") as err:
+            check_members(bad, task_models, "model")
         assert "\n" not in str(err.value)
 
 
