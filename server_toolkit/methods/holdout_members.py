@@ -14,7 +14,9 @@ Decisions: a member is the task's model of the same spec and bit-identical weigh
 alone could match a rolling window elsewhere); extra models are offered as ``torchspec/1`` only
 (the MQTT grid exports other formats for ``"model"`` alone), so for a device without the torch
 runtime the server lists no members at all: it scores its own window, never a part of the
-ensemble. The loop asks only when it sets ``holdout`` > 0 (extra bytes otherwise).
+ensemble. The loop asks only when it sets ``holdout`` > 0 (extra bytes otherwise). Edges: a
+relaying edge passes the task's ``holdout_members`` (and its models) to its group; a bundle's
+members and a summing edge's group get one model each and score their own window.
 """
 
 from __future__ import annotations
