@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 
@@ -178,3 +179,22 @@ def test_simulate_heterofl_nested_with_holdout_writes_the_nested_ensembles_held_
     own = {t: sum(o * s for _, o, s in v) / sum(s for *_, s in v) for t, v in by_tier.items()}
     assert row["accuracy_holdout_tier_1.0"] != pytest.approx(own["1.0"])  # not the own window's score
     assert row["accuracy_holdout_tier_0.25"] == pytest.approx(own["0.25"])  # no narrower window
+
+
+@pytest.mark.parametrize("members", [["absent"], ["narrow", "narrow"], ["model"]])
+def test_the_agent_refuses_bad_holdout_members_in_one_line_before_loading(tmp_path, members):
+    from sdk_device.agent import DeviceAgent
+    from tests.unit.test_agent_secure_recipes import REF, _agent
+
+    agent, endpoint = _agent(tmp_path)
+    assert isinstance(agent, DeviceAgent)
+    config = {"steps": [{"train": "model", "recipe": Recipe().to_dict()}], "return": ["model"], "report": {}}
+    now = time.time()
+    task = msgs.Task(task_id=msgs.new_id(), round=3, programs={"model": [REF], "narrow": [REF]},
+                     arrays={"model": REF, "narrow": REF}, config=config, deadline=now + 60, server_time=now,
+                     holdout=0.2, holdout_members=members)
+    agent._run_task(task, time.monotonic())
+    [(_, error)] = endpoint.sent  # the endpoint fails any fetch: refused before loading
+    assert isinstance(error, msgs.Error) and error.ref == task.task_id
+    assert error.code == "invalid_field" and "holdout_members" in error.detail and "\n" not in error.detail
+    assert agent._trained == 0
