@@ -19,7 +19,7 @@ from fedcore import modelspec
 
 from .announce import Announcer
 from .data.npz import load_npz
-from .holdout import split_holdout
+from .holdout import check_members, split_holdout
 from .local_tensors import LocalTensors
 from .outputs import OUTPUTS, check_reports
 from .policy import DevicePolicy
@@ -199,6 +199,11 @@ class DeviceAgent:
             if task.holdout_model is not None and task.holdout_model not in task.programs:
                 raise ProtocolError("invalid_field", f"task.holdout_model names {task.holdout_model!r}, "
                                                      "which the task lacks")
+            try:
+                members = check_members(task.holdout_members, set(task.programs),
+                                        task.holdout_model or plan.steps[-1].model)
+            except ValueError as exc:
+                raise ProtocolError("invalid_field", str(exc)) from None
             why = self.secagg.refusal(task.round, plan.steps[-1].recipe)  # DP it cannot honour masked
             if why is not None:
                 raise ValueError(why)
@@ -225,7 +230,8 @@ class DeviceAgent:
         output = run_task(plan, loaded, self.x, self.y, self.local,
                           progress=lambda f: self._heartbeat("training", task.task_id, f),
                           share_features=self.config.share_smashed, holdout=task.holdout or 0.0,
-                          holdout_model=task.holdout_model, holdout_ensemble=bool(task.holdout_ensemble))
+                          holdout_model=task.holdout_model, holdout_ensemble=bool(task.holdout_ensemble),
+                          holdout_members=members)
         train_s = time.perf_counter() - train_started
         if self.config.slowdown > 1.0 and self._trained:  # a simulated straggler (not while warming up)
             self._stop.wait((self.config.slowdown - 1.0) * train_s)

@@ -16,6 +16,15 @@ the server's ``ensemble_model_accuracy`` scores it: ``holdout_accuracy`` is the 
 of that mean and ``holdout_loss`` its mean negative log-likelihood per sample. A model with
 one output scores the same either way.
 
+With ``task.holdout_members`` (other models of the task, at most ``MAX_MEMBERS``, distinct; the
+server lists them for a width method's ``deploy="nested"``: the narrower windows a tier predicts
+with beside its own) the prediction is the mean softmax over the scored model and every member,
+each contributing what it contributes alone: its final output, or with ``holdout_ensemble``
+every one of its outputs. The mean is flat over all these softmax terms (a member with two
+outputs weighs twice a member with one), exactly as the server's ``members_accuracy`` averages
+(``server_toolkit/methods/tier_accuracy.py``); ``holdout_loss`` is that mean's NLL per sample.
+The members are scored as received, before training, like the scored model.
+
 Decisions: the split is stratified by label (each label holds back its share of the
 ``round(f·N)`` samples, largest remainders first, ties to the smaller label) and deterministic:
 it depends only on the labels and f (a fixed seed, not the task's), so the same samples are
@@ -28,10 +37,12 @@ train on everything and report none of these keys; the server tolerates their ab
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 MAX_FRACTION = 0.5  # at most half the local data is held back
+MAX_MEMBERS = 8  # task.holdout_members lists at most this many models (protocol/bounds.py)
 SPLIT_SEED = 0  # the same split every round (never the task's seed)
 
 
@@ -66,6 +77,16 @@ def split_holdout(y: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarra
     return np.flatnonzero(mask), held_idx
 
 
+def check_members(members: list[str] | None, models: set[str], scored: str) -> tuple[str, ...]:
+    """``task.holdout_members`` as a tuple (null: ()); ValueError unless they are distinct
+    models of the task (``models``), none of them the ``scored`` one (at most ``MAX_MEMBERS``)."""
+    names = tuple(members or ())
+    if len(names) > MAX_MEMBERS or len(set(names)) != len(names) or not set(names) <= models - {scored}:
+        raise ValueError(f"task.holdout_members must list at most {MAX_MEMBERS} distinct models of the task "
+                         f"other than the scored {scored!r}, got {list(names)!r:.80}")
+    return names
+
+
 def ensemble_scores(outputs: list[np.ndarray], y: np.ndarray) -> tuple[float, float]:
     """(top-1 accuracy 0..1, mean negative log-likelihood per sample) on labels ``y`` (N,) of
     the mean of the softmax of ``outputs`` (logits (N, K) each); (0, 0) for no samples."""
@@ -83,11 +104,19 @@ def ensemble_scores(outputs: list[np.ndarray], y: np.ndarray) -> tuple[float, fl
     return float((probs.argmax(axis=1) == labels).mean()), loss
 
 
-def holdout_metrics(runtime, x: np.ndarray, y: np.ndarray, ensemble: bool = False) -> dict:
+def holdout_metrics(runtime, x: np.ndarray, y: np.ndarray, ensemble: bool = False,
+                    members: Sequence = ()) -> dict:
     """``runtime``'s model (weights set, before training) scored on the held-back (x, y):
     ``holdout_accuracy``, ``holdout_loss`` (None when not finite), ``holdout_samples``. The
-    final output's, or with ``ensemble`` the mean softmax of every output's (module docstring)."""
-    if ensemble:
+    final output's, or with ``ensemble`` the mean softmax of every output's; with ``members``
+    (more runtimes, weights set) the flat mean softmax over all of them (module docstring)."""
+    if members:
+        outputs = []
+        for each in (runtime, *members):
+            outs = list(each.outputs(x))
+            outputs += outs if ensemble else outs[-1:]
+        accuracy, loss = ensemble_scores(outputs, y)
+    elif ensemble:
         accuracy, loss = ensemble_scores(runtime.outputs(x), y)
     else:
         stats = runtime.evaluate(x, y)

@@ -16,7 +16,8 @@ task exactly as a real one does:
 * a held-back split (``holdout`` > 0, ``sdk_device.holdout``): before any step, the model
   the device deploys (``holdout_model``, else the last step's) as received is scored on the
   held-back samples (its final output; with ``holdout_ensemble`` the mean softmax of all its
-  outputs); the steps and the outputs
+  outputs; with ``holdout_members`` together with those models of the task, as received); the
+  steps and the outputs
   then see only the rest;
 * metrics: ``samples``, ``loss``, ``accuracy`` of the last step, ``<model>_loss`` and
   ``<model>_accuracy`` of the others, the metric outputs asked for, then ``holdout_accuracy``,
@@ -76,18 +77,20 @@ def teacher_extras(teacher_runtime, x: np.ndarray, recipe: Recipe) -> dict[str, 
 def run_task(plan: TaskPlan, models: dict[str, LoadedModel], x: np.ndarray, y: np.ndarray,
              local: LocalTensors, progress: Progress | None = None,
              share_features: bool = True, holdout: float = 0.0, holdout_model: str | None = None,
-             holdout_ensemble: bool = False) -> TaskOutput:
+             holdout_ensemble: bool = False, holdout_members: tuple[str, ...] = ()) -> TaskOutput:
     """Train ``plan``'s steps on (x, y) with ``models``; returns the array records and metrics.
     ``holdout``: the fraction of (x, y) held back on which model ``holdout_model`` (None: the
     last step's) is scored before training (0: none); ``holdout_ensemble``: score the mean
-    softmax of all its outputs instead of its final output (``sdk_device.holdout``)."""
+    softmax of all its outputs instead of its final output; ``holdout_members``: models of the
+    task whose softmax joins that mean (``sdk_device.holdout``)."""
     metrics: dict = {}
     held: dict = {}
     if holdout > 0:
         train_idx, held_idx = split_holdout(y, holdout)
         if len(held_idx):
             scored = models[holdout_model or plan.steps[-1].model]
-            held = holdout_metrics(scored.runtime, x[held_idx], y[held_idx], holdout_ensemble)
+            held = holdout_metrics(scored.runtime, x[held_idx], y[held_idx], holdout_ensemble,
+                                   [models[name].runtime for name in holdout_members])
             x, y = x[train_idx], y[train_idx]
     stats = StepStats(len(y), float("nan"), 0.0)
     for i, step in enumerate(plan.steps):

@@ -40,9 +40,10 @@ PATTERNS: dict[str, re.Pattern] = {name: re.compile(pattern) for name, pattern i
     "runtimes": r"[A-Za-z0-9_.+-]{1,64}", "state": r"[a-z_]{1,32}", "stage": r"[a-z_]{1,32}",
     "code": f"{_PRINTABLE}{{1,64}}", "kind": r"[A-Za-z0-9_.+/-]{1,64}", "format": r"[A-Za-z0-9_.+/-]{1,64}",
     "blob": r"[0-9a-f]{64}", "holdout_model": r"[a-z][a-z0-9_]{0,31}",  # a model name (task_plan.NAME)
+    "holdout_members": r"[a-z][a-z0-9_]{0,31}",  # model names too
 }.items()}
 # field name -> most items in its list (other lists: 1024)
-LIST_MAX = {"runtimes": 16, "indices": 64, "blobs": 64}
+LIST_MAX = {"runtimes": 16, "indices": 64, "blobs": 64, "holdout_members": 8}  # holdout.MAX_MEMBERS
 FREE_FORM = {"profile", "metrics", "config", "data", "models", "recipe"}
 
 

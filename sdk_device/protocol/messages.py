@@ -91,9 +91,8 @@ class Task(Message):
     ``config``: the steps, the models to return, the outputs to report. ``deadline``: unix s
     (server clock) after which no result is accepted; ``server_time``: the server's clock at
     publishing (null from older servers): a device has ``deadline - server_time`` s from arrival
-    (``protocol.clock``). ``holdout``: the fraction (0..0.5) of its samples the device holds back
-    and scores ``holdout_model`` (null: the last step's) on before training (``sdk_device.holdout``);
-    ``holdout_ensemble`` true: on the mean softmax of all its outputs (null/false: the final one).
+    (``protocol.clock``). ``holdout``, ``holdout_model``, ``holdout_ensemble``, ``holdout_members``:
+    the held-back split and what the device scores on it (``sdk_device.holdout``, protocol §5.4).
     """
 
     TYPE: ClassVar[str] = "task"
@@ -107,6 +106,7 @@ class Task(Message):
     holdout: float | None = None
     holdout_model: str | None = None
     holdout_ensemble: bool | None = None
+    holdout_members: list[str] | None = None
 
     def __post_init__(self) -> None:
         if set(self.programs) != set(self.arrays) or not self.programs:

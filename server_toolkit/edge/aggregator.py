@@ -306,8 +306,7 @@ class EdgeAggregator:
         self.up.send(SERVER, result)
 
     def _template(self, task: msgs.Task, plan: TaskPlan) -> TrainInstruction:
-        """The server's task as an instruction template: every model's programs (each format, as
-        received), spec (from its ``torchspec/1`` program, when offered) and weights."""
+        """The server's task as a template: each model's programs, spec (from ``torchspec/1``), weights."""
         models = {}
         for name, refs in task.programs.items():
             programs = tuple((ref.format, self.up.fetch(SERVER, ref)) for ref in refs)
@@ -319,7 +318,8 @@ class EdgeAggregator:
         reports = {k: v for k, v in plan.reports.items() if k != FEATURES}  # an edge never sends features up
         return TrainInstruction("", main.spec, main.weights, last.recipe, models=models,
                                 steps_before=plan.steps[:-1], teacher=last.teacher, returns=plan.returns,
-                                reports=reports, programs=main.programs)
+                                reports=reports, programs=main.programs,
+                                holdout_members=tuple(task.holdout_members or ()))
 
     def _group_round(self, task: msgs.Task, phase: str, weights, timeout_s: float, first: int = 0) -> dict:
         """One round on the group (WARMUP or TRAIN), starting from ``weights``; numbered

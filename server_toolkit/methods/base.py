@@ -75,6 +75,8 @@ class TrainInstruction:
     teacher, their large model); default ``"model"``. ``holdout_ensemble``: the device scores
     the mean softmax of all that model's outputs, not its final one (``task.holdout_ensemble``),
     set by the round loop with ``holdout`` for a method that ``deploys_ensemble`` (DepthFL).
+    ``holdout_members``: models of the task whose softmax joins the deployed one's in that score
+    (``task.holdout_members``; set by the round loop with ``holdout`` from ``Method.holdout_members``).
     """
 
     device_id: str
@@ -91,6 +93,7 @@ class TrainInstruction:
     holdout: float = 0.0
     deploys: str = MODEL
     holdout_ensemble: bool = False
+    holdout_members: tuple[str, ...] = ()
 
     def plan(self) -> TaskPlan:
         """The task's plan: ``steps_before``, then ``"model"`` by ``recipe``; a bundle's
@@ -243,6 +246,14 @@ class Method(ABC):
         alone (a width method with ``deploy="nested"`` adds the fleet's narrower windows)."""
         found = self.deployable(global_weights, device)
         return None if found is None else [found]
+
+    def holdout_members(self, global_weights: Weights, device: DeviceInfo,
+                        instruction: TrainInstruction) -> tuple[dict[str, ModelRecord], tuple[str, ...]]:
+        """(extra models to add to ``instruction``, names of the task's models the device scores
+        beside ``instruction.deploys`` on its held-back split) so that score is of what its tier
+        deploys (``methods/holdout_members.py``); the round loop asks only with ``holdout`` > 0.
+        Default: none (the deployed model alone)."""
+        return {}, ()
 
     def aggregate_evaluate(self, round_number: int, updates: list[ClientUpdate]) -> dict:
         """Sample-weighted mean of the devices' reported training loss and accuracy."""

@@ -18,9 +18,11 @@ i.e. the global model after round r − 1 as its tier deploys it: compare row r'
 ``accuracy_holdout_tier_<t>`` with row r − 1's ``accuracy_tier_<t>``. A device scores its
 model's final output, or, for a method that ``deploys_ensemble`` (DepthFL; the round loop
 sets ``task.holdout_ensemble``), the mean softmax of all its outputs, as ``accuracy_tier_<t>``
-does (an older device that ignores the field scores its final output). Not covered: a width
-method's ``deploy="nested"`` (several fleet windows ensembled): a device holds one window and
-scores that. An update without the
+does (an older device that ignores the field scores its final output). For a width method's
+``deploy="nested"`` the loop sets ``task.holdout_members`` (``Method.holdout_members``,
+``methods/holdout_members.py``): the device scores the mean softmax of its window and the
+narrower fleet windows, as ``accuracy_tier_<t>`` does; a device without the torch runtime and a
+bundle's member get no members and score their own window. An update without the
 two metrics (an older device, the C++ client, a server without ``--holdout``) is left out; a
 round with none writes none of these keys. An edge aggregator forwards its group's
 sample-weighted mean and sum as its own two metrics (``edge/aggregator.py``), so it counts as

@@ -19,7 +19,8 @@ Keys (decision): flat ``accuracy_tier_<tier>`` numbers in each ``metrics.jsonl``
 ``accuracy_tier_default``), not a nested object, so the run report, ``fedsdk-server report``,
 the dashboard's "per tier" chart, the CSV and the trackers take them as they take
 ``accuracy_exit1``. The same models on the devices' own held-back data (``--holdout``, each
-device scoring the model it received before training, DepthFL's as the same ensemble) are
+device scoring the model it received before training, DepthFL's as the same ensemble, a nested
+width deployment's with the same members, ``task.holdout_members``) are
 ``accuracy_holdout_tier_<tier>``
 (``methods/holdout_accuracy.py``), one round behind these. A model whose weights leave out
 BatchNorm running statistics (a device keeps them) has them re-estimated on ``BN_SAMPLES``

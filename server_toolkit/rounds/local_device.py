@@ -66,7 +66,8 @@ def train_on_device(device: LocalDevice, instruction: TrainInstruction,
         loaded[name] = LoadedModel(runtime, program_id, model.weights)
     output = run_task(instruction.plan(), loaded, device.x, device.y, device.local,
                       holdout=instruction.holdout, holdout_model=instruction.deploys,
-                      holdout_ensemble=instruction.holdout_ensemble)
+                      holdout_ensemble=instruction.holdout_ensemble,
+                      holdout_members=instruction.holdout_members)
     arrays = dict(output.arrays)
     return ClientUpdate(instruction.device_id, output.metrics["samples"], arrays.pop(MODEL), output.metrics,
                         instruction, arrays)

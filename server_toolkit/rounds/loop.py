@@ -291,10 +291,23 @@ class RoundLoop:
         recipe = dataclasses.replace(instruction.recipe, seed=seed, lr=instruction.recipe.lr * scale)
         ensemble = self.config.holdout > 0 and (self.config.holdout_ensemble
                                                 or bool(getattr(self.method, "deploys_ensemble", False)))
+        instruction = self._with_members(instruction) if self.config.holdout > 0 \
+            else dataclasses.replace(instruction, holdout_members=())
         out = dataclasses.replace(instruction, recipe=recipe, holdout=self.config.holdout,
                                   holdout_ensemble=ensemble, steps_before=before,
                                   reports={**self.method.asks, **instruction.reports})
         return self.aggregator.finish(out, lambda member: self._finish(rnd, member))  # a bundle's members
+
+    def _with_members(self, instruction: TrainInstruction) -> TrainInstruction:
+        """``instruction`` with the models its device scores beside the deployed one on its
+        held-back split (``Method.holdout_members``), unless it names them already (an edge's
+        relayed task) or is a bundle (its members get one model each: they score their own)."""
+        device = self.tiers.devices.get(instruction.device_id)
+        hook = getattr(self.method, "holdout_members", None)  # test doubles need not be Methods
+        if instruction.holdout_members or device is None or hook is None or instruction.context.get("edge"):
+            return instruction
+        extra, names = hook(self.global_weights, device, instruction)
+        return dataclasses.replace(instruction, models={**instruction.models, **extra}, holdout_members=names)
 
     def _select(self, online: list[DeviceInfo], want: int | None, exclude: set[str]) -> list[DeviceInfo]:
         """Devices for this round out of ``online`` (tiers final: the grid's, then ``tier_map``'s;

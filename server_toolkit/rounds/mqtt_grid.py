@@ -198,7 +198,8 @@ class MqttGrid(ResultPulls, Presence, KernelFallback, Grid):
         task = msgs.Task(task_id=msgs.new_id(), round=rnd, programs=programs, arrays=arrays,
                          config=plan_config(instruction.plan()), deadline=deadline,
                          holdout=instruction.holdout or None, holdout_model=scored,
-                         holdout_ensemble=instruction.holdout_ensemble or None)  # set only with holdout
+                         holdout_ensemble=instruction.holdout_ensemble or None,  # set only with holdout
+                         holdout_members=list(instruction.holdout_members) or None)
         self.registry.add_task(task.task_id, rnd, dev, task_record(
             instruction, {name: ref.id for name, ref in arrays.items()}, program_blobs))
         self._pending[task.task_id] = PendingTask(task.task_id, rnd, instruction, sent_bytes, references,

@@ -37,6 +37,7 @@ def task_record(instruction: TrainInstruction, weights_blobs: dict[str, str],
         "holdout": instruction.holdout,
         "deploys": instruction.deploys,
         "holdout_ensemble": instruction.holdout_ensemble,
+        "holdout_members": list(instruction.holdout_members),
     }
 
 
@@ -54,6 +55,7 @@ def instruction_from_record(record: dict, store: BlobStore) -> TrainInstruction:
         teacher=record.get("teacher"), returns=tuple(record.get("returns", [MODEL])),
         reports=record.get("reports") or {}, programs=main.programs, holdout=record.get("holdout") or 0.0,
         deploys=record.get("deploys") or MODEL, holdout_ensemble=bool(record.get("holdout_ensemble")),
+        holdout_members=tuple(record.get("holdout_members") or ()),
     )
 
 

@@ -168,3 +168,41 @@ def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(edges, mosquitto, tm
             probs = torch.stack([torch.softmax(o, 1) for o in model(torch.from_numpy(x[held]))]).mean(0)
         nll = -float(torch.log(probs[torch.arange(len(held)), torch.from_numpy(y[held])]).mean())
         assert u["metrics"]["holdout_loss"] == pytest.approx(nll, rel=1e-5), u["device_id"]
+
+
+def test_heterofl_nested_devices_over_mqtt_score_the_nested_ensemble(mosquitto, tmp_path):
+    """HeteroFL ``deploy="nested"`` with ``--holdout 0.2``, three real device processes of tiers
+    1.0 / 0.5 / 0.25 over mosquitto, one round: the wider devices' tasks carry the narrower
+    windows as extra untrained models (``member_k``, torchspec/1) named in
+    ``task.holdout_members`` (kept in the task record), and each device's ``holdout_accuracy``
+    is the server's ``members_accuracy`` of its window and those, on the split it held back."""
+    from sdk_device.transport.blob_store import BlobStore
+    from server_toolkit.methods.tier_accuracy import members_accuracy
+    from server_toolkit.rounds.task_records import instruction_from_record
+
+    recipe = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9).to_dict()
+    config = SimulationConfig(method="heterofl", tiers=list(TIERS), devices=3, rounds=1, partition="iid",
+                              seed=0, holdout=0.2, recipe=recipe, round_timeout_s=240.0,
+                              broker_url=mosquitto.url, fleet="lab", device_runtime="torch",
+                              method_options={"deploy": "nested"})
+    run_dir = tmp_path / "run"
+    (row,) = Simulation(config, run_dir).run().rows
+    registry, store = FleetRegistry(run_dir / "registry.sqlite"), BlobStore(run_dir / "blobs")
+    try:
+        updates = registry.updates(1)
+        records = {u["device_id"]: registry.task(u["task_id"]) for u in updates}
+    finally:
+        registry.close()
+    assert len(updates) == 3 and {f"accuracy_holdout_tier_{t}" for t in TIERS} <= set(row)
+    counts = []
+    for u in updates:
+        x, y = load_npz(run_dir / "devices" / u["device_id"] / "data.npz")
+        held = split_holdout(y, 0.2)[1]
+        sent = instruction_from_record(records[u["device_id"]], store)
+        counts.append(len(sent.holdout_members))
+        assert set(sent.holdout_members) <= set(sent.models) and sent.returns == ("model",)
+        windows = [(sent.spec, sent.weights)] + [(sent.models[n].spec, sent.models[n].weights)
+                                                 for n in sent.holdout_members]
+        want = members_accuracy(windows, x[held], y[held])
+        assert u["metrics"]["holdout_accuracy"] == pytest.approx(want, abs=1e-9), u["device_id"]
+    assert sorted(counts) == [0, 1, 2]  # the 1.0 device scores three windows, the 0.5 two, the 0.25 one

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from fedcore.recipe import Recipe
 
 from ...submodels.width import IndexMap, WidthPlan, extract, plan_args, static_bn, width_layout
-from ..base import ClientUpdate, DeviceInfo, Method, TrainInstruction, Weights
+from ..base import ClientUpdate, DeviceInfo, Method, ModelRecord, TrainInstruction, Weights
 from ..capability import WINDOW, WeightedSum
+from ..holdout_members import member_models
 from ..options import MethodOptions, OptionError, option
 from ..summands import Summand
 from ..tiers import tier_ratio
@@ -105,6 +106,16 @@ class WidthSharedMethod(Method):
         source = self.source_weights(global_weights, device)
         plans = [self.layout.plan(ratio, {}) for ratio in ratios]
         return [(plan.spec, extract(source, plan.index_map)) for plan in plans]
+
+    def holdout_members(self, global_weights: Weights, device: DeviceInfo,
+                        instruction: TrainInstruction) -> tuple[dict[str, ModelRecord], tuple[str, ...]]:
+        """``deploy="nested"``: the narrower windows of ``deployable_members``, found among the
+        task's models (``also_narrowest``'s ``"narrow"``, ``"nested_k"``) or added to it
+        (``methods/holdout_members.py``), so the device's held-back score is the nested ensemble's."""
+        if self.options.deploy != "nested":
+            return {}, ()
+        narrower = self.deployable_members(global_weights, device)[1:]
+        return member_models(instruction, narrower, device.runtimes)
 
     def nested_ratios(self) -> list[float]:
         """Ratios whose windows a ``"nested"`` deployment includes even before a device of that
