@@ -123,6 +123,20 @@ def test_an_edge_passes_its_groups_held_back_accuracy_up(mosquitto, tmp_path):
         assert any(edge["metrics"]["holdout_accuracy"] == pytest.approx(m) for m in means)
 
 
+def _round_one(server_dir) -> tuple[list[dict], dict]:
+    """Round 1's updates in ``server_dir``'s registry, and each device's task as it was sent."""
+    from sdk_device.transport.blob_store import BlobStore
+    from server_toolkit.rounds.task_records import instruction_from_record
+
+    registry, store = FleetRegistry(server_dir / "registry.sqlite"), BlobStore(server_dir / "blobs")
+    try:
+        updates = registry.updates(1)
+        return updates, {u["device_id"]: instruction_from_record(registry.task(u["task_id"]), store)
+                         for u in updates}
+    finally:
+        registry.close()
+
+
 @pytest.mark.parametrize("edges", [0, 1])
 def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(edges, mosquitto, tmp_path):
     """DepthFL (ensemble on) with ``--holdout 0.2``, two real device processes of tiers 2 and 1
@@ -133,9 +147,7 @@ def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(edges, mosquitto, tm
     import torch
 
     from fedcore.torch_model import build_model, load_numpy
-    from sdk_device.transport.blob_store import BlobStore
     from server_toolkit.models.exit_eval import ensemble_accuracy
-    from server_toolkit.rounds.task_records import instruction_from_record
 
     recipe = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9).to_dict()
     config = SimulationConfig(method="depthfl", model="lenet5_multi_exit", tiers=["2", "1"], devices=2,
@@ -145,18 +157,13 @@ def test_depthfl_devices_over_mqtt_score_the_exits_ensemble(edges, mosquitto, tm
     run_dir = tmp_path / "run"
     (row,) = Simulation(config, run_dir).run().rows
     server = run_dir / "edges" / "edge-1" if edges else run_dir  # with an edge: its group's tasks
-    registry, store = FleetRegistry(server / "registry.sqlite"), BlobStore(server / "blobs")
-    try:
-        updates = registry.updates(1)
-        records = {u["device_id"]: registry.task(u["task_id"]) for u in updates}
-    finally:
-        registry.close()
+    updates, sent_tasks = _round_one(server)
     assert len(updates) == 2 and "accuracy_holdout" in row  # an edge counts as one device of its tier
     assert edges or {"accuracy_holdout_tier_2", "accuracy_holdout_tier_1"} <= set(row)
     for u in updates:
         x, y = load_npz(run_dir / "devices" / u["device_id"] / "data.npz")
         held = split_holdout(y, 0.2)[1]
-        sent = instruction_from_record(records[u["device_id"]], store)
+        sent = sent_tasks[u["device_id"]]
         assert sent.holdout_ensemble and sent.holdout == 0.2
         want = ensemble_accuracy(sent.spec, sent.weights, x[held], y[held])
         assert u["metrics"]["holdout_accuracy"] == pytest.approx(want, abs=1e-9), u["device_id"]
@@ -176,9 +183,7 @@ def test_heterofl_nested_devices_over_mqtt_score_the_nested_ensemble(mosquitto, 
     windows as extra untrained models (``member_k``, torchspec/1) named in
     ``task.holdout_members`` (kept in the task record), and each device's ``holdout_accuracy``
     is the server's ``members_accuracy`` of its window and those, on the split it held back."""
-    from sdk_device.transport.blob_store import BlobStore
     from server_toolkit.methods.tier_accuracy import members_accuracy
-    from server_toolkit.rounds.task_records import instruction_from_record
 
     recipe = Recipe(epochs=1, batch_size=16, lr=0.05, momentum=0.9).to_dict()
     config = SimulationConfig(method="heterofl", tiers=list(TIERS), devices=3, rounds=1, partition="iid",
@@ -187,18 +192,13 @@ def test_heterofl_nested_devices_over_mqtt_score_the_nested_ensemble(mosquitto, 
                               method_options={"deploy": "nested"})
     run_dir = tmp_path / "run"
     (row,) = Simulation(config, run_dir).run().rows
-    registry, store = FleetRegistry(run_dir / "registry.sqlite"), BlobStore(run_dir / "blobs")
-    try:
-        updates = registry.updates(1)
-        records = {u["device_id"]: registry.task(u["task_id"]) for u in updates}
-    finally:
-        registry.close()
+    updates, sent_tasks = _round_one(run_dir)
     assert len(updates) == 3 and {f"accuracy_holdout_tier_{t}" for t in TIERS} <= set(row)
     counts = []
     for u in updates:
         x, y = load_npz(run_dir / "devices" / u["device_id"] / "data.npz")
         held = split_holdout(y, 0.2)[1]
-        sent = instruction_from_record(records[u["device_id"]], store)
+        sent = sent_tasks[u["device_id"]]
         counts.append(len(sent.holdout_members))
         assert set(sent.holdout_members) <= set(sent.models) and sent.returns == ("model",)
         windows = [(sent.spec, sent.weights)] + [(sent.models[n].spec, sent.models[n].weights)
