@@ -110,14 +110,12 @@ def holdout_metrics(runtime, x: np.ndarray, y: np.ndarray, ensemble: bool = Fals
     ``holdout_accuracy``, ``holdout_loss`` (None when not finite), ``holdout_samples``. The
     final output's, or with ``ensemble`` the mean softmax of every output's; with ``members``
     (more runtimes, weights set) the flat mean softmax over all of them (module docstring)."""
-    if members:
+    if members or ensemble:
         outputs = []
         for each in (runtime, *members):
             outs = list(each.outputs(x))
             outputs += outs if ensemble else outs[-1:]
         accuracy, loss = ensemble_scores(outputs, y)
-    elif ensemble:
-        accuracy, loss = ensemble_scores(runtime.outputs(x), y)
     else:
         stats = runtime.evaluate(x, y)
         accuracy, loss = float(stats.accuracy), float(stats.loss)

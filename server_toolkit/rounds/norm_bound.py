@@ -94,16 +94,16 @@ def bound_updates(rnd: int, updates: list[ClientUpdate], factor: float) -> tuple
     out = list(updates)
     rms: dict[tuple[int, str], float] = {}
     signature: dict[tuple[int, str], tuple] = {}
-    wide: dict[int, Weights] = {}  # id(sent weights) -> them in float64: most updates share one
+    wide: dict[int, tuple[Weights, tuple]] = {}  # id(sent weights) -> (float64 copy, shapes): most share one
     for name in records:
         for i, u in enumerate(out):
             if name not in u.arrays or name not in u.instruction.all_models():
                 continue
             sent = u.instruction.all_models()[name].weights
             if id(sent) not in wide:
-                wide[id(sent)] = {k: np.asarray(v, np.float64) for k, v in sent.items()}
-            rms[i, name] = delta_rms(wide[id(sent)], u.arrays[name])
-            signature[i, name] = _signature(sent)
+                wide[id(sent)] = ({k: np.asarray(v, np.float64) for k, v in sent.items()}, _signature(sent))
+            sent64, signature[i, name] = wide[id(sent)]
+            rms[i, name] = delta_rms(sent64, u.arrays[name])
     by_shape: dict[tuple, list[float]] = {}
     by_record: dict[str, list[float]] = {}
     for (i, name), value in rms.items():
